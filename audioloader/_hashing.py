@@ -1,0 +1,68 @@
+"""Counter-based randomness: every random choice is a pure function of its inputs.
+
+The library never draws from a thread's or a worker's RNG. A crop offset, an
+augmentation, the order of splits in a pass and the shuffle buffer's picks all
+come from `mix(seed, ...)`, a chain of splitmix64 steps, so that the same
+arguments give the same numbers on any machine, thread count or timing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MASK64 = (1 << 64) - 1
+
+# Salts keep the streams for different purposes independent.
+SALT_CROP = 0x43524F50  # "CROP"
+SALT_AUGMENT = 0x41554753  # "AUGS"
+SALT_SPLIT_ORDER = 0x53504C54  # "SPLT"
+SALT_SHUFFLE = 0x53485546  # "SHUF"
+
+
+def splitmix64(x: int) -> int:
+    """One splitmix64 step (Steele, Lea & Flood 2014): a 64-bit mixing bijection."""
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def mix(*parts: int) -> int:
+    """Hash any number of integers (negative ones too) to one uniform 64-bit integer."""
+    h = 0
+    for part in parts:
+        h = splitmix64(h ^ (int(part) & MASK64))
+    return h
+
+
+def uniform_int(n: int, *parts: int) -> int:
+    """An integer in ``[0, n)`` that is a pure function of ``parts`` (bias < n / 2**64)."""
+    if n <= 0:
+        raise ValueError(f"uniform_int needs n > 0, got {n}")
+    return mix(*parts) % n
+
+
+def generator(*parts: int) -> np.random.Generator:
+    """A numpy Generator seeded by ``mix(*parts)``, for user augmentations."""
+    return np.random.Generator(np.random.PCG64(mix(*parts)))
+
+
+def splitmix64_array(x: np.ndarray) -> np.ndarray:
+    """Vectorised `splitmix64` over a uint64 array (wrap-around arithmetic)."""
+    x = x.astype(np.uint64, copy=True)
+    with np.errstate(over="ignore"):
+        x += np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def permutation(n: int, *parts: int) -> np.ndarray:
+    """A permutation of ``range(n)`` that is a pure function of ``parts``.
+
+    Sorts the items by a per-item hash, so it does not depend on numpy's
+    Generator algorithms (which may change between numpy versions).
+    """
+    base = np.uint64(mix(*parts))
+    hashes = splitmix64_array(np.arange(n, dtype=np.uint64) ^ base)
+    return np.argsort(hashes, kind="stable")

@@ -1,0 +1,92 @@
+"""The records that flow between the nodes.
+
+A row's identity is its ``Key``: the global row ``index`` (the file's offset in
+the sorted file list plus the row number in that file) and the ``pass_index``
+(which sweep over the data produced it). Every random choice about a sample is a
+pure function of ``(seed, key)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+
+
+class Key(NamedTuple):
+    """Identity of one sample: global row index and the pass that produced it."""
+
+    index: int
+    pass_index: int
+
+
+@dataclass(slots=True)
+class RawSample:
+    """One row as read from a shard, audio still encoded.
+
+    Attributes:
+        key: ``Key(index, pass_index)``.
+        audio: the encoded audio bytes (a zero-copy ``pyarrow.Buffer`` where the
+            format allows, else ``bytes``), or ``None`` for a null value.
+        label: integer class id, or ``None`` when the loader has no label column.
+        extras: the requested extra columns, ``{name: python value}``.
+        file: path (or URL) of the shard file.
+        row: row number within that file.
+    """
+
+    key: Key
+    audio: Any
+    label: int | None
+    extras: dict[str, Any] = field(default_factory=dict)
+    file: str = ""
+    row: int = -1
+
+
+@dataclass(slots=True)
+class Sample:
+    """One decoded sample.
+
+    Attributes:
+        key: ``Key(index, pass_index)``.
+        spectrogram: float32 tensor ``[n_mels, frames]`` (log-mel when the config's ``log`` is on).
+        label, extras, file, row: carried over from the ``RawSample``.
+    """
+
+    key: Key
+    spectrogram: torch.Tensor
+    label: int | None
+    extras: dict[str, Any] = field(default_factory=dict)
+    file: str = ""
+    row: int = -1
+
+
+@dataclass(slots=True)
+class BadRow:
+    """A row whose audio could not be decoded; counted, reported, then dropped.
+
+    Decode returns this instead of raising, because torchdata rebuilds worker
+    exceptions from strings and can drop work around them.
+    """
+
+    key: Key
+    file: str
+    row: int
+    reason: str
+
+    def report(self) -> dict[str, Any]:
+        """A plain-dict record for ``loader.stats()`` and error reports."""
+        return {"index": self.key.index, "pass": self.key.pass_index, "file": self.file,
+                "row": self.row, "reason": self.reason}
+
+
+@dataclass(slots=True)
+class Failure:
+    """An exception raised inside the chain, carried as an item to the consumer.
+
+    torchdata turns exceptions raised in worker threads into strings and hangs on
+    the next call after a source error. Carrying the exception object as an item
+    and raising it in the caller's thread keeps its type, attributes and traceback.
+    """
+
+    error: BaseException
