@@ -33,6 +33,9 @@ class RawSample:
         extras: the requested extra columns, ``{name: python value}``.
         file: path (or URL) of the shard file.
         row: row number within that file.
+        problem: why this row is bad as read (e.g. "audio is null", "label is null"),
+            or ``None``. The reader never raises for one row's data; the decode
+            stage turns a problem into a counted, reported `BadRow`.
     """
 
     key: Key
@@ -41,6 +44,7 @@ class RawSample:
     extras: dict[str, Any] = field(default_factory=dict)
     file: str = ""
     row: int = -1
+    problem: str | None = None
 
 
 @dataclass(slots=True)
