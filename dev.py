@@ -36,7 +36,7 @@ def _requirements_hash() -> str:
 
 def ensure_environment() -> None:
     """Create .venv and install the project into it unless it is up to date."""
-    if sys.version_info < (3, 10):
+    if sys.version_info < (3, 10):  # noqa: UP036 - dev.py may be run by any python3
         sys.exit(f"audioloader needs Python 3.10 or newer; this is {sys.version.split()[0]}")
     if not _venv_bin("python").exists():
         print(f"creating virtual environment in {VENV}", flush=True)

@@ -13,7 +13,7 @@ import soundfile as sf
 def tone(seconds: float, sample_rate: int, freq: float = 440.0, channels: int = 1,
          amplitude: float = 0.5, seed: int = 0) -> np.ndarray:
     """A float32 sine plus a little noise, shape [frames] (mono) or [frames, channels]."""
-    n = int(round(seconds * sample_rate))
+    n = round(seconds * sample_rate)
     t = np.arange(n) / sample_rate
     rng = np.random.default_rng(seed)
     columns = [amplitude * np.sin(2 * np.pi * freq * (c + 1) * t) + 0.01 * rng.standard_normal(n)
@@ -41,8 +41,8 @@ def audio_table(start: int, n: int, *, struct_audio: bool = False, seconds: floa
     """Rows ``start..start+n``: audio (WAV bytes), label = i % 3, ``uid`` = i, ``name`` = f"clip{i}"."""
     audio = [clip_bytes(i, seconds, sample_rate) for i in range(start, start + n)]
     if struct_audio:
-        audio_col = pa.array([{"bytes": b, "path": f"clip{i}.wav"} for i, b in zip(range(start, start + n), audio)],
-                             type=pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+        rows = [{"bytes": b, "path": f"clip{i}.wav"} for i, b in zip(range(start, start + n), audio, strict=True)]
+        audio_col = pa.array(rows, type=pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
     else:
         audio_col = pa.array(audio, type=pa.binary())
     ids = list(range(start, start + n))

@@ -1,0 +1,123 @@
+"""Loader: torchdata's ``Loader`` with its 0.11 resume and lifecycle bugs fixed.
+
+Use it in place of ``torchdata.nodes.Loader`` when composing audioloader's nodes
+by hand. What it changes (see shared research notes, torchdata 0.11):
+
+* ``load_state_dict`` after a ``state_dict()`` call is no longer ignored
+  (upstream PR #1548): the pending state always wins on the next ``iter()``.
+* ``num_yielded`` is right after a resume (upstream #1453: the look-ahead item
+  was counted twice).
+* The iterator does not point back at the loader, so dropping a loader frees
+  it by reference counting (no ``gc.collect()`` needed to stop its threads).
+* ``shutdown()`` stops every background thread of the chain; the loader is a
+  context manager.
+* A ``Failure`` item (an exception carried up by `CatchFailures`) is raised in
+  the caller's thread with its original type and traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, TypeVar
+
+from torchdata.nodes import BaseNode
+from torchdata.nodes import Loader as _TorchdataLoader
+from torchdata.nodes.loader import LoaderIterator as _TorchdataLoaderIterator
+
+from ._threads import shutdown_mapper
+from .nodes.catch_failures import raise_failure
+
+T = TypeVar("T")
+
+
+class _LoaderIterator(_TorchdataLoaderIterator[T]):
+    def __init__(self, loader: Loader[T]) -> None:
+        super().__init__(loader)
+        self.loader = None  # break the Loader <-> iterator reference cycle
+
+    def has_next(self) -> bool:
+        # Upstream calls next(self) here, which counts the look-ahead item once
+        # and then again when it is returned.
+        if self._cached_item is None:
+            try:
+                self._cached_state_dict = self.state_dict()
+                self._cached_item = next(self.root)
+            except StopIteration:
+                pass
+        return self._cached_item is not None
+
+    def next(self) -> T:
+        return raise_failure(super().next())
+
+
+class Loader(_TorchdataLoader[T], Generic[T]):
+    """``torchdata.nodes.Loader`` with exact resume, clean shutdown and original exceptions."""
+
+    def __iter__(self):
+        if self._it is None:
+            self._it = _LoaderIterator(self)
+        return super().__iter__()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Apply ``state_dict`` on the next ``iter()``, even after an earlier ``state_dict()`` call."""
+        self._iter_for_state_dict = False
+        super().load_state_dict(state_dict)
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._next_iter_state_dict is not None and self._it is None:
+            # A loaded but not yet applied state: report it rather than starting
+            # the chain (torchdata would start a fresh epoch's threads here).
+            return self._next_iter_state_dict
+        return super().state_dict()
+
+    def shutdown(self) -> None:
+        """Stop every background thread of the chain (idempotent).
+
+        ``state_dict()`` afterwards still describes where iteration stopped; a
+        new ``iter()`` starts the threads again.
+        """
+        stop_threads(self.root)
+
+    def __enter__(self) -> Loader[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def iter_nodes(root: BaseNode):
+    """Yield ``root`` and every node under it (following ``source``/``_source`` attributes)."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node
+        for name in ("source", "_source", "root"):
+            child = getattr(node, name, None)
+            if isinstance(child, BaseNode):
+                stack.append(child)
+
+
+def stop_threads(root: BaseNode) -> None:
+    """Stop the background threads of every node in the chain under ``root``.
+
+    Knows torchdata's ``ParallelMapper``/``Prefetcher``/``PinMemory`` (0.11
+    internals) and calls ``shutdown()`` on any node that has one.
+    """
+    for node in iter_nodes(root):
+        own = getattr(node, "shutdown", None)
+        if callable(own):
+            own()
+            continue
+        it = getattr(node, "_it", None)
+        if it is None:
+            continue
+        if hasattr(getattr(it, "_it", None), "_stop"):  # torchdata ParallelMapper
+            shutdown_mapper(node)
+        elif hasattr(it, "_stop_event"):  # torchdata Prefetcher / PinMemory (_SingleThreadedMapper)
+            it._stop_event.set()
+            thread = getattr(it, "_thread", None)
+            if thread is not None and thread.is_alive():
+                thread.join()

@@ -1,0 +1,143 @@
+"""Batcher: collate decoded samples into a dict of tensors."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import torch
+from torchdata.nodes import BaseNode
+
+from ..samples import Sample
+from ..stats import LoaderStats
+
+#: ``index`` and ``label`` of a padding entry (eval under DDP, see ``num_batches``).
+PAD_INDEX = -1
+PAD_LABEL = -1
+
+
+class Batcher(BaseNode[dict]):
+    """Collates ``Sample`` items into batches.
+
+    A batch is a dict:
+
+    * ``spectrogram``: float32 ``[B, n_mels, frames]``
+    * ``label``: int64 ``[B]`` (absent when the samples carry no label)
+    * ``index``: int64 ``[B]``, the global row index of each sample
+    * ``valid``: bool ``[B]``, only when ``num_batches`` is set (eval): false for padding
+    * one entry per extra column: a tensor when the column is numeric (listed in
+      ``tensor_columns``, or, when that is ``None``, when every value in the batch
+      is a number), else a list.
+
+    Args:
+        source: node yielding ``Sample``.
+        batch_size: samples per batch (>= 1).
+        drop_last: drop a final batch smaller than ``batch_size``.
+        num_batches: when set, yield exactly this many batches: stop early if the
+            source has more, and when it runs out first, yield batches of
+            ``batch_size`` padding entries (zeros, ``index``/``label`` = -1,
+            ``valid`` false). Under DDP every rank then runs the same number of
+            eval steps, with no sample duplicated for a metric to count twice.
+        spectrogram_shape: ``(n_mels, frames)`` of a padding entry; required
+            with ``num_batches``, since a rank may have no real sample to copy.
+        columns: names of the extra columns (``None``: those of the samples'
+            ``extras``); needed for a batch made only of padding.
+        tensor_columns: extra columns to return as tensors (padding gets 0).
+        has_labels: whether batches carry ``label``; ``None`` = when the samples' label is not None.
+        stats: optional `LoaderStats`; counts ``batches``/``samples``.
+    """
+
+    SOURCE_KEY = "source"
+
+    def __init__(self, source: BaseNode, batch_size: int, drop_last: bool = False, *,
+                 num_batches: int | None = None, spectrogram_shape: tuple[int, int] | None = None,
+                 columns: Sequence[str] | None = None, tensor_columns: Collection[str] | None = None,
+                 has_labels: bool | None = None,
+                 stats: LoaderStats | None = None) -> None:
+        super().__init__()
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
+        if num_batches is not None and (not isinstance(num_batches, int) or num_batches < 0):
+            raise ValueError(f"num_batches={num_batches!r} must be None or an integer >= 0")
+        if num_batches is not None and spectrogram_shape is None:
+            raise ValueError("num_batches needs spectrogram_shape=(n_mels, frames) for padding entries")
+        self.source = source
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_batches = num_batches
+        self.spectrogram_shape = tuple(spectrogram_shape) if spectrogram_shape is not None else None
+        self.columns = None if columns is None else tuple(columns)
+        self.tensor_columns = None if tensor_columns is None else frozenset(tensor_columns)
+        self.has_labels = has_labels
+        self.stats = stats
+        self._yielded = 0
+        self._exhausted = False
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        if initial_state is None:
+            self._yielded, self._exhausted = 0, False
+            self.source.reset(None)
+        else:
+            self._yielded, self._exhausted = initial_state["yielded"], initial_state["exhausted"]
+            self.source.reset(initial_state[self.SOURCE_KEY])
+
+    def next(self) -> dict[str, Any]:
+        if self.num_batches is not None and self._yielded >= self.num_batches:
+            raise StopIteration
+        samples = self._take(self.batch_size)
+        if not samples:
+            if self.num_batches is None:
+                raise StopIteration
+            batch = self._collate([], pad=self.batch_size)
+        elif len(samples) < self.batch_size and self.drop_last:
+            raise StopIteration
+        else:
+            batch = self._collate(samples, pad=0)
+        self._yielded += 1
+        if self.stats is not None:
+            self.stats.count("batches")
+            self.stats.count("samples", len(samples))
+        return batch
+
+    def _take(self, n: int) -> list[Sample]:
+        samples: list[Sample] = []
+        while len(samples) < n and not self._exhausted:
+            try:
+                samples.append(next(self.source))
+            except StopIteration:
+                self._exhausted = True
+        return samples
+
+    def _collate(self, samples: Sequence[Sample], pad: int) -> dict[str, Any]:
+        """Stack ``samples`` and append ``pad`` padding entries."""
+        if samples:
+            spectrogram = torch.stack([s.spectrogram for s in samples])
+        else:
+            spectrogram = torch.empty((0, *self.spectrogram_shape), dtype=torch.float32)
+        if pad:
+            spectrogram = torch.cat([spectrogram, torch.zeros((pad, *self.spectrogram_shape))])
+        batch: dict[str, Any] = {"spectrogram": spectrogram}
+        labels = [s.label for s in samples]
+        has_labels = self.has_labels if self.has_labels is not None else (not samples or labels[0] is not None)
+        if has_labels:
+            batch["label"] = torch.tensor([*labels, *[PAD_LABEL] * pad], dtype=torch.int64)
+        batch["index"] = torch.tensor([*(s.key.index for s in samples), *[PAD_INDEX] * pad], dtype=torch.int64)
+        if self.num_batches is not None:
+            batch["valid"] = torch.tensor([True] * len(samples) + [False] * pad, dtype=torch.bool)
+        names = self.columns if self.columns is not None else (samples[0].extras if samples else ())
+        for name in names:
+            batch[name] = self._collate_column(name, [s.extras.get(name) for s in samples], pad)
+        return batch
+
+    def _collate_column(self, name: str, values: list[Any], pad: int) -> Any:
+        numeric = (name in self.tensor_columns if self.tensor_columns is not None
+                   else all(isinstance(v, numbers.Number) for v in values))
+        if numeric:
+            return torch.tensor([*values, *[0] * pad])
+        return [*values, *[None] * pad]
+
+    def get_state(self) -> dict[str, Any]:
+        return {self.SOURCE_KEY: self.source.state_dict(), "yielded": self._yielded,
+                "exhausted": self._exhausted}

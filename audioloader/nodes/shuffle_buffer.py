@@ -1,0 +1,179 @@
+"""ShuffleBuffer: a seeded, resumable shuffle buffer with a minimum fill."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+from torchdata.nodes import BaseNode
+
+from .._hashing import SALT_SHUFFLE, uniform_int
+from ..samples import Key
+from ..stats import LoaderStats
+
+T = TypeVar("T")
+
+#: Rebuilds buffered items from their keys, in the same order (e.g. a random-access
+#: read of those rows, then the same decode with the same per-sample seed).
+RestoreFn = Callable[[Sequence[Key]], Sequence[Any]]
+
+
+def _item_key(item: Any) -> Key:
+    return item.key
+
+
+class ShuffleBuffer(BaseNode[T], Generic[T]):
+    """Holds up to ``capacity`` items and emits them in a seeded random order.
+
+    Works over anything with a ``.key`` (``RawSample`` or ``Sample``); pass
+    ``key_fn`` for other items.
+
+    Rules (none depends on timing, so the output order is a pure function of the
+    seed, the rank and the source's order):
+
+    * Nothing is emitted until ``min_size`` items are held, or the source is
+      exhausted (then it drains).
+    * Each emit pulls one item to replace it, plus one more while below
+      ``capacity``, so the buffer grows by one per emit up to ``capacity``
+      (WebDataset's rule).
+    * The ``draws``-th pick is ``uniform_int(n, seed, SALT_SHUFFLE, rank, draws)``,
+      removed by swapping with the last item (O(1)).
+
+    State holds the keys of the held items (bytes of int64/int32 arrays: about
+    12 bytes an item), the draw counter and the source's state, never the items
+    themselves, when a ``restore`` callable is given: ``reset(state)`` rebuilds
+    the items through ``restore(keys)``. Without ``restore``, the state holds the
+    items (fine only for small items). ``get_state()`` is cheap: a ParallelMapper
+    above this node calls it after every item.
+
+    Args:
+        source: upstream node.
+        capacity: most items held (>= 1).
+        min_size: items held before the first emit; 0 = emit at once; <= capacity.
+        seed: shuffle seed; combined with ``rank`` so ranks shuffle independently.
+        rank: this process's rank (only seeds the picks).
+        restore: see above.
+        key_fn: item -> ``Key``; default ``item.key``.
+        stats: optional `LoaderStats`; the fill level goes to gauge ``shuffle_buffer_fill``.
+    """
+
+    SOURCE_KEY = "source"
+
+    def __init__(self, source: BaseNode, capacity: int, min_size: int = 0, *, seed: int = 0, rank: int = 0,
+                 restore: RestoreFn | None = None, key_fn: Callable[[Any], Key] = _item_key,
+                 stats: LoaderStats | None = None) -> None:
+        super().__init__()
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"ShuffleBuffer capacity={capacity!r} must be an integer >= 1")
+        if isinstance(min_size, bool) or not isinstance(min_size, int) or not 0 <= min_size <= capacity:
+            raise ValueError(f"ShuffleBuffer min_size={min_size!r} must be an integer in [0, capacity={capacity}]")
+        self.source = source
+        self.capacity = capacity
+        self.min_size = min_size
+        self.seed = seed
+        self.rank = rank
+        self.restore = restore
+        self.key_fn = key_fn
+        self.stats = stats
+        self._clear()
+
+    def _clear(self) -> None:
+        self._items: list[Any] = []
+        # Keys kept beside the items in numpy arrays, so get_state() is two memcpys.
+        self._indices = np.zeros(self.capacity, dtype=np.int64)
+        self._passes = np.zeros(self.capacity, dtype=np.int32)
+        self._draws = 0
+        self._exhausted = False
+        self._primed = False
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self._clear()
+        if initial_state is None:
+            self.source.reset(None)
+            return
+        items = self._restore_items(initial_state)
+        self.source.reset(initial_state[self.SOURCE_KEY])
+        for item in items:
+            self._append(item)
+        self._draws = initial_state["draws"]
+        self._exhausted = initial_state["exhausted"]
+        self._primed = initial_state["primed"]
+
+    def _restore_items(self, state: dict[str, Any]) -> list[Any]:
+        if "items" in state:
+            return list(state["items"])
+        if self.restore is None:
+            raise ValueError("this ShuffleBuffer state holds keys only; build the buffer with the same "
+                             "restore= callable as the one that saved it")
+        indices = np.frombuffer(state["indices"], dtype=np.int64)
+        passes = np.frombuffer(state["passes"], dtype=np.int32)
+        keys = [Key(int(i), int(p)) for i, p in zip(indices, passes, strict=True)]
+        items = list(self.restore(keys))
+        got = [self.key_fn(item) for item in items]
+        if got != keys:
+            raise RuntimeError("ShuffleBuffer restore returned items whose keys differ from the checkpoint's; "
+                               "the data changed since the checkpoint was taken")
+        return items
+
+    def _append(self, item: Any) -> None:
+        n = len(self._items)
+        key = self.key_fn(item)
+        self._indices[n] = key[0]
+        self._passes[n] = key[1]
+        self._items.append(item)
+
+    def _pull(self) -> None:
+        try:
+            item = next(self.source)
+        except StopIteration:
+            self._exhausted = True
+            return
+        self._append(item)
+
+    def next(self) -> T:
+        if not self._primed:
+            while len(self._items) < self.min_size and not self._exhausted:
+                self._pull()
+            self._primed = True
+        # One pull replaces the item about to leave; a second grows the buffer.
+        for _ in range(2):
+            if len(self._items) < self.capacity and not self._exhausted:
+                self._pull()
+        n = len(self._items)
+        if self.stats is not None:
+            self.stats.set_gauge("shuffle_buffer_fill", n)
+        if n == 0:
+            raise StopIteration
+        pick = uniform_int(n, self.seed, SALT_SHUFFLE, self.rank, self._draws)
+        self._draws += 1
+        return self._swap_remove(pick)
+
+    def _swap_remove(self, pick: int) -> Any:
+        last = len(self._items) - 1
+        item = self._items[pick]
+        self._items[pick] = self._items[last]
+        self._indices[pick] = self._indices[last]
+        self._passes[pick] = self._passes[last]
+        self._items.pop()
+        return item
+
+    def get_state(self) -> dict[str, Any]:
+        n = len(self._items)
+        state: dict[str, Any] = {
+            self.SOURCE_KEY: self.source.state_dict(),
+            "draws": self._draws,
+            "exhausted": self._exhausted,
+            "primed": self._primed,
+        }
+        if self.restore is not None:
+            state["indices"] = self._indices[:n].tobytes()
+            state["passes"] = self._passes[:n].tobytes()
+        else:
+            state["items"] = list(self._items)
+        return state
+
+    def __len__(self) -> int:
+        """Items held now."""
+        return len(self._items)
