@@ -104,9 +104,12 @@ def stop_threads(root: BaseNode) -> None:
     """Stop the background threads of every node in the chain under ``root``.
 
     Knows torchdata's ``ParallelMapper``/``Prefetcher``/``PinMemory`` (0.11
-    internals) and calls ``shutdown()`` on any node that has one.
+    internals) and calls ``shutdown()`` on any node that has one. Stops the
+    deepest node first: a thread above it that is waiting for items (a shuffle
+    buffer filling up, say) then sees the end of its source at once instead of
+    finishing the fill before it can notice the stop.
     """
-    for node in iter_nodes(root):
+    for node in reversed(list(iter_nodes(root))):
         own = getattr(node, "shutdown", None)
         if callable(own):
             own()

@@ -1,0 +1,339 @@
+"""AudioLoader end to end: exactly once, exact resume, determinism, lifecycle, errors."""
+
+from __future__ import annotations
+
+import gc
+import io
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import torch
+
+import audioloader as al
+from tests.helpers import audio_table, make_shards, write_ipc_file
+
+SMALL = al.MelSpectrogramConfig(sample_rate=8000, clip_seconds=0.25, n_fft=256, hop_length=128, n_mels=16)
+ROWS = [13, 9, 18]  # 40 rows in three files
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("shards")
+    make_shards(folder, ROWS, "ipc_file", batch_rows=4, seconds=0.4)
+    return folder
+
+
+def loader_for(source, **kwargs) -> al.AudioLoader:
+    options = {"batch_size": 8, "features": SMALL, "seed": 1, "split_rows": 4, "num_workers": 2}
+    if kwargs.get("train", True):
+        options.update(shuffle_buffer_size=12, shuffle_min_size=6)
+    options.update(kwargs)
+    return al.AudioLoader(source, **options)
+
+
+def take(loader, n):
+    it = iter(loader)
+    return [next(it) for _ in range(n)]
+
+
+def assert_same_batches(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.keys() == y.keys()
+        for name in x:
+            if isinstance(x[name], torch.Tensor):
+                assert torch.equal(x[name], y[name]), name
+            else:
+                assert x[name] == y[name], name
+
+
+def roundtrip(state):
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer)  # weights_only=True: the state is plain data
+
+
+def test_eval_yields_every_row_exactly_once(shards):
+    with loader_for(shards, train=False) as loader:
+        batches = list(loader)
+        assert len(batches) == len(loader) == 5
+        seen = torch.cat([b["index"] for b in batches]).tolist()
+        assert sorted(seen) == list(range(40))
+        assert all(b["valid"].all() for b in batches)
+        first = batches[0]
+        assert first["spectrogram"].shape == (8, SMALL.n_mels, SMALL.n_frames)
+        assert first["spectrogram"].dtype == torch.float32
+        assert first["label"].tolist() == [i % 3 for i in first["index"].tolist()]
+
+
+def test_eval_iterating_again_gives_the_same_batches(shards):
+    with loader_for(shards, train=False) as loader:
+        assert_same_batches(list(loader), list(loader))
+
+
+def test_train_is_infinite_and_len_is_a_type_error(shards):
+    with loader_for(shards) as loader:
+        batches = take(loader, 12)  # 96 samples: more than two passes over 40 rows
+        assert len(batches) == 12
+        with pytest.raises(TypeError, match="infinite"):
+            len(loader)
+
+
+def test_train_passes_cover_each_row_once_per_pass(shards):
+    # min_size = capacity = 1 with the buffer disabled makes pass boundaries visible.
+    with loader_for(shards, shuffle_buffer_size=1, shuffle_min_size=0, batch_size=10) as loader:
+        seen = torch.cat([b["index"] for b in take(loader, 8)]).tolist()
+    assert sorted(seen[:40]) == list(range(40))
+    assert sorted(seen[40:]) == list(range(40))
+    assert seen[:40] != seen[40:]
+
+
+@pytest.mark.parametrize("num_workers", [1, 8])
+def test_same_batches_for_any_num_workers(shards, num_workers):
+    with loader_for(shards, num_workers=2) as reference, loader_for(shards, num_workers=num_workers) as other:
+        assert_same_batches(take(reference, 8), take(other, 8))
+
+
+def test_seed_changes_crops_and_order(shards):
+    with loader_for(shards, seed=1) as a, loader_for(shards, seed=2) as b:
+        x, y = take(a, 2), take(b, 2)
+    assert not torch.equal(x[0]["index"], y[0]["index"])
+
+
+@pytest.mark.parametrize("shuffle_before_decode", [False, True])
+@pytest.mark.parametrize("train", [True, False])
+def test_resume_is_exact_at_random_cut_points(shards, train, shuffle_before_decode):
+    total = 14 if train else 5
+    with loader_for(shards, train=train, shuffle_before_decode=shuffle_before_decode) as loader:
+        reference = take(loader, total)
+    cuts = sorted(random.Random(0).sample(range(total), 4))
+    for cut in cuts:
+        with loader_for(shards, train=train, shuffle_before_decode=shuffle_before_decode) as first:
+            head = take(first, cut)
+            state = roundtrip(first.state_dict())
+        with loader_for(shards, train=train, shuffle_before_decode=shuffle_before_decode) as resumed:
+            resumed.load_state_dict(state)
+            tail = take(resumed, total - cut)
+        assert_same_batches(head + tail, reference)
+
+
+def test_resume_after_probing_state_dict_first(shards):
+    with loader_for(shards) as loader:
+        reference = take(loader, 6)
+    with loader_for(shards) as first:
+        head = take(first, 3)
+        state = first.state_dict()
+    with loader_for(shards) as resumed:
+        resumed.state_dict()  # a checkpoint manager probing the state before restoring
+        resumed.load_state_dict(state)
+        assert_same_batches(head + take(resumed, 3), reference)
+
+
+def test_resume_in_a_new_process(shards, tmp_path):
+    with loader_for(shards) as loader:
+        reference = take(loader, 7)
+    with loader_for(shards) as first:
+        take(first, 4)
+        torch.save(first.state_dict(), tmp_path / "state.pt")
+    script = textwrap.dedent(f"""
+        import torch, audioloader as al
+        from tests.test_audio_loader import loader_for
+        loader = loader_for({str(shards)!r})
+        loader.load_state_dict(torch.load({str(tmp_path / 'state.pt')!r}))
+        it = iter(loader)
+        torch.save([next(it) for _ in range(3)], {str(tmp_path / 'tail.pt')!r})
+        loader.shutdown()
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=Path(__file__).parent.parent, timeout=120)
+    assert_same_batches(reference[4:], torch.load(tmp_path / "tail.pt"))
+
+
+def test_state_dict_is_small_and_plain(shards):
+    with loader_for(shards) as loader:
+        take(loader, 3)
+        state = loader.state_dict()
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    assert buffer.tell() < 16 * 1024
+
+    def walk(value):
+        assert not isinstance(value, torch.Tensor)
+        if isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+
+    walk(state)
+
+
+@pytest.mark.parametrize(
+    ("field", "changes"),
+    [
+        ("seed", {"seed": 2}),
+        ("batch_size", {"batch_size": 4}),
+        ("features", {"features": al.MelSpectrogramConfig(sample_rate=8000, clip_seconds=0.25, n_fft=256,
+                                                          hop_length=128, n_mels=24)}),
+        ("shuffle_buffer_size", {"shuffle_buffer_size": 20}),
+        ("shuffle_min_size", {"shuffle_min_size": 3}),
+        ("world_size", {"rank": 0, "world_size": 2}),
+        ("train", {"train": False}),
+    ],
+)
+def test_checkpoint_mismatch_names_the_field(shards, field, changes):
+    with loader_for(shards) as loader:
+        take(loader, 1)
+        state = loader.state_dict()
+    with loader_for(shards, **changes) as other, pytest.raises(al.CheckpointMismatchError) as info:
+        other.load_state_dict(state)
+    assert field in info.value.fields
+    assert field in str(info.value)
+
+
+def test_checkpoint_mismatch_on_other_files(shards, tmp_path):
+    make_shards(tmp_path, [40], "ipc_file", batch_rows=4, seconds=0.4)
+    with loader_for(shards) as loader:
+        take(loader, 1)
+        state = loader.state_dict()
+    with loader_for(tmp_path) as other, pytest.raises(al.CheckpointMismatchError, match="files"):
+        other.load_state_dict(state)
+
+
+def test_unlabeled_data_and_extra_columns(shards):
+    with loader_for(shards, train=False, label_column=None, columns=("uid", "name")) as loader:
+        batch = next(iter(loader))
+    assert "label" not in batch
+    assert batch["uid"].tolist() == batch["index"].tolist()
+    assert batch["name"] == [f"clip{i}" for i in batch["index"].tolist()]
+
+
+@pytest.fixture
+def shards_with_bad_rows(tmp_path) -> Path:
+    table = audio_table(0, 12, seconds=0.4)
+    audio = table.column("audio").to_pylist()
+    audio[3] = b"this is not audio"
+    audio[7] = None
+    table = table.set_column(0, "audio", pa.array(audio, type=pa.binary()))
+    write_ipc_file(tmp_path / "bad.arrow", table, batch_rows=4)
+    return tmp_path
+
+
+def test_bad_rows_are_skipped_counted_and_reported(shards_with_bad_rows):
+    with loader_for(shards_with_bad_rows, train=False, max_error_fraction=0.5) as loader:
+        batches = list(loader)
+        stats = loader.stats()
+    valid = torch.cat([b["index"][b["valid"]] for b in batches]).tolist()
+    assert sorted(valid) == [i for i in range(12) if i not in (3, 7)]
+    assert len(batches) == len(loader) == 2  # the batch count does not move when rows are skipped
+    assert stats["counters"]["bad_rows"] == 2
+    reported = sorted((r["row"], r["file"].endswith("bad.arrow")) for r in stats["bad_rows"])
+    assert reported == [(3, True), (7, True)]
+    assert all(r["reason"] for r in stats["bad_rows"])
+
+
+def test_on_error_raise_names_file_and_row(shards_with_bad_rows):
+    with loader_for(shards_with_bad_rows, train=False, on_error="raise") as loader, \
+            pytest.raises(al.DecodeError) as info:
+        list(loader)
+    assert "bad.arrow" in str(info.value)
+    assert info.value.row == 3
+
+
+class AugmentBroke(Exception):
+    def __init__(self, message, detail):
+        super().__init__(message)
+        self.detail = detail
+
+
+def broken_augment(waveform, rng):
+    raise AugmentBroke("augment failed", detail="kept")
+
+
+def test_user_exception_keeps_type_and_loader_does_not_hang(shards):
+    loader = loader_for(shards, augment=broken_augment)
+    it = iter(loader)
+    with pytest.raises(AugmentBroke) as info:
+        next(it)
+    assert info.value.detail == "kept"
+    assert "broken_augment" in [entry.name for entry in info.traceback]
+    with pytest.raises(StopIteration):
+        next(it)
+    loader.shutdown()
+
+
+def test_stats_report_counts_and_stage_times(shards):
+    with loader_for(shards, train=False) as loader:
+        list(loader)
+        stats = loader.stats()
+    assert stats["counters"]["samples"] == 40
+    assert stats["counters"]["batches"] == 5
+    for stage in ("decode", "mel", "wait"):
+        assert stats["seconds"][stage] > 0
+
+
+def test_threads_return_to_baseline_after_many_loaders(shards):
+    gc.collect()
+    before = threading.active_count()
+    gc.disable()
+    try:
+        for i in range(50):
+            loader = loader_for(shards, train=bool(i % 2))
+            batches = iter(loader)
+            next(batches)
+            del batches, loader
+        assert threading.active_count() == before
+    finally:
+        gc.enable()
+
+
+def test_torch_thread_setting_is_untouched(shards):
+    before = torch.get_num_threads()
+    with loader_for(shards) as loader:
+        take(loader, 3)
+    probe = []
+    thread = threading.Thread(target=lambda: probe.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert torch.get_num_threads() == before
+    assert probe == [before]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="SIGINT delivery to a child process")
+def test_ctrl_c_reaches_the_training_loop_promptly(shards, tmp_path):
+    script = textwrap.dedent(f"""
+        import sys, time
+        from tests.test_audio_loader import loader_for
+        loader = loader_for({str(shards)!r}, shuffle_buffer_size=20, shuffle_min_size=10)
+        try:
+            for i, batch in enumerate(loader):
+                if i == 2:
+                    print("running", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", time.monotonic(), flush=True)
+            sys.exit(3)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parent.parent,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "running"
+        sent = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        line = child.stdout.readline().split()
+        code = child.wait(timeout=30)
+    finally:
+        child.kill()
+    assert line and line[0] == "interrupted"
+    # Generous bound (shared CI machine); the point is no hang. Typical: well under 0.5 s.
+    assert float(line[1]) - sent < 5
+    assert code == 3
