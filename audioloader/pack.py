@@ -285,6 +285,12 @@ def _check_args(fmt: str, shard_rows: int | None, shard_mb: float | None, rows_p
         raise ValueError(f"workers={workers!r}: must be a positive integer")
 
 
+def _check_out_not_in_src(src: Path, out: Path) -> None:
+    # A second run would otherwise scan OUT as one more (empty) class folder.
+    if src.is_dir() and out.resolve().is_relative_to(src.resolve()):
+        raise ValueError(f"OUT {str(out)!r} is inside SRC {str(src)!r}; choose an output folder outside SRC")
+
+
 def _prepare_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise ValueError(f"OUT {str(out)!r} exists and is not a folder")
@@ -340,6 +346,7 @@ def pack(src: str | os.PathLike[str], out: str | os.PathLike[str], *, fmt: str =
     _check_args(fmt, shard_rows, shard_mb, rows_per_batch, sample_rate, codec, workers)
     if sample_rate is not None and codec is None:
         codec = "flac"
+    _check_out_not_in_src(Path(src), Path(out))
     items, label_names = collect_inputs(src)
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(items)
@@ -436,6 +443,17 @@ def run(args: argparse.Namespace) -> int:
                   shuffle_seed=args.shuffle_seed, overwrite=args.overwrite, progress=not args.quiet)
     if not args.quiet:
         total = sum(p.stat().st_size for p in shards)
-        print(f"wrote {len(shards)} shard(s), {total / 2**20:.1f} MiB, to {args.out} (labels in "
-              f"{Path(args.out) / 'labels.json'})")
+        rows = sum(_count_rows(p) for p in shards)
+        print(f"wrote {len(shards)} shard(s), {rows} rows, {total / 2**20:.1f} MiB, to {args.out} "
+              f"(labels in {Path(args.out) / 'labels.json'})")
     return 0
+
+
+def _count_rows(shard: Path) -> int:
+    """Rows in a shard, from its footer (no data is read)."""
+    if shard.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(shard).metadata.num_rows
+    with pa.memory_map(str(shard)) as source:
+        return pa.ipc.open_file(source).count_rows()

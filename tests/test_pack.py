@@ -269,6 +269,12 @@ def test_out_is_a_file(tmp_path, tree):
         pack(src, tmp_path / "out", progress=False)
 
 
+def test_out_inside_src(tmp_path, tree):
+    src, _ = tree
+    with pytest.raises(ValueError, match="inside SRC"):
+        pack(src, src / "out", progress=False)
+
+
 def test_symlinked_class_folder_is_followed(tmp_path):
     real = tmp_path / "real"
     real.mkdir()

@@ -1,0 +1,7 @@
+"""``python -m audioloader``: the same command line as ``audioloader``."""
+
+import sys
+
+from audioloader.cli import main
+
+sys.exit(main())

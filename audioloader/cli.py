@@ -1,0 +1,116 @@
+"""The ``audioloader`` command line: ``pack``, ``inspect``, ``demo``, ``bench``.
+
+Also runs as ``python -m audioloader``. ``main(argv)`` returns the exit status:
+0 success, 1 an error in the input or arguments (one line on stderr, no
+traceback), 2 a usage error (argparse) or a command not available, 130 Ctrl-C.
+
+``demo`` and ``bench`` live in their own modules, imported only when used (they
+pull in torch). Their contract with this file: ``audioloader.<name>`` defines
+``main(args)``; if it also defines ``add_arguments(parser)``, the arguments are
+parsed with that parser and ``main`` gets the ``argparse.Namespace``, otherwise
+``main`` gets the list of argument strings after the command name. ``main``
+returns an exit status or ``None`` (0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from audioloader import __version__
+from audioloader.errors import AudioLoaderError
+
+__all__ = ["build_parser", "main"]
+
+#: Commands whose module is imported only when the command runs.
+LAZY_COMMANDS = {
+    "demo": "run the end-to-end demo (audioloader.demo)",
+    "bench": "measure loading throughput (audioloader.bench)",
+}
+
+
+def _first_paragraph(doc: str | None) -> str | None:
+    # Docstrings use reStructuredText literals; the terminal wants plain text.
+    return doc.strip().split("\n\n")[0].replace("``", "") if doc else None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``audioloader`` (``pack`` and ``inspect`` fully; ``demo``/``bench`` listed)."""
+    from audioloader import inspect_shards, pack
+
+    parser = argparse.ArgumentParser(
+        prog="audioloader",
+        description="Pack audio into Arrow shards, inspect shards, and run the demo and benchmarks.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("pack", help="pack a class-folder tree or a CSV of audio files into shards",
+                       description=_first_paragraph(pack.__doc__))
+    pack.add_arguments(p)
+    p.set_defaults(func=pack.run)
+
+    p = sub.add_parser("inspect", help="summarize shards: files, rows, schema, labels, audio formats",
+                       description=_first_paragraph(inspect_shards.__doc__))
+    inspect_shards.add_arguments(p)
+    p.set_defaults(func=inspect_shards.run)
+
+    # Listed for --help only: main() hands these to their module before argparse
+    # runs, so that the module's own parser handles all their options.
+    for name, help_text in LAZY_COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def _report_errors(command: str, fn: Callable[[], Any]) -> int:
+    """Run ``fn``; turn expected errors into one line on stderr and an exit status."""
+    try:
+        status = fn()
+    except KeyboardInterrupt:
+        print(f"audioloader {command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `audioloader inspect ... | head`: the reader left; quietly stop, and keep
+        # Python from complaining again when it flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except (ValueError, TypeError, OSError, AudioLoaderError) as e:
+        print(f"audioloader {command}: error: {e}", file=sys.stderr)
+        return 1
+    return 0 if status is None else int(status)
+
+
+def _run_lazy(name: str, argv: list[str]) -> int:
+    module_name = f"audioloader.{name}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name != module_name:
+            raise  # the module exists but one of its imports is missing: show that
+        print(f"audioloader {name}: not available yet ({module_name} is not written/installed yet)",
+              file=sys.stderr)
+        return 2
+    if hasattr(module, "add_arguments"):
+        parser = argparse.ArgumentParser(prog=f"audioloader {name}", description=_first_paragraph(module.__doc__))
+        module.add_arguments(parser)
+        args: Any = parser.parse_args(argv)
+    else:
+        args = list(argv)
+    return _report_errors(name, lambda: module.main(args))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``audioloader``; ``argv`` defaults to ``sys.argv[1:]``. Returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in LAZY_COMMANDS:
+        return _run_lazy(argv[0], argv[1:])
+    args = build_parser().parse_args(argv)
+    return _report_errors(args.command, lambda: args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""The `audioloader` command line, run as `python -m audioloader` in a subprocess (and in-process for dispatch)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from audioloader import cli
+from tests.helpers import encode, tone
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args, check=True):
+    proc = subprocess.run([sys.executable, "-m", "audioloader", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def src(tmp_path):
+    root = tmp_path / "src"
+    for i, cls in enumerate(["dog", "cat", "bird"]):
+        (root / cls).mkdir(parents=True)
+        for j in range(2):
+            rate = [16000, 22050, 44100][j + i % 2]
+            (root / cls / f"{j}.wav").write_bytes(encode(tone(0.1 * (j + 1), rate, freq=200 + 90 * i), rate))
+    return root
+
+
+def test_help_lists_commands():
+    proc = run_cli("--help")
+    for command in ("pack", "inspect", "demo", "bench"):
+        assert command in proc.stdout
+    proc = run_cli("pack", "--help")
+    for option in ("--shard-size", "--shard-mb", "--format", "--rows-per-batch", "--sample-rate", "--codec",
+                   "--workers", "--quiet"):
+        assert option in proc.stdout
+
+
+def test_pack_command(tmp_path, src):
+    out = tmp_path / "out"
+    proc = run_cli("pack", src, out, "--shard-size", "4", "--rows-per-batch", "2", "--sample-rate", "8000",
+                   "--codec", "pcm16", "--format", "parquet", "--workers", "3")
+    assert "wrote 2 shard(s)" in proc.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["labels.json", "shard-00000.parquet", "shard-00001.parquet"]
+    assert json.loads((out / "labels.json").read_text()) == {"bird": 0, "cat": 1, "dog": 2}
+    # Progress goes nowhere when stderr is not a terminal.
+    assert proc.stderr == ""
+
+
+def test_pack_quiet_and_errors(tmp_path, src):
+    proc = run_cli("pack", src, tmp_path / "out", "--quiet")
+    assert proc.stdout == "" and proc.stderr == ""
+
+    proc = run_cli("pack", tmp_path / "missing", tmp_path / "o2", check=False)
+    assert proc.returncode == 1
+    assert "audioloader pack: error:" in proc.stderr and "missing" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+    proc = run_cli("pack", src, tmp_path / "o3", "--codec", "mp3", check=False)
+    assert proc.returncode == 2  # argparse usage error
+    assert "invalid choice" in proc.stderr
+
+
+def test_main_in_process(tmp_path, src, capsys):
+    assert cli.main(["pack", str(src), str(tmp_path / "out"), "-q"]) == 0
+    assert cli.main(["pack", str(src), str(tmp_path / "out"), "-q"]) == 1  # already holds shards
+    assert "--overwrite" in capsys.readouterr().err
+    assert pa.ipc.open_file(str(tmp_path / "out" / "shard-00000.arrow")).read_all().num_rows == 6
+
+
+@pytest.mark.parametrize("name", ["demo", "bench"])
+def test_lazy_command_not_available(monkeypatch, capsys, name):
+    # None in sys.modules makes the import fail exactly like a module that does not exist.
+    monkeypatch.setitem(sys.modules, f"audioloader.{name}", None)
+    assert cli.main([name, "--anything"]) == 2
+    assert "not available yet" in capsys.readouterr().err
+
+
+def test_lazy_command_gets_argv_or_namespace(monkeypatch):
+    seen = []
+    plain = types.ModuleType("audioloader.demo")
+    plain.main = lambda args: seen.append(args)
+    monkeypatch.setitem(sys.modules, "audioloader.demo", plain)
+    assert cli.main(["demo", "--steps", "3"]) == 0
+    assert seen == [["--steps", "3"]]
+
+    parsed = types.ModuleType("audioloader.bench")
+    parsed.add_arguments = lambda parser: parser.add_argument("--steps", type=int)
+    parsed.main = lambda args: seen.append(args) or 7
+    monkeypatch.setitem(sys.modules, "audioloader.bench", parsed)
+    assert cli.main(["bench", "--steps", "3"]) == 7
+    assert seen[-1].steps == 3
+
+
+def test_lazy_command_errors_are_reported(monkeypatch, capsys):
+    failing = types.ModuleType("audioloader.demo")
+
+    def main(args):
+        raise ValueError("bad data folder")
+
+    failing.main = main
+    monkeypatch.setitem(sys.modules, "audioloader.demo", failing)
+    assert cli.main(["demo"]) == 1
+    assert "audioloader demo: error: bad data folder" in capsys.readouterr().err
+
+
+# -- inspect -------------------------------------------------------------------------------------------
+
+
+def test_inspect_text(tmp_path, src):
+    out = tmp_path / "out"
+    run_cli("pack", src, out, "--shard-size", "4", "-q")
+    text = run_cli("inspect", out).stdout
+    assert "files: 2 (ipc_file)" in text and "6 rows" in text
+    assert "shard-00000.arrow" in text and "shard-00001.arrow" in text
+    assert "audio: binary" in text and "label: int64" in text and "path: string" in text
+    assert "splits: 2" in text
+    assert "labels: column 'label', 3 classes, 6 labeled rows" in text
+    for name in ("bird", "cat", "dog"):
+        assert any(line.split()[1:3] == [name, "2"] for line in text.splitlines() if name in line)
+    assert "sample: 6 of 6 rows" in text
+    assert "sample rates: 16000 Hz ×2, 22050 Hz ×3, 44100 Hz ×1" in text
+    assert "formats: WAV/PCM_16 ×6" in text
+
+
+def test_inspect_json_parquet(tmp_path, src):
+    out = tmp_path / "out"
+    run_cli("pack", src, out, "--format", "parquet", "--rows-per-batch", "2", "-q")
+    report = json.loads(run_cli("inspect", out, "--json", "--sample", "3").stdout)
+    assert report["num_rows"] == 6 and report["num_files"] == 1
+    assert report["files"][0]["format"] == "parquet" and report["files"][0]["batches"] == 3
+    assert report["label_names"] == ["bird", "cat", "dog"]
+    assert [(c["name"], c["count"]) for c in report["labels"]["classes"]] == [("bird", 2), ("cat", 2), ("dog", 2)]
+    sample = report["sample"]
+    assert [r["index"] for r in sample["rows"]] == [0, 2, 4]
+    assert sample["summary"]["rows"] == 3 and sample["summary"]["unreadable"] == 0
+    assert all(r["channels"] == 1 and r["format"] == "WAV" for r in sample["rows"])
+    assert sample["rows"][0]["path"] == "bird/0.wav"
+    assert sample["rows"][0]["duration_s"] == pytest.approx(0.1)
+
+
+def test_inspect_function_unlabeled_bad_audio_and_odd_labels(tmp_path):
+    from audioloader.inspect_shards import format_report, inspect
+    from audioloader.writer import ShardWriter
+
+    good = encode(tone(0.25, 8000), 8000, "FLAC")
+    with ShardWriter(tmp_path / "u.arrow", labeled=False) as w:
+        w.write(good)
+        w.write(b"garbage")
+    report = inspect(tmp_path / "u.arrow")
+    assert report["labels"] is None and report["labels_note"] == "no column 'label'"
+    summary = report["sample"]["summary"]
+    assert summary["unreadable"] == 1 and summary["sample_rates"] == {8000: 1}
+    assert summary["duration_s"]["max"] == pytest.approx(0.25)
+    text = format_report(report)
+    assert "labels: none (no column 'label')" in text and "unreadable: 1" in text and "error:" in text
+
+    with ShardWriter(tmp_path / "s.arrow", labeled=False, extra_columns={"cls": pa.string()}) as w:
+        w.write(good, cls="dog")
+    report = inspect(tmp_path / "s.arrow", label_column="cls", sample=0)
+    assert report["labels"] is None and "not integer" in report["labels_note"]
+    assert report["sample"]["rows"] == [] and "sample: none" in format_report(report)
+
+    # Ids without names still count; null labels are reported.
+    with ShardWriter(tmp_path / "n.arrow", label_names=["a", "b"]) as w:
+        w.write(good, 1)
+        w.write(good, None)
+    report = inspect(tmp_path / "n.arrow")
+    assert [(c["id"], c["name"], c["count"]) for c in report["labels"]["classes"]] == [(0, "a", 0), (1, "b", 1)]
+    assert report["labels"]["nulls"] == 1
+
+
+def test_inspect_errors(tmp_path):
+    proc = run_cli("inspect", tmp_path / "nothing", check=False)
+    assert proc.returncode == 1 and "audioloader inspect: error:" in proc.stderr and "nothing" in proc.stderr
+    (tmp_path / "x.arrow").write_bytes(b"not arrow at all")
+    proc = run_cli("inspect", tmp_path / "x.arrow", check=False)
+    assert proc.returncode == 1 and "x.arrow" in proc.stderr and "Traceback" not in proc.stderr
