@@ -1,0 +1,271 @@
+"""ArrowShardReader: the source node, rows of Arrow/Parquet shards as `RawSample`s.
+
+Work is assigned in splits (runs of record batches / row groups of one file):
+
+- ``shuffle=True`` (training): pass ``p`` orders all splits by a permutation
+  seeded by ``(seed, p)``, identical on every rank; rank ``r`` of ``w`` reads
+  ``order[r::w]``. Within a split rows come in file order (the shuffle buffer
+  downstream mixes them).
+- ``shuffle=False`` (evaluation): splits are spread over ranks to balance rows
+  (longest-processing-time first); each rank reads its splits in file order,
+  the same every pass, so every row is read exactly once across ranks.
+
+State is ``{"pass", "split_pos", "row"}``: resuming seeks straight to that row.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from torchdata.nodes import BaseNode
+
+from .._hashing import SALT_SPLIT_ORDER, permutation
+from ..distributed import resolve_rank
+from ..errors import CheckpointMismatchError
+from ..samples import Key, RawSample
+from ..shards import ShardDataset, Split, subdivide
+
+logger = logging.getLogger(__name__)
+
+# Eval mode warns when the busiest rank reads more than this times the rows of the least busy one.
+IMBALANCE_WARNING_RATIO = 1.2
+
+
+def balance_splits(splits: Sequence[Split], world_size: int) -> list[list[Split]]:
+    """Longest-processing-time assignment of splits to ranks; each rank's list in (file, row) order.
+
+    Splits are taken by rows descending (ties: lowest ``split_id``) and each goes
+    to the rank with the fewest rows so far (ties: lowest rank).
+    """
+    loads = [(0, rank) for rank in range(world_size)]
+    assigned: list[list[Split]] = [[] for _ in range(world_size)]
+    for split in sorted(splits, key=lambda s: (-s.num_rows, s.split_id)):
+        rows, rank = heapq.heappop(loads)
+        assigned[rank].append(split)
+        heapq.heappush(loads, (rows + split.num_rows, rank))
+    return [sorted(parts, key=lambda s: s.split_id) for parts in assigned]
+
+
+class ArrowShardReader(BaseNode[RawSample]):
+    """Yields one `RawSample` per row of the shards (this rank's share), audio still encoded.
+
+    Args:
+        source_or_dataset: a `ShardDataset`, or a source for one (folder, glob, file,
+            URL or a list of them; see `ShardDataset`).
+        audio_column, label_column, columns, split_rows, filesystem: passed to
+            `ShardDataset` (when a dataset is given they must match it or be left at their defaults).
+        seed: seeds the split order of each pass (``shuffle=True``).
+        rank, world_size: this process's share; ``None`` takes them from torch.distributed.
+        shuffle: ``True`` for training order (seeded split permutation per pass),
+            ``False`` for a balanced, fixed evaluation order.
+        infinite: loop over passes 0, 1, 2, ... without stopping.
+
+    Yields ``RawSample(key=Key(index, pass), audio=pyarrow.Buffer | None,
+    label=int | None, extras={name: value}, file, row, problem)``; a row with
+    null audio or a null label comes through with ``problem`` set, never raised.
+
+    ``get_state()`` is ``{"pass": int, "split_pos": int, "row": int}``: the pass,
+    the position in this rank's split order of that pass, and the rows of that
+    split already yielded.
+    """
+
+    PASS_KEY, SPLIT_POS_KEY, ROW_KEY = "pass", "split_pos", "row"
+
+    def __init__(self, source_or_dataset: Any, *, audio_column: str = "audio", label_column: str | None = "label",
+                 columns: Sequence[str] = (), seed: int = 0, rank: int | None = 0, world_size: int | None = 1,
+                 shuffle: bool = True, infinite: bool = False, split_rows: int = 512, filesystem: Any = None):
+        super().__init__()
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.seed, self.shuffle, self.infinite = int(seed), bool(shuffle), bool(infinite)
+        self.dataset = self._dataset(source_or_dataset, audio_column, label_column, columns, split_rows, filesystem)
+        self.splits = self._splits_for_world()
+        self._eval_assignment = None if self.shuffle else balance_splits(self.splits, self.world_size)
+        if self._eval_assignment is not None:
+            self._warn_if_unbalanced()
+        self._pass = 0
+        self._started = False
+        self._order: list[Split] = []
+        self._order_pass = -1
+        self._clear_position(0, 0)
+
+    # ----------------------------------------------------------------- construction
+
+    @staticmethod
+    def _dataset(source: Any, audio_column: str, label_column: str | None, columns: Sequence[str],
+                 split_rows: int, filesystem: Any) -> ShardDataset:
+        if not isinstance(source, ShardDataset):
+            return ShardDataset(source, audio_column=audio_column, label_column=label_column, columns=columns,
+                                split_rows=split_rows, filesystem=filesystem)
+        given = {"audio_column": (audio_column, "audio", source.audio_column),
+                 "label_column": (label_column, "label", source.label_column),
+                 "columns": (list(columns), [], list(source.columns)),
+                 "split_rows": (split_rows, 512, source.split_rows)}
+        for name, (value, default, actual) in given.items():
+            if value != default and value != actual:
+                raise ValueError(f"{name}={value!r} differs from the ShardDataset's {actual!r}; "
+                                 f"leave {name} out when passing a ShardDataset, or build the dataset with it")
+        if filesystem is not None:
+            raise ValueError("filesystem= is for sources; a ShardDataset already has its files")
+        return source
+
+    def _splits_for_world(self) -> list[Split]:
+        """The dataset's splits, subdivided so every rank gets at least one when rows allow."""
+        w, rows = self.world_size, self.dataset.num_rows
+        if rows < w and self.shuffle:
+            raise ValueError(f"world_size={w} but the source has only {rows} rows, so some ranks would have "
+                             "no data in training (shuffle=True); use fewer ranks or more data "
+                             "(evaluation, shuffle=False, allows idle ranks)")
+        return subdivide(self.dataset.splits, w)
+
+    def _warn_if_unbalanced(self) -> None:
+        loads = self.rows_per_rank()
+        busiest, idlest = int(np.argmax(loads)), int(np.argmin(loads))
+        if loads[busiest] > IMBALANCE_WARNING_RATIO * loads[idlest]:
+            logger.warning("evaluation rows are unbalanced across ranks: rank %d reads %d rows, rank %d reads %d "
+                           "(rows per rank: %s). Smaller split_rows, or shards with more record batches / row "
+                           "groups, balance better", busiest, loads[busiest], idlest, loads[idlest], loads)
+
+    # ----------------------------------------------------------------- assignment
+
+    def splits_for_pass(self, pass_index: int) -> list[Split]:
+        """This rank's splits for pass ``pass_index``, in read order."""
+        if self._eval_assignment is not None:
+            return list(self._eval_assignment[self.rank])
+        order = permutation(len(self.splits), self.seed, SALT_SPLIT_ORDER, int(pass_index))
+        return [self.splits[i] for i in order[self.rank::self.world_size].tolist()]
+
+    def rows_per_rank(self) -> list[int]:
+        """Rows each rank reads in one pass (exact for ``shuffle=False``; pass 0 for ``shuffle=True``)."""
+        if self._eval_assignment is not None:
+            return [sum(s.num_rows for s in parts) for parts in self._eval_assignment]
+        order = permutation(len(self.splits), self.seed, SALT_SPLIT_ORDER, 0)
+        rows = np.array([s.num_rows for s in self.splits], dtype=np.int64)[order]
+        return [int(rows[r::self.world_size].sum()) for r in range(self.world_size)]
+
+    # ----------------------------------------------------------------- torchdata contract
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        if initial_state is not None:
+            self._pass, split_pos, row = self._checked_state(initial_state)
+        else:
+            # As torchdata's SamplerWrapper: a new pass only if this one was started,
+            # so the Loader's end-of-epoch path (reset(state), StopIteration, reset(None)) advances.
+            if self._started:
+                self._pass = self._pass + 1 if self.shuffle else 0
+            split_pos = row = 0
+        self._started = False
+        self._clear_position(split_pos, row)
+
+    def _checked_state(self, state: dict[str, Any]) -> tuple[int, int, int]:
+        try:
+            values = [int(state[k]) for k in (self.PASS_KEY, self.SPLIT_POS_KEY, self.ROW_KEY)]
+        except (KeyError, TypeError, ValueError) as error:
+            raise CheckpointMismatchError(f"ArrowShardReader state {state!r} lacks a valid {error}; expected "
+                                          "{'pass': int, 'split_pos': int, 'row': int}") from None
+        pass_index, split_pos, row = values
+        order = self.splits_for_pass(pass_index)
+        fits = pass_index >= 0 and 0 <= split_pos <= len(order) and (
+            row == 0 if split_pos == len(order) else 0 <= row <= order[split_pos].num_rows)
+        if not fits:
+            raise CheckpointMismatchError(
+                f"ArrowShardReader state {state!r} does not fit this reader (rank {self.rank} has "
+                f"{len(order)} splits in pass {pass_index}); was it saved with other files, split_rows, "
+                "seed or world_size?", {"reader_state": (dict(state), None)})
+        return pass_index, split_pos, row
+
+    def _clear_position(self, split_pos: int, row: int) -> None:
+        self._split_pos, self._row = split_pos, row
+        self._batches = None  # opened lazily in next(), which may run in another thread
+        self._i = self._n = 0
+
+    def get_state(self) -> dict[str, Any]:
+        return {self.PASS_KEY: self._pass, self.SPLIT_POS_KEY: self._split_pos, self.ROW_KEY: self._row}
+
+    def next(self) -> RawSample:
+        self._started = True
+        i = self._i
+        if i >= self._n:
+            self._next_batch()
+            i = 0
+        self._i = i + 1
+        self._row += 1
+        labels, problems = self._labels, self._problems
+        return RawSample(
+            Key(self._base_index + i, self._pass),
+            self._audio[i],
+            labels[i] if labels is not None else None,
+            {name: values[i] for name, values in self._extras},
+            self._path,
+            self._base_row + i,
+            problems[i] if problems is not None else None,
+        )
+
+    # ----------------------------------------------------------------- reading
+
+    def _current_order(self) -> list[Split]:
+        if self._order_pass != self._pass:
+            self._order, self._order_pass = self.splits_for_pass(self._pass), self._pass
+        return self._order
+
+    def _next_batch(self) -> None:
+        """Load the next non-empty batch of this rank's read order; StopIteration at the end."""
+        while True:
+            if self._batches is None:
+                order = self._current_order()
+                if self._split_pos >= len(order):
+                    if not self.infinite or not order:
+                        raise StopIteration
+                    self._pass += 1
+                    self._split_pos = self._row = 0
+                    continue
+                split = order[self._split_pos]
+                self._batches = self.dataset.read_split(split, self._row)
+                self._file = self.dataset.files[split.file_id]
+                self._cursor = split.start + self._row
+            batch = next(self._batches, None)
+            if batch is None:
+                self._batches = None
+                self._split_pos += 1
+                self._row = 0
+                continue
+            if batch.num_rows:
+                self._load(batch)
+                return
+
+    def _load(self, batch: Any) -> None:
+        cols = self.dataset.columns_of(batch)
+        self._audio, self._labels, self._extras, self._problems = cols
+        self._path = self._file.path
+        self._base_row = self._cursor
+        self._base_index = self._file.index_offset + self._cursor
+        self._cursor += batch.num_rows
+        self._i, self._n = 0, batch.num_rows
+
+    # ----------------------------------------------------------------- random access
+
+    def fetch(self, keys: Sequence[Key]) -> list[RawSample]:
+        """The rows of ``keys`` as `RawSample`s, in the same order (for restoring a shuffle buffer).
+
+        Thread-safe: may run in another thread while ``next()`` runs (each thread has its own file handles).
+        """
+        keys = [k if isinstance(k, Key) else Key(*k) for k in keys]
+        rows = self.dataset.read_rows([k.index for k in keys])
+        has_label = self.dataset.label_column is not None
+        samples = []
+        for key, row in zip(keys, rows, strict=True):
+            problem = ("audio is null" if row.audio is None
+                       else "label is null" if has_label and row.label is None else None)
+            samples.append(RawSample(key, row.audio, row.label, row.extras, row.file, row.row, problem))
+        return samples
+
+    def __repr__(self) -> str:
+        mode = "shuffle" if self.shuffle else "eval"
+        return (f"ArrowShardReader({self.dataset!r}, rank={self.rank}/{self.world_size}, {mode}, "
+                f"seed={self.seed}, infinite={self.infinite})")
