@@ -437,7 +437,7 @@ def _decode_window(handle: sf.SoundFile, info: AudioInfo, target_rate: int, offs
         expected = resampled_length(info.frames, info.sample_rate, target_rate) - (offset - segment.skip)
         if len(part) != expected:
             return None
-    return np.array(window, dtype=np.float32)
+    return window  # a view of `part`, which nothing else holds: no copy needed
 
 
 def load_clip(data: Any, target_rate: int, clip_samples: int, *, train: bool,

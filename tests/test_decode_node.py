@@ -477,3 +477,15 @@ def test_no_file_descriptor_or_thread_leak_over_epochs():
         run(rows(8), num_workers=3)
     gc.collect()
     assert fds() <= before_fds and threading.active_count() == before_threads
+
+
+def test_augment_may_return_views_and_read_only_arrays():
+    def reverse_read_only(wave, rng):
+        out = wave[::-1]
+        out.flags.writeable = False
+        return out
+
+    forward = run(rows(4), train=False)
+    reversed_ = run(rows(4), train=False, augment=reverse_read_only)
+    assert all(x.spectrogram.shape == y.spectrogram.shape for x, y in zip(forward, reversed_, strict=True))
+    assert not torch.equal(forward[1].spectrogram, reversed_[1].spectrogram)

@@ -132,7 +132,9 @@ class DecodeSpectrogram(BaseNode[Sample]):
         if out.shape != (self.features.clip_samples,):
             raise ValueError(f"augment returned shape {out.shape}, expected ({self.features.clip_samples},): "
                              "it must return a waveform of the same length as its input")
-        return np.ascontiguousarray(out)
+        if not (out.flags.c_contiguous and out.flags.writeable):  # torch.from_numpy needs both
+            out = out.copy()
+        return out
 
     def decode_many(self, raws: Sequence[RawSample]) -> list[Sample | BadRow]:
         """`decode` each row, in parallel on ``num_workers`` threads; results in input order.
