@@ -1,1 +1,39 @@
-__version__='0.1.0'
+"""audioloader: fast, exact, resumable audio loading from Apache Arrow shards.
+
+``AudioLoader`` is the DataLoader-shaped front; the nodes it composes are in
+``audioloader.nodes``. torchaudio is not needed at run time.
+"""
+
+from .audio_loader import AudioLoader
+from .config import MelSpectrogramConfig
+from .errors import (
+    AudioLoaderError,
+    CheckpointMismatchError,
+    DecodeError,
+    ErrorBudgetExceeded,
+    SchemaError,
+    ShardReadError,
+)
+from .loader import Loader
+from .samples import BadRow, Key, RawSample, Sample
+from .writer import ShardWriter
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AudioLoader",
+    "AudioLoaderError",
+    "BadRow",
+    "CheckpointMismatchError",
+    "DecodeError",
+    "ErrorBudgetExceeded",
+    "Key",
+    "Loader",
+    "MelSpectrogramConfig",
+    "RawSample",
+    "Sample",
+    "SchemaError",
+    "ShardReadError",
+    "ShardWriter",
+    "__version__",
+]

@@ -78,8 +78,8 @@ class MelSpectrogramConfig:
 
     @property
     def f_max_hz(self) -> float:
-        """``f_max``, with ``None`` resolved to the Nyquist frequency."""
-        return float(self.f_max) if self.f_max is not None else self.sample_rate / 2
+        """``f_max``, with ``None`` resolved to ``sample_rate // 2`` (as torchaudio does)."""
+        return float(self.f_max) if self.f_max is not None else float(self.sample_rate // 2)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the fields (for checkpoint fingerprints and logs)."""

@@ -1,0 +1,19 @@
+"""The composable torchdata nodes of audioloader.
+
+Build the default chain by hand (or reorder it, or add your own nodes)::
+
+    reader = ArrowShardReader("shards/", seed=0)
+    decode = DecodeSpectrogram(reader, MelSpectrogramConfig(), seed=0, num_workers=4)
+    shuffle = ShuffleBuffer(decode, capacity=1000, min_size=500, seed=0)
+    batches = Batcher(shuffle, batch_size=64)
+    loader = audioloader.Loader(batches)
+"""
+
+from .arrow_shard_reader import ArrowShardReader
+from .batcher import Batcher
+from .catch_failures import CatchFailures
+from .decode_spectrogram import DecodeSpectrogram
+from .prefetcher import Prefetcher
+from .shuffle_buffer import ShuffleBuffer
+
+__all__ = ["ArrowShardReader", "Batcher", "CatchFailures", "DecodeSpectrogram", "Prefetcher", "ShuffleBuffer"]

@@ -40,8 +40,8 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
     * The ``draws``-th pick is ``uniform_int(n, seed, SALT_SHUFFLE, rank, draws)``,
       removed by swapping with the last item (O(1)).
 
-    State holds the keys of the held items (bytes of int64/int32 arrays: about
-    12 bytes an item), the draw counter and the source's state, never the items
+    State holds the keys of the held items (two lists of ints: about 7 bytes an
+    item once pickled), the draw counter and the source's state, never the items
     themselves, when a ``restore`` callable is given: ``reset(state)`` rebuilds
     the items through ``restore(keys)``. Without ``restore``, the state holds the
     items (fine only for small items). ``get_state()`` is cheap: a ParallelMapper
@@ -80,7 +80,7 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
 
     def _clear(self) -> None:
         self._items: list[Any] = []
-        # Keys kept beside the items in numpy arrays, so get_state() is two memcpys.
+        # Keys kept beside the items in numpy arrays, so get_state() is two fast tolist() calls.
         self._indices = np.zeros(self.capacity, dtype=np.int64)
         self._passes = np.zeros(self.capacity, dtype=np.int32)
         self._draws = 0
@@ -107,9 +107,7 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         if self.restore is None:
             raise ValueError("this ShuffleBuffer state holds keys only; build the buffer with the same "
                              "restore= callable as the one that saved it")
-        indices = np.frombuffer(state["indices"], dtype=np.int64)
-        passes = np.frombuffer(state["passes"], dtype=np.int32)
-        keys = [Key(int(i), int(p)) for i, p in zip(indices, passes, strict=True)]
+        keys = [Key(i, p) for i, p in zip(state["indices"], state["passes"], strict=True)]
         items = list(self.restore(keys))
         got = [self.key_fn(item) for item in items]
         if got != keys:
@@ -168,8 +166,9 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
             "primed": self._primed,
         }
         if self.restore is not None:
-            state["indices"] = self._indices[:n].tobytes()
-            state["passes"] = self._passes[:n].tobytes()
+            # Lists of ints, not bytes or arrays: `torch.load(weights_only=True)` accepts them.
+            state["indices"] = self._indices[:n].tolist()
+            state["passes"] = self._passes[:n].tolist()
         else:
             state["items"] = list(self._items)
         return state

@@ -1,0 +1,342 @@
+"""AudioLoader: the DataLoader-shaped front that builds the default chain."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torchdata.nodes import BaseNode, PinMemory
+
+from .config import MelSpectrogramConfig
+from .distributed import resolve_rank
+from .errors import CheckpointMismatchError
+from .loader import Loader
+from .nodes.arrow_shard_reader import ArrowShardReader
+from .nodes.batcher import Batcher
+from .nodes.catch_failures import CatchFailures
+from .nodes.decode_spectrogram import DecodeSpectrogram
+from .nodes.prefetcher import Prefetcher
+from .nodes.shuffle_buffer import ShuffleBuffer
+from .samples import BadRow, Key, Sample
+from .stats import LoaderStats
+
+STATE_FORMAT = "audioloader.AudioLoader/1"
+
+Source = str | Path | Sequence[str | Path]
+
+
+@dataclass(frozen=True)
+class ModePreset:
+    """Defaults of one mode (DESIGN.md, "Modes")."""
+
+    infinite: bool
+    shuffle_buffer_size: int
+    shuffle_min_size: int
+    num_workers: int
+
+
+TRAIN = ModePreset(infinite=True, shuffle_buffer_size=10000, shuffle_min_size=8000, num_workers=8)
+EVAL = ModePreset(infinite=False, shuffle_buffer_size=1000, shuffle_min_size=0, num_workers=4)
+
+
+class AudioLoader:
+    """Batches of log-mel spectrograms from Arrow/Parquet audio shards, resumable bit for bit.
+
+    Builds ``ArrowShardReader -> DecodeSpectrogram -> ShuffleBuffer -> Batcher
+    -> Prefetcher (-> PinMemory)`` under an audioloader `Loader`. With
+    ``shuffle_before_decode=True`` the buffer holds raw rows instead
+    (``reader -> shuffle -> decode``): far less memory for decoded features,
+    decode work after the buffer.
+
+    Each batch is a dict: ``spectrogram`` float32 ``[B, n_mels, frames]``,
+    ``label`` int64 ``[B]`` (unless ``label_column=None``), ``index`` int64
+    ``[B]`` (global row index), in eval ``valid`` bool ``[B]`` (false for the
+    padding that keeps ranks at equal batch counts), and each of ``columns``
+    (numbers -> tensors, others -> lists).
+
+    Args:
+        source: directory, glob, file, or a list of them; local path or URL.
+        batch_size: samples per batch.
+        train: preset. True: infinite passes, random crop, buffer 10000 with
+            min fill 8000, 8 decode threads. False: one pass, each sample exactly
+            once across ranks, center crop, buffer 1000 / 0, 4 threads.
+        seed: every random choice is a pure function of ``seed`` and the sample's key.
+        features: `MelSpectrogramConfig`.
+        num_workers, shuffle_buffer_size, shuffle_min_size, infinite: override the preset.
+        augment: optional ``augment(waveform: np.ndarray float32 [clip_samples],
+            rng: np.random.Generator) -> np.ndarray``; ``rng`` is seeded from (seed, key).
+        audio_column: binary column, or a struct with a ``bytes`` field (HF ``Audio``).
+        label_column: integer column, or None for unlabeled data.
+        columns: extra columns carried into each batch.
+        rank, world_size: default from ``torch.distributed`` when initialized, else 0 / 1.
+        drop_last: drop a final partial batch.
+        pin_memory: pin batches (needs CUDA; ignored with a warning otherwise).
+        on_error: ``"skip"`` (count and report bad rows, within an error budget) or ``"raise"``.
+        split_rows: target rows per split (the unit assigned to ranks).
+        prefetch_batches: batches prepared ahead in a background thread.
+        shuffle_before_decode: shuffle raw rows, then decode (see above).
+        max_error_fraction: error budget of ``on_error="skip"``.
+        filesystem: a ``pyarrow.fs.FileSystem`` for the source paths.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        batch_size: int = 64,
+        train: bool = True,
+        seed: int = 0,
+        features: MelSpectrogramConfig | None = None,
+        num_workers: int | None = None,
+        shuffle_buffer_size: int | None = None,
+        shuffle_min_size: int | None = None,
+        infinite: bool | None = None,
+        augment: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
+        audio_column: str = "audio",
+        label_column: str | None = "label",
+        columns: Sequence[str] = (),
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        pin_memory: bool = False,
+        on_error: str = "skip",
+        *,
+        split_rows: int = 512,
+        prefetch_batches: int = 2,
+        shuffle_before_decode: bool = False,
+        max_error_fraction: float = 0.01,
+        filesystem: Any = None,
+    ) -> None:
+        self._loader: Loader | None = None  # so __del__ works if construction fails
+        preset = TRAIN if train else EVAL
+        self.train = bool(train)
+        self.batch_size = _positive_int("batch_size", batch_size)
+        self.seed = _int("seed", seed)
+        self.features = features if features is not None else MelSpectrogramConfig()
+        if not isinstance(self.features, MelSpectrogramConfig):
+            raise TypeError(f"features must be a MelSpectrogramConfig, got {type(self.features).__name__}")
+        self.num_workers = _non_negative_int("num_workers", _pick(num_workers, preset.num_workers))
+        self.shuffle_buffer_size = _positive_int("shuffle_buffer_size",
+                                                 _pick(shuffle_buffer_size, preset.shuffle_buffer_size))
+        self.shuffle_min_size = _non_negative_int("shuffle_min_size", _pick(shuffle_min_size,
+                                                  min(preset.shuffle_min_size, self.shuffle_buffer_size)))
+        if self.shuffle_min_size > self.shuffle_buffer_size:
+            raise ValueError(f"shuffle_min_size={self.shuffle_min_size} must be <= "
+                             f"shuffle_buffer_size={self.shuffle_buffer_size}")
+        self.infinite = bool(_pick(infinite, preset.infinite))
+        self.drop_last = bool(drop_last)
+        self.shuffle_before_decode = bool(shuffle_before_decode)
+        self.prefetch_batches = _positive_int("prefetch_batches", prefetch_batches)
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.stats_counters = LoaderStats()
+
+        self.reader = ArrowShardReader(
+            source, audio_column=audio_column, label_column=label_column, columns=tuple(columns),
+            seed=self.seed, rank=self.rank, world_size=self.world_size, shuffle=self.train,
+            infinite=self.infinite, split_rows=split_rows, filesystem=filesystem)
+        self.columns = tuple(columns)
+        self.label_column = label_column
+        self.audio_column = audio_column
+        self.num_batches = self._count_batches() if not self.train else None
+        root = self._build_chain(augment, on_error, max_error_fraction)
+        if pin_memory and not torch.cuda.is_available():
+            warnings.warn("pin_memory=True but CUDA is not available; batches are not pinned", stacklevel=2)
+        elif pin_memory:
+            root = PinMemory(root)
+        self._loader = Loader(root)
+        self._fingerprint = self._make_fingerprint(split_rows)
+
+    # ----------------------------------------------------------------- chain
+
+    def _build_chain(self, augment, on_error: str, max_error_fraction: float) -> BaseNode:
+        def make_decoder(source: BaseNode) -> DecodeSpectrogram:
+            return DecodeSpectrogram(
+                source, self.features, seed=self.seed, train=self.train, num_workers=self.num_workers,
+                augment=augment, on_error=on_error, max_error_fraction=max_error_fraction,
+                stats=self.stats_counters)
+
+        def make_buffer(source: BaseNode, restore) -> ShuffleBuffer:
+            return ShuffleBuffer(source, self.shuffle_buffer_size, self.shuffle_min_size, seed=self.seed,
+                                 rank=self.rank, restore=restore, stats=self.stats_counters)
+
+        if self.shuffle_before_decode:
+            buffer = make_buffer(self.reader, self.reader.fetch)
+            self.decoder = make_decoder(buffer)
+            tail: BaseNode = self.decoder
+        else:
+            self.decoder = make_decoder(self.reader)
+            # A partial of a module function, not a bound method: the chain must not
+            # point back at this AudioLoader, or dropping it would need gc to stop threads.
+            tail = make_buffer(self.decoder, functools.partial(_restore_decoded, self.reader, self.decoder))
+        batcher = Batcher(
+            tail, self.batch_size, self.drop_last, num_batches=self.num_batches,
+            spectrogram_shape=(self.features.n_mels, self.features.n_frames),
+            columns=self.columns, tensor_columns=_numeric_columns(self.reader.dataset.schema, self.columns),
+            has_labels=self.label_column is not None, stats=self.stats_counters)
+        return Prefetcher(CatchFailures(batcher), prefetch_factor=self.prefetch_batches)
+
+    def _count_batches(self) -> int:
+        """Eval: batches every rank yields (equal across ranks, see Batcher.num_batches)."""
+        rows = self.reader.rows_per_rank()
+        if self.drop_last:
+            return min(rows) // self.batch_size
+        return math.ceil(max(rows) / self.batch_size)
+
+    # ------------------------------------------------------------- iteration
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._loader is None:
+            raise RuntimeError("this AudioLoader failed to construct")
+        return self._batches(iter(self._loader))
+
+    def _batches(self, it: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        # A generator that holds `self`: the loader stays alive while it is iterated.
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            except KeyboardInterrupt:
+                self.shutdown()
+                raise
+            self.stats_counters.add_seconds("wait", time.perf_counter() - start)
+            yield batch
+
+    def __len__(self) -> int:
+        if self.infinite:
+            raise TypeError("len() of an infinite (train=True) AudioLoader is undefined; "
+                            "pass infinite=False for one pass per iteration, or train=False")
+        if self.num_batches is not None:
+            return self.num_batches
+        rows = sum(split.num_rows for split in self.reader.splits_for_pass(0))
+        return rows // self.batch_size if self.drop_last else math.ceil(rows / self.batch_size)
+
+    # ----------------------------------------------------------------- state
+
+    def _make_fingerprint(self, split_rows: int) -> dict[str, Any]:
+        return {
+            "files": _portable_files(self.reader.dataset.fingerprint()["files"]),
+            "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
+            "features": self.features.to_dict(), "batch_size": self.batch_size,
+            "shuffle_buffer_size": self.shuffle_buffer_size, "shuffle_min_size": self.shuffle_min_size,
+            "train": self.train, "infinite": self.infinite, "drop_last": self.drop_last,
+            "shuffle_before_decode": self.shuffle_before_decode, "split_rows": split_rows,
+            "audio_column": self.audio_column, "label_column": self.label_column,
+            "columns": list(self.columns),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """A small plain dict (no tensors) to resume from; call between batches, in the iterating thread."""
+        return {"format": STATE_FORMAT, "fingerprint": self._fingerprint, "loader": self._loader.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The next iteration continues exactly where ``state_dict`` was taken.
+
+        Raises `CheckpointMismatchError` naming every field that differs
+        between the checkpoint's loader and this one.
+        """
+        if not isinstance(state_dict, dict) or state_dict.get("format") != STATE_FORMAT:
+            raise CheckpointMismatchError(
+                f"not an AudioLoader state dict (expected format {STATE_FORMAT!r}, "
+                f"got {state_dict.get('format') if isinstance(state_dict, dict) else type(state_dict).__name__!r})",
+                {"format": (state_dict.get("format") if isinstance(state_dict, dict) else None, STATE_FORMAT)})
+        theirs, ours = state_dict["fingerprint"], self._fingerprint
+        differ = {k: (theirs.get(k), ours.get(k)) for k in sorted(set(theirs) | set(ours))
+                  if theirs.get(k) != ours.get(k)}
+        if differ:
+            lines = [f"  {k}: checkpoint has {_short(a)}, this loader has {_short(b)}" for k, (a, b) in differ.items()]
+            raise CheckpointMismatchError(
+                "this state dict was saved by an AudioLoader built with different arguments; build the "
+                "loader with the checkpoint's values for these fields:\n" + "\n".join(lines), differ)
+        self._loader.load_state_dict(state_dict["loader"])
+
+    # ------------------------------------------------------------ lifecycle
+
+    def stats(self) -> dict[str, Any]:
+        """Counters (samples, batches, bad rows...), per-stage seconds, bad-row reports, buffer fill."""
+        return self.stats_counters.snapshot()
+
+    def shutdown(self) -> None:
+        """Stop every thread of the loader; iterating again starts them anew."""
+        if self._loader is not None:
+            self._loader.shutdown()
+
+    def __enter__(self) -> AudioLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter exit, modules may already be gone
+            self.shutdown()
+
+
+def _restore_decoded(reader: ArrowShardReader, decoder: DecodeSpectrogram, keys: Sequence[Key]) -> list[Sample]:
+    """Rebuild decoded buffer items on resume: random-access read, same decode, same per-key seeds."""
+    decoded = decoder.decode_many(reader.fetch(keys))
+    bad = [item for item in decoded if isinstance(item, BadRow)]
+    if bad:
+        raise RuntimeError(f"resuming: {len(bad)} buffered rows no longer decode (first: {bad[0].report()}); "
+                           "the data changed since the checkpoint was taken")
+    return list(decoded)
+
+
+def _portable_files(files: list[list[Any]]) -> list[list[Any]]:
+    """``[[path, size, rows], ...]`` with paths made relative to the files' common folder.
+
+    A checkpoint must survive the data moving to another mount point or bucket
+    prefix; what identifies the data is the files' names, sizes and row counts.
+    """
+    paths = [str(entry[0]) for entry in files]
+    # String prefix on purpose (URLs are not OS paths), then cut back to a "/".
+    prefix = os.path.commonprefix([path.rsplit("/", 1)[0] + "/" for path in paths])  # noqa: RUF071
+    prefix = prefix[: prefix.rfind("/") + 1]  # a whole folder, never part of a name
+    names = [path[len(prefix):] for path in paths]
+    return [[name, *entry[1:]] for name, entry in zip(names, files, strict=True)]
+
+
+def _numeric_columns(schema: pa.Schema, columns: Sequence[str]) -> list[str]:
+    """The extra columns whose Arrow type is integer, floating point or boolean (batched as tensors)."""
+    numeric = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean)
+    return [name for name in columns if any(test(schema.field(name).type) for test in numeric)]
+
+
+def _pick(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    return int(value)
+
+
+def _positive_int(name: str, value: Any) -> int:
+    value = _int(name, value)
+    if value < 1:
+        raise ValueError(f"{name}={value} must be >= 1")
+    return value
+
+
+def _non_negative_int(name: str, value: Any) -> int:
+    value = _int(name, value)
+    if value < 0:
+        raise ValueError(f"{name}={value} must be >= 0")
+    return value
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
