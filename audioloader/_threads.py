@@ -14,6 +14,7 @@ at its first op and not changed by a later default).
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -44,6 +45,8 @@ def pin_worker_to_one_thread(user_default: int) -> None:
 
 def restore_default_threads(user_default: int) -> None:
     """Put torch's process-wide default back if a torchdata worker changed it."""
+    if sys.is_finalizing():
+        return  # no new threads can start now, and nothing will use the default any more
     probe: list[int] = []
     checker = threading.Thread(target=lambda: probe.append(torch.get_num_threads()))
     checker.start()

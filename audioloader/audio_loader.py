@@ -6,6 +6,7 @@ import contextlib
 import functools
 import math
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -205,7 +206,11 @@ class AudioLoader:
             start = time.perf_counter()
             try:
                 batch = next(it)
-            except StopIteration:
+            except StopIteration as end:
+                # torchdata re-raises a StopIteration object made in its thread and kept
+                # in its frames; with this frame in its traceback, `self` would sit in a
+                # reference cycle and the loader's threads would wait for gc to stop.
+                end.__traceback__ = None
                 return
             except KeyboardInterrupt:
                 self.shutdown()
@@ -279,7 +284,11 @@ class AudioLoader:
         self.shutdown()
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter exit, modules may already be gone
+        # At interpreter exit the threads are daemons that die with the process;
+        # joining them (or starting a helper thread) could hang finalization.
+        if sys.is_finalizing():
+            return
+        with contextlib.suppress(Exception):
             self.shutdown()
 
 

@@ -104,3 +104,13 @@ def test_torch_distributed_defaults_are_used_when_initialized(uneven_shards, tmp
     finally:
         dist.destroy_process_group()
     assert torch.distributed.is_available()
+
+
+@pytest.mark.slow
+def test_ddp_example_trains_and_evaluates(tmp_path):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "examples/ddp_train.py", "--steps", "40", "--data", str(tmp_path)]
+    result = subprocess.run(command, cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "eval accuracy" in result.stdout
+    assert (tmp_path / "loader-rank0.pt").exists() and (tmp_path / "loader-rank1.pt").exists()
