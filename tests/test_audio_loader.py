@@ -341,3 +341,22 @@ def test_ctrl_c_reaches_the_training_loop_promptly(shards, tmp_path):
     # Generous bound (shared CI machine); the point is no hang. Typical: well under 0.5 s.
     assert float(line[1]) - sent < 5
     assert code == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shuffle_before_decode", [False, True])
+def test_checkpoint_at_buffer_10000_is_under_256_kb(tmp_path, shuffle_before_decode):
+    make_shards(tmp_path, [4000] * 3, "ipc_file", batch_rows=256, seconds=0.3)
+    with loader_for(tmp_path, shuffle_buffer_size=10000, shuffle_min_size=10000, batch_size=64,
+                    shuffle_before_decode=shuffle_before_decode) as loader:
+        it = iter(loader)
+        next(it)
+        state = loader.state_dict()
+        expected = [next(it) for _ in range(2)]
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    assert buffer.tell() <= 256 * 1024
+    with loader_for(tmp_path, shuffle_buffer_size=10000, shuffle_min_size=10000, batch_size=64,
+                    shuffle_before_decode=shuffle_before_decode) as resumed:
+        resumed.load_state_dict(roundtrip(state))
+        assert_same_batches(take(resumed, 2), expected)
