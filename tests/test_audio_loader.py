@@ -360,3 +360,16 @@ def test_checkpoint_at_buffer_10000_is_under_256_kb(tmp_path, shuffle_before_dec
                     shuffle_before_decode=shuffle_before_decode) as resumed:
         resumed.load_state_dict(roundtrip(state))
         assert_same_batches(take(resumed, 2), expected)
+
+
+@pytest.mark.parametrize(("saved_with", "resumed_with"), [(2, 0), (0, 3), (1, 2)])
+def test_checkpoint_resumes_with_another_num_workers(shards, saved_with, resumed_with):
+    with loader_for(shards, num_workers=saved_with) as loader:
+        it = iter(loader)
+        next(it)
+        next(it)
+        state = loader.state_dict()
+        expected = [next(it) for _ in range(3)]
+    with loader_for(shards, num_workers=resumed_with) as resumed:
+        resumed.load_state_dict(roundtrip(state))
+        assert_same_batches(take(resumed, 3), expected)

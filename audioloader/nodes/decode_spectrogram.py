@@ -26,6 +26,9 @@ Augment = Callable[[np.ndarray, np.random.Generator], np.ndarray]
 
 ON_ERROR_CHOICES = ("skip", "raise")
 
+#: Key of torchdata ParallelMapper's state under which its iterator's state sits.
+_MAPPER_STATE_KEY = "it_state"
+
 #: The default feature configuration (``MelSpectrogramConfig()``; frozen, so safe to share).
 DEFAULT_FEATURES = MelSpectrogramConfig()
 
@@ -172,11 +175,36 @@ class DecodeSpectrogram(BaseNode[Sample]):
         if initial_state is not None:
             self._rows_seen = int(initial_state[self.ROWS_SEEN_KEY])
             self._bad_rows = int(initial_state[self.BAD_ROWS_KEY])
-            self._mapper.reset(initial_state[self.MAPPER_KEY])
+            self._reset_mapper(initial_state[self.MAPPER_KEY])
         else:
             self._rows_seen = 0
             self._bad_rows = 0
             self._mapper.reset(None)
+
+    # torchdata's mapper state differs between num_workers == 0 ({"source": s}) and
+    # > 0 ({"snapshot": s, "steps_since_snapshot": k}). We always save the threaded
+    # form, so a checkpoint resumes with any num_workers, as the batches are the same.
+
+    def _reset_mapper(self, state: dict[str, Any]) -> None:
+        inner = state[_MAPPER_STATE_KEY]
+        if self.num_workers > 0:
+            if "source" in inner:  # saved inline by an older version
+                inner = {"snapshot": inner["source"], "steps_since_snapshot": 0}
+            self._mapper.reset({_MAPPER_STATE_KEY: inner})
+            return
+        if "source" in inner:
+            self._mapper.reset(state)
+            return
+        self._mapper.reset({_MAPPER_STATE_KEY: {"source": inner["snapshot"]}})
+        for _ in range(inner["steps_since_snapshot"]):  # the threaded mapper's fast-forward
+            next(self._mapper)
+
+    def _mapper_state(self) -> dict[str, Any]:
+        state = self._mapper.state_dict()
+        inner = state[_MAPPER_STATE_KEY]
+        if "source" in inner:
+            return {_MAPPER_STATE_KEY: {"snapshot": inner["source"], "steps_since_snapshot": 0}}
+        return state
 
     def next(self) -> Sample:
         while True:
@@ -195,7 +223,7 @@ class DecodeSpectrogram(BaseNode[Sample]):
             return item
 
     def get_state(self) -> dict[str, Any]:
-        return {self.MAPPER_KEY: self._mapper.state_dict(), self.ROWS_SEEN_KEY: self._rows_seen,
+        return {self.MAPPER_KEY: self._mapper_state(), self.ROWS_SEEN_KEY: self._rows_seen,
                 self.BAD_ROWS_KEY: self._bad_rows}
 
     def shutdown(self) -> None:
