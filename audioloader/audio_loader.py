@@ -144,7 +144,7 @@ class AudioLoader:
         self.reader = ArrowShardReader(
             source, audio_column=audio_column, label_column=label_column, columns=tuple(columns),
             seed=self.seed, rank=self.rank, world_size=self.world_size, shuffle=self.train,
-            infinite=self.infinite, split_rows=split_rows, filesystem=filesystem)
+            infinite=self.infinite, split_rows=split_rows, filesystem=filesystem, stats=self.stats_counters)
         self.columns = tuple(columns)
         self.label_column = label_column
         self.audio_column = audio_column

@@ -17,6 +17,9 @@ by hand. What it changes (see shared research notes, torchdata 0.11):
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import weakref
 from typing import Any, Generic, TypeVar
 
 from torchdata.nodes import BaseNode
@@ -49,8 +52,28 @@ class _LoaderIterator(_TorchdataLoaderIterator[T]):
         return raise_failure(super().next())
 
 
+#: Loaders alive now; their threads are stopped at interpreter exit (see `_stop_all_at_exit`).
+_LIVE_LOADERS: weakref.WeakSet[Loader] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all_at_exit() -> None:
+    # A loader still referenced at exit (e.g. by the traceback of a KeyboardInterrupt
+    # caught in the training loop) has daemon threads inside torch or libsndfile;
+    # if they still run when the interpreter tears down, C++ code aborts the
+    # process ("terminate called without an active exception"). atexit handlers
+    # run while threads can still be joined.
+    for loader in list(_LIVE_LOADERS):
+        with contextlib.suppress(Exception):
+            loader.shutdown()
+
+
 class Loader(_TorchdataLoader[T], Generic[T]):
     """``torchdata.nodes.Loader`` with exact resume, clean shutdown and original exceptions."""
+
+    def __init__(self, root: BaseNode[T], restart_on_stop_iteration: bool = True) -> None:
+        super().__init__(root, restart_on_stop_iteration)
+        _LIVE_LOADERS.add(self)
 
     def __iter__(self):
         if self._it is None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ from ..distributed import resolve_rank
 from ..errors import CheckpointMismatchError
 from ..samples import Key, RawSample
 from ..shards import ShardDataset, Split, subdivide
+from ..stats import LoaderStats
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +65,8 @@ class ArrowShardReader(BaseNode[RawSample]):
         shuffle: ``True`` for training order (seeded split permutation per pass),
             ``False`` for a balanced, fixed evaluation order.
         infinite: loop over passes 0, 1, 2, ... without stopping.
+        stats: optional `LoaderStats`: seconds under ``read`` (record batch reads and
+            column conversion, per batch) and the ``rows_read`` counter.
 
     Yields ``RawSample(key=Key(index, pass), audio=pyarrow.Buffer | None,
     label=int | None, extras={name: value}, file, row, problem)``; a row with
@@ -77,8 +81,10 @@ class ArrowShardReader(BaseNode[RawSample]):
 
     def __init__(self, source_or_dataset: Any, *, audio_column: str = "audio", label_column: str | None = "label",
                  columns: Sequence[str] = (), seed: int = 0, rank: int | None = 0, world_size: int | None = 1,
-                 shuffle: bool = True, infinite: bool = False, split_rows: int = 512, filesystem: Any = None):
+                 shuffle: bool = True, infinite: bool = False, split_rows: int = 512, filesystem: Any = None,
+                 stats: LoaderStats | None = None):
         super().__init__()
+        self.stats = stats
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
         self.rank, self.world_size = resolve_rank(rank, world_size)
@@ -216,6 +222,17 @@ class ArrowShardReader(BaseNode[RawSample]):
 
     def _next_batch(self) -> None:
         """Load the next non-empty batch of this rank's read order; StopIteration at the end."""
+        if self.stats is None:
+            self._read_next_batch()
+            return
+        start = time.perf_counter()
+        try:
+            self._read_next_batch()
+        finally:
+            self.stats.add_seconds("read", time.perf_counter() - start)
+        self.stats.count("rows_read", self._n)
+
+    def _read_next_batch(self) -> None:
         while True:
             if self._batches is None:
                 order = self._current_order()
