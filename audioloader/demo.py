@@ -313,6 +313,8 @@ def _evaluate(model: nn.Module, plan: DemoPlan, workers: int) -> tuple[int, int,
             predicted = model(batch["spectrogram"]).argmax(dim=1)
             for label, hit in zip(batch["label"][valid].tolist(), (predicted == batch["label"])[valid].tolist(),
                                   strict=True):
+                while label >= len(per_class):  # an eval label the training shards never named
+                    per_class.append([0, 0])
                 per_class[label][0] += int(hit)
                 per_class[label][1] += 1
     correct = sum(c for c, _ in per_class)
@@ -403,7 +405,8 @@ def run_demo(args: argparse.Namespace) -> dict[str, Any]:
 
     counters = stats["counters"]
     print("\nper-class accuracy (eval):")
-    for name, (c, n) in zip(plan.label_names, per_class, strict=True):
+    names = plan.label_names + [str(i) for i in range(len(plan.label_names), len(per_class))]
+    for name, (c, n) in zip(names, per_class, strict=True):
         if n:
             print(f"  {name:<14} {c:3d}/{n:<3d} {c / n:6.1%}")
     print("\nsummary")
