@@ -16,6 +16,7 @@ from .errors import (
 )
 from .loader import Loader
 from .samples import BadRow, Key, RawSample, Sample
+from .shards import ShardDataset, SourceNotFoundError
 from .writer import ShardWriter
 
 __version__ = "0.1.0"
@@ -33,7 +34,9 @@ __all__ = [
     "RawSample",
     "Sample",
     "SchemaError",
+    "ShardDataset",
     "ShardReadError",
     "ShardWriter",
+    "SourceNotFoundError",
     "__version__",
 ]
