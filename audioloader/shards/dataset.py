@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from .errors import SchemaError, ShardReadError
+from ..errors import SchemaError, ShardReadError
 
 SHARD_EXTENSIONS = (".arrow", ".ipc", ".feather", ".parquet", ".pq")
 FORMATS = ("ipc_file", "ipc_stream", "parquet")
