@@ -1,0 +1,89 @@
+"""Readers: per-file handles reading one record batch / row group, and zero-copy audio values."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+class _IpcFileHandle:
+    """Random access to one IPC file's record batches, projected to the used columns."""
+
+    def __init__(self, f: Any, schema: pa.Schema, columns: Sequence[str], local: bool):
+        self._file, self._columns = f, list(columns)
+        if local:
+            # On a memory map every read is a zero-copy view; included_fields would copy.
+            self._reader = pa.ipc.open_file(f)
+        else:
+            # Remotely, fetch only the used columns' buffers.
+            included = sorted(schema.get_field_index(c) for c in columns)
+            self._reader = pa.ipc.open_file(f, options=pa.ipc.IpcReadOptions(included_fields=included))
+
+    def unit(self, i: int) -> list[pa.RecordBatch]:
+        return [self._reader.get_batch(i).select(self._columns)]
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class _IpcStreamHandle:
+    """Random access to one IPC stream's record batches via the message offsets found at construction."""
+
+    def __init__(self, f: Any, schema: pa.Schema, offsets: Sequence[int], columns: Sequence[str]):
+        self._file, self._schema, self._offsets, self._columns = f, schema, offsets, list(columns)
+
+    def unit(self, i: int) -> list[pa.RecordBatch]:
+        self._file.seek(self._offsets[i])
+        message = pa.ipc.read_message(self._file)
+        return [pa.ipc.read_record_batch(message, self._schema).select(self._columns)]
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class _ParquetHandle:
+    """One Parquet file: a unit is a row group, read whole (Parquet cannot seek inside one)."""
+
+    def __init__(self, f: Any, columns: Sequence[str]):
+        self._file = f
+        self._parquet = pq.ParquetFile(f)
+        self._columns = list(columns)
+
+    def unit(self, i: int) -> list[pa.RecordBatch]:
+        return self._parquet.read_row_group(i, columns=self._columns).to_batches()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _audio_values(column: pa.Array) -> tuple[list[Any], np.ndarray | None]:
+    """Per-row zero-copy ``pyarrow.Buffer`` views (``None`` for nulls), and the null mask or None.
+
+    For a struct column (Hugging Face Audio) the ``bytes`` field is used; a row is
+    null when the struct or its bytes are null.
+    """
+    valid = None
+    if pa.types.is_struct(column.type):
+        if column.null_count:
+            valid = column.is_valid().to_numpy(zero_copy_only=False)
+        column = column.field("bytes")
+    if column.null_count:
+        child_valid = column.is_valid().to_numpy(zero_copy_only=False)
+        valid = child_valid if valid is None else valid & child_valid
+    n = len(column)
+    if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+        _, offsets_buf, data = column.buffers()
+        dtype = np.int32 if pa.types.is_binary(column.type) else np.int64
+        offsets = np.frombuffer(offsets_buf, dtype=dtype)[column.offset:column.offset + n + 1].tolist()
+        if data is None:
+            data = pa.py_buffer(b"")
+        values = [data.slice(offsets[i], offsets[i + 1] - offsets[i]) for i in range(n)]
+    else:  # binary_view and other layouts: per-scalar (still zero-copy)
+        values = [column[i].as_buffer() if column[i].is_valid else None for i in range(n)]
+    if valid is not None:
+        values = [v if ok else None for v, ok in zip(values, valid.tolist(), strict=True)]
+    return values, None if valid is None else ~valid

@@ -1,0 +1,77 @@
+"""Splits: runs of consecutive rows of one file, built from batches / row groups, and their subdivision."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Split:
+    """Rows ``[start, stop)`` of ``files[file_id]``; ``split_id`` is its position in (file, row) order."""
+
+    split_id: int
+    file_id: int
+    start: int
+    stop: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.stop - self.start
+
+
+def _file_splits(file_id: int, unit_rows: Sequence[int], split_rows: int, divide_units: bool) -> list[Split]:
+    """Splits of one file: consecutive units merged up to ``split_rows`` rows.
+
+    With ``divide_units`` (IPC, where slicing a batch is zero-copy) a unit with
+    more than ``2 * split_rows`` rows is cut into near-equal row ranges.
+    """
+    ranges: list[tuple[int, int]] = []
+    acc_start = acc_rows = pos = 0
+    for rows in unit_rows:
+        if rows == 0:
+            continue
+        if divide_units and rows > 2 * split_rows:
+            if acc_rows:
+                ranges.append((acc_start, pos))
+                acc_rows = 0
+            pieces = -(-rows // split_rows)
+            ranges.extend((pos + rows * k // pieces, pos + rows * (k + 1) // pieces) for k in range(pieces))
+        else:
+            if acc_rows and acc_rows + rows > split_rows:
+                ranges.append((acc_start, pos))
+                acc_rows = 0
+            if acc_rows == 0:
+                acc_start = pos
+            acc_rows += rows
+        pos += rows
+    if acc_rows:
+        ranges.append((acc_start, pos))
+    return [Split(-1, file_id, a, b) for a, b in ranges]
+
+
+def _numbered(splits: Sequence[Split]) -> list[Split]:
+    ordered = sorted(splits, key=lambda s: (s.file_id, s.start))
+    return [Split(i, s.file_id, s.start, s.stop) for i, s in enumerate(ordered)]
+
+
+def subdivide(splits: Sequence[Split], count: int) -> list[Split]:
+    """At least ``count`` splits (when there are that many rows): halve the largest until there are.
+
+    Deterministic: the largest split (ties: lowest ``split_id``) is cut in half
+    each step; the result is renumbered in (file, row) order. Used so every rank
+    has data when ``world_size`` exceeds the natural number of splits.
+    """
+    if len(splits) >= count:
+        return list(splits)
+    heap = [(-s.num_rows, s.split_id, s) for s in splits]
+    heapq.heapify(heap)
+    serial = len(splits)
+    while len(heap) < count and heap and -heap[0][0] > 1:
+        _, _, s = heapq.heappop(heap)
+        middle = s.start + s.num_rows // 2
+        for part in (Split(-1, s.file_id, s.start, middle), Split(-1, s.file_id, middle, s.stop)):
+            heapq.heappush(heap, (-part.num_rows, serial, part))
+            serial += 1
+    return _numbered([s for _, _, s in heap])
