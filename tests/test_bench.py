@@ -1,0 +1,152 @@
+"""Smoke tests of ``audioloader bench`` and the benchmark dataset: structure only, never speed."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import soundfile as sf
+
+from audioloader import bench, cli
+from benchmarks import dataset
+
+# A few 6 s clips (longer than the 5 s crop), batches of 2, no measurement window:
+# every contender yields one or two batches and exits.
+TINY = ["--clips", "4", "--seconds", "6", "--batch-size", "2", "--workers", "2", "--train-buffer", "4",
+        "--train-min", "2", "--measure-seconds", "0", "--warmup-batches", "1", "--resume-buffers", "4"]
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def run_bench(tmp_path: Path, capsys, *extra: str) -> tuple[int, dict, str]:
+    out_file = tmp_path / "bench.json"
+    status = cli.main(["bench", *TINY, "--cache-dir", str(tmp_path / "cache"), "--output", str(out_file), *extra])
+    text = capsys.readouterr().out
+    return status, json.loads(out_file.read_text()), text
+
+
+def check_structure(out: dict, text: str, expect: set[str]) -> None:
+    assert out["version"] == bench.RESULT_VERSION
+    assert isinstance(out["machine"]["cores"], int) and out["machine"]["cores"] >= 1
+    assert out["settings"]["clips"] == 4 and out["settings"]["batch_size"] == 2
+    assert out["datasets"]["standard"]["bytes"] > 0
+    assert set(out["contenders"]) == expect
+    for name, r in out["contenders"].items():
+        assert r["ok"], (name, r.get("error"), r.get("stderr"))
+        assert _number(r["samples_per_s"]) and r["samples_per_s"] > 0, name
+        assert isinstance(r["peak_rss_bytes"], int) and r["peak_rss_bytes"] > 0, name
+        assert isinstance(r["peak_rss_anon_bytes"], int), name
+        assert _number(r["wall_s"]) and r["exit_hang"] is False, name
+        if not name.startswith("ceiling"):
+            assert _number(r["first_batch_s"]) and r["first_batch_s"] > 0, name
+            assert r["measured_batches"] >= 1, name
+    # Ratios to the baseline and the ceiling are all there, as numbers.
+    assert "audioloader-train-w2 / baseline-torchaudio" in out["ratios"]
+    assert "audioloader-train-w2 / ceiling" in out["ratios"]
+    assert "audioloader-eval-w2 first batch / baseline's" in out["ratios"]
+    for key, value in out["ratios"].items():
+        assert value is None or _number(value), key
+    assert _number(out["ratios"]["audioloader-train-w2 / baseline-torchaudio"])
+    assert _number(out["ratios"]["audioloader-train-w2 / ceiling"])
+    # Every target is reported with its verdict.
+    assert [t["name"] for t in out["targets"]] == list(bench.TARGETS)
+    for t in out["targets"]:
+        assert t["met"] in (True, False, None)
+        assert t["value"] is None or _number(t["value"])
+        assert t["op"] in ("<=", ">=") and _number(t["threshold"])
+        assert t["name"] in text
+    assert "targets:" in text and "samples/s" in text
+
+
+def test_bench_tiny(tmp_path, capsys):
+    status, out, text = run_bench(tmp_path, capsys, "--skip", "soxr,packed")
+    assert status == 0
+    check_structure(out, text, {"audioloader-train-w2", "audioloader-eval-w2", "baseline-torchaudio", "ceiling"})
+    verdicts = {t["name"]: t for t in out["targets"]}
+    assert verdicts["throughput_vs_baseline"]["met"] in (True, False)  # measured, whatever the speed
+    assert verdicts["packed_flac_vs_baseline"]["met"] is None  # skipped group: not measured, not "missed"
+    # Checkpoint/resume at one buffer size, both compositions.
+    assert set(out["resume"]) == {"decode-shuffle-b4", "shuffle-decode-b4"}
+    for name, r in out["resume"].items():
+        assert r["ok"], (name, r.get("error"))
+        assert isinstance(r["checkpoint_bytes"], int) and r["checkpoint_bytes"] > 0
+        assert _number(r["restore_first_batch_s"]) and _number(r["fresh_first_batch_s"])
+        assert r["exact"] is True  # the resumed batch is the one the uninterrupted run yielded
+    assert verdicts["checkpoint_bytes_10000"]["met"] is None  # buffer 10000 was not run
+
+
+@pytest.mark.slow
+def test_bench_tiny_everything(tmp_path, capsys):
+    status, out, text = run_bench(tmp_path, capsys)
+    assert status == 0
+    check_structure(out, text, {
+        "audioloader-train-w2", "audioloader-eval-w2", "baseline-torchaudio", "baseline-soxr", "ceiling",
+        "audioloader-train-packed-flac-w2", "ceiling-packed-flac",
+        "audioloader-train-packed-pcm16-w2", "ceiling-packed-pcm16"})
+    assert set(out["datasets"]) == {"standard", "packed_flac", "packed_pcm16"}
+    for key in ("packed_flac_vs_baseline", "packed_pcm16_vs_baseline"):
+        assert next(t for t in out["targets"] if t["name"] == key)["met"] in (True, False)
+
+
+def test_bench_json_flag_prints_json(tmp_path, capsys):
+    status = cli.main(["bench", *TINY, "--cache-dir", str(tmp_path / "cache"), "--json",
+                       "--skip", "eval,baseline,soxr,packed,resume"])
+    out = json.loads(capsys.readouterr().out)
+    assert status == 0
+    assert set(out["contenders"]) == {"audioloader-train-w2", "ceiling"}
+    assert out["ratios"]["audioloader-train-w2 / baseline-torchaudio"] is None  # no baseline: no ratio
+
+
+def test_bench_rejects_bad_options(tmp_path, capsys):
+    assert cli.main(["bench", "--skip", "nonsense", "--cache-dir", str(tmp_path)]) == 1
+    assert "nonsense" in capsys.readouterr().err
+    assert cli.main(["bench", "--workers", "two", "--cache-dir", str(tmp_path)]) == 1
+    assert "--workers" in capsys.readouterr().err
+
+
+# -- the dataset generator ---------------------------------------------------------------------------------
+
+
+def test_synth_clip_is_deterministic_and_not_silence():
+    spec = dataset.DatasetSpec(clips=2, seconds=1.0)
+    a, b = dataset.synth_clip(0, spec), dataset.synth_clip(0, spec)
+    assert a.dtype == np.float32 and a.shape == (44100,)
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, dataset.synth_clip(1, spec))
+    assert 0.5 < np.max(np.abs(a)) <= 1.0 and np.std(a) > 0.01
+    # FLAC must not compress it to nothing: realistic content costs real decode work.
+    flac = dataset.encode_clip(a, 44100, "flac")
+    assert len(flac) > 0.3 * 2 * 44100
+    stereo = dataset.synth_clip(0, dataset.DatasetSpec(clips=1, seconds=0.5, channels=2))
+    assert stereo.shape == (22050, 2)
+
+
+def test_standard_dataset_is_cached_and_packed(tmp_path):
+    spec = dataset.DatasetSpec(clips=5, seconds=0.5, rows_per_shard=2, codec="wav")
+    shards = dataset.standard_dataset(spec, tmp_path, log=lambda msg: None)
+    files = sorted(shards.glob("shard-*.arrow"))
+    assert len(files) == 3  # 2 + 2 + 1 rows
+    rows = sum(pa.ipc.open_file(pa.memory_map(str(f))).read_all().num_rows for f in files)
+    assert rows == 5
+    stamp = [f.stat().st_mtime_ns for f in files]
+    again = dataset.standard_dataset(spec, tmp_path, log=lambda msg: pytest.fail(f"regenerated: {msg}"))
+    assert again == shards and [f.stat().st_mtime_ns for f in files] == stamp
+    packed = dataset.packed_dataset(spec, 16000, "pcm16", tmp_path, log=lambda msg: None)
+    table = pa.ipc.open_file(pa.memory_map(str(sorted(packed.glob("shard-*.arrow"))[0]))).read_all()
+    info = sf.info(io.BytesIO(table.column("audio")[0].as_py()))
+    assert info.samplerate == 16000 and info.channels == 1 and info.subtype == "PCM_16"
+    assert shards.parent.name == spec.key and (shards.parent / "spec.json").exists()
+
+
+def test_dataset_spec_rejects_bad_values():
+    with pytest.raises(ValueError, match="codec"):
+        dataset.DatasetSpec(codec="aac")
+    with pytest.raises(ValueError, match="clips"):
+        dataset.DatasetSpec(clips=0)
