@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -75,6 +76,10 @@ EXACT_SEEK_SUBTYPES = frozenset({"PCM_S8", "PCM_U8", "PCM_16", "PCM_24", "PCM_32
 #: so a truncated file can claim more frames than it holds; the window path
 #: checks that the last frame is readable (the full path fails on such files).
 _METADATA_LENGTH_FORMATS = frozenset({"FLAC"})
+
+# WAV format codes (the fmt chunk's first field) for the PCM16 fast path.
+_WAVE_FORMAT_PCM = 1
+_WAVE_FORMAT_EXTENSIBLE = 0xFFFE
 
 #: Read in blocks (instead of one allocation of the claimed size) when a header
 #: claims more float32 samples than this many times the encoded size.
@@ -440,6 +445,52 @@ def _decode_window(handle: sf.SoundFile, info: AudioInfo, target_rate: int, offs
     return window  # a view of `part`, which nothing else holds: no copy needed
 
 
+def _pcm16_wav(data: Any) -> tuple[np.ndarray, int] | None:
+    """``(int16 frames [n, channels], sample_rate)`` of a plain 16-bit PCM WAV, zero-copy; else None.
+
+    Shards packed for speed (``audioloader pack --codec pcm16 --sample-rate R``)
+    hold exactly this. Walking the RIFF chunks and viewing the samples with
+    numpy costs ~50 us per 10 s clip against ~300 us for opening it with
+    libsndfile (a copy into the memfd, handle set-up, seek and read, much of it
+    holding the GIL). Anything else (other codecs or bit depths, a truncated
+    file, RF64) returns None and goes through soundfile, which also reports errors.
+    """
+    try:
+        view = memoryview(data).cast("B")
+    except TypeError:
+        return None
+    if view.nbytes < 44 or view[0:4] != b"RIFF" or view[8:12] != b"WAVE":
+        return None
+    pos, fmt = 12, None
+    while pos + 8 <= view.nbytes:
+        tag, size = bytes(view[pos:pos + 4]), struct.unpack_from("<I", view, pos + 4)[0]
+        body = pos + 8
+        if tag == b"fmt " and size >= 16:
+            code, channels, rate, _, align, bits = struct.unpack_from("<HHIIHH", view, body)
+            if code == _WAVE_FORMAT_EXTENSIBLE and size >= 40:
+                code = struct.unpack_from("<H", view, body + 24)[0]  # the sub-format GUID starts with the code
+            fmt = (code, channels, rate, align, bits)
+        elif tag == b"data":
+            if fmt is None or fmt[0] != _WAVE_FORMAT_PCM or fmt[4] != 16 or fmt[1] < 1 or fmt[3] != 2 * fmt[1]:
+                return None
+            if body + size > view.nbytes or size < fmt[3]:
+                return None  # truncated or empty: soundfile reports it
+            frames = size // fmt[3]
+            pcm = np.frombuffer(view, dtype="<i2", count=frames * fmt[1], offset=body)
+            return pcm.reshape(frames, fmt[1]), fmt[2]
+        pos = body + size + (size & 1)
+    return None
+
+
+def _load_pcm16_at_rate(pcm: np.ndarray, clip_samples: int, *, train: bool,
+                        draw: Callable[[int], int]) -> np.ndarray:
+    """Crop int16 ``[n, channels]`` already at the target rate: float32 mono ``[clip_samples]``."""
+    offset = crop_offset(len(pcm), clip_samples, train=train, draw=draw)
+    part = pcm[offset:offset + clip_samples].astype(np.float32)
+    part *= np.float32(1 / 32768)  # the scale soundfile uses for PCM16 -> float32
+    return fit(mixdown(part), clip_samples, 0, train=train)
+
+
 def load_clip(data: Any, target_rate: int, clip_samples: int, *, train: bool,
               draw: Callable[[int], int], window: bool = True, timer: Timer | None = None) -> np.ndarray:
     """Decode encoded audio into one crop: float32 mono ``[clip_samples]`` at ``target_rate`` Hz.
@@ -459,6 +510,11 @@ def load_clip(data: Any, target_rate: int, clip_samples: int, *, train: bool,
         DecodeError: the audio cannot be decoded; ``.reason`` says why.
     """
     start = time.perf_counter()
+    wav = _pcm16_wav(data) if window and data is not None else None
+    if wav is not None and wav[1] == target_rate:
+        clip = _load_pcm16_at_rate(wav[0], clip_samples, train=train, draw=draw)
+        _timed(timer, "decode", start)
+        return clip
     handle, nbytes = _open(data)
     with handle:
         info = _info(handle)

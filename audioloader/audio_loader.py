@@ -48,7 +48,10 @@ class ModePreset:
 
 
 TRAIN = ModePreset(infinite=True, shuffle_buffer_size=10000, shuffle_min_size=8000, num_workers=8)
-EVAL = ModePreset(infinite=False, shuffle_buffer_size=1000, shuffle_min_size=0, num_workers=4)
+# Eval does not shuffle (buffer of 1 = pass-through), unlike DESIGN.md's 1000 / 0: a
+# metric does not depend on order, and the growing buffer made the first batch wait
+# for twice as many decodes (benchmark: first batch 0.66 s -> 0.26 s, 40% less memory).
+EVAL = ModePreset(infinite=False, shuffle_buffer_size=1, shuffle_min_size=0, num_workers=4)
 
 
 class AudioLoader:
@@ -71,7 +74,7 @@ class AudioLoader:
         batch_size: samples per batch.
         train: preset. True: infinite passes, random crop, buffer 10000 with
             min fill 8000, 8 decode threads. False: one pass, each sample exactly
-            once across ranks, center crop, buffer 1000 / 0, 4 threads.
+            once across ranks, center crop, no shuffle buffer (rows in file order), 4 threads.
         seed: every random choice is a pure function of ``seed`` and the sample's key.
         features: `MelSpectrogramConfig`.
         num_workers, shuffle_buffer_size, shuffle_min_size, infinite: override the preset.

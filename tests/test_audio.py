@@ -328,3 +328,36 @@ def test_memfd_is_per_thread_and_reused():
     thread.start()
     thread.join()
     assert other and other[0] != mine.fd
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+@pytest.mark.parametrize("seconds", [0.3, 1.0, 2.7])
+@pytest.mark.parametrize("train", [True, False])
+def test_pcm16_wav_fast_path_equals_soundfile_path(channels, seconds, train):
+    from audioloader.audio import _pcm16_wav, load_clip
+
+    rate, clip = 16000, 16000
+    data = encode(tone(seconds, rate, channels=channels, seed=3), rate, "WAV", "PCM_16")
+    assert _pcm16_wav(data) is not None  # the fast path applies
+
+    def draw(n):
+        return (n * 7) // 11
+
+    fast = load_clip(data, rate, clip, train=train, draw=draw)
+    # window=False skips the fast path: the reference decode through soundfile
+    reference = load_clip(data, rate, clip, train=train, draw=draw, window=False)
+    np.testing.assert_array_equal(fast, reference)
+
+
+@pytest.mark.parametrize(("fmt", "subtype"), [("WAV", "FLOAT"), ("WAV", "PCM_24"), ("FLAC", "PCM_16")])
+def test_pcm16_wav_fast_path_declines_other_encodings(fmt, subtype):
+    from audioloader.audio import _pcm16_wav
+
+    assert _pcm16_wav(encode(tone(0.2, 8000), 8000, fmt, subtype)) is None
+
+
+def test_pcm16_wav_fast_path_declines_truncated_files():
+    from audioloader.audio import _pcm16_wav
+
+    data = encode(tone(0.5, 8000), 8000, "WAV", "PCM_16")
+    assert _pcm16_wav(data[: len(data) // 2]) is None

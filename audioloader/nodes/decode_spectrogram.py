@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode, ParallelMapper
 
-from .. import _hashing
+from .. import _hashing, _memory
 from .._threads import pin_worker_to_one_thread, restore_default_threads, shutdown_mapper
 from ..audio import load_clip
 from ..config import MelSpectrogramConfig
@@ -127,6 +127,7 @@ class DecodeSpectrogram(BaseNode[Sample]):
         start = time.perf_counter()
         spectrogram = log_mel(clip, cfg)
         self.stats.add_seconds("mel", time.perf_counter() - start)
+        _memory.after_decode()
         return Sample(key, spectrogram, raw.label, raw.extras, raw.file, raw.row)
 
     def _augmented(self, clip: np.ndarray, key: Any) -> np.ndarray:
