@@ -68,9 +68,9 @@ TARGETS = {
 DISTURBED_CORES = 0.25
 
 QUICK = {"clips": 256, "train_buffer": 256, "train_min": 64, "measure_seconds": 2.0, "ceiling_seconds": 2.0,
-         "resume_buffers": "64,256", "workers": "2", "warmup_batches": 1}
-FULL = {"clips": 1000, "train_buffer": 1000, "train_min": 64, "measure_seconds": 12.0, "ceiling_seconds": 8.0,
-        "resume_buffers": "1000,10000", "workers": "2,3,4,8", "warmup_batches": 2}
+         "resume_buffers": "64,256", "workers": "2", "warmup_batches": 1, "repeat": 1}
+FULL = {"clips": 1000, "train_buffer": 1000, "train_min": 64, "measure_seconds": 6.0, "ceiling_seconds": 6.0,
+        "resume_buffers": "1000,10000", "workers": "2,4,8", "warmup_batches": 2, "repeat": 2}
 
 
 # -- arguments ---------------------------------------------------------------------------------------------
@@ -80,8 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``audioloader bench``."""
     size = parser.add_argument_group("size (quick mode by default: about a minute once the data is cached)")
     size.add_argument("--full", action="store_true",
-                      help="the full comparison: 1000 clips, 10 s windows, threads 2,4,8, buffers 1000,10000 "
-                           "(about 7 minutes, 11 with --experiments); any option below overrides it")
+                      help="the full comparison: 1000 clips, 6 s windows, 2 rounds, threads 2,4,8, buffers "
+                           "1000,10000 (about 8 minutes once the data is cached); any option below overrides it")
     size.add_argument("--clips", type=int, default=None, help="clips in the dataset (quick 256, full 1000)")
     size.add_argument("--seconds", type=float, default=10.0, help="length of every clip in s (default 10)")
     size.add_argument("--sample-rate", type=int, default=44100, help="rate of the stored audio in Hz (44100)")
@@ -96,19 +96,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="train-mode shuffle buffer capacity (quick 256, full 1000)")
     size.add_argument("--train-min", type=int, default=None, help="train-mode shuffle min fill (default 64)")
     size.add_argument("--measure-seconds", type=float, default=None,
-                      help="steady-state window per contender in s (quick 2, full 10)")
+                      help="steady-state window per contender in s (quick 2, full 6)")
     size.add_argument("--warmup-batches", type=int, default=None, help="batches left out before the window")
     size.add_argument("--resume-buffers", default=None, metavar="B[,B...]",
                       help="shuffle buffer capacities for the checkpoint/resume runs (quick 64,256; "
                            "full 1000,10000)")
-    size.add_argument("--repeat", type=int, default=1,
-                      help="rounds of the throughput runs; each figure is the median over rounds (default 1)")
+    size.add_argument("--repeat", type=int, default=None,
+                      help="rounds of the throughput runs (quick 1, full 2); each figure is the median over "
+                           "rounds, each ratio the median of the per-round ratios")
     what = parser.add_argument_group("what to run")
     what.add_argument("--skip", default="", metavar="GROUP[,GROUP...]",
                       help="leave out groups: eval, baseline, soxr, ceiling, packed, resume")
     what.add_argument("--experiments", action="store_true",
-                      help="also run the proposed fixes of other modules (benchmarks/proposed_fixes.py) as "
-                           "patched contenders, each next to its unpatched self")
+                      help="also run variants next to the defaults (heap trimming off / every 64 decodes, "
+                           "shuffle_before_decode, the old eval buffer), each compared with its plain self")
     what.add_argument("--cache-dir", default=".cache/bench",
                       help="where generated datasets are kept (default .cache/bench)")
     what.add_argument("--timeout", type=float, default=900.0, help="seconds before a contender is killed")
@@ -158,7 +159,7 @@ class Settings:
                                   else args.measure_seconds),
             warmup_batches=int(pick("warmup_batches")),
             resume_buffers=_int_list("--resume-buffers", pick("resume_buffers")),
-            repeat=int(args.repeat), skip={s.strip() for s in args.skip.split(",") if s.strip()},
+            repeat=int(pick("repeat")), skip={s.strip() for s in args.skip.split(",") if s.strip()},
             cache_dir=args.cache_dir, timeout=float(args.timeout), experiments=bool(args.experiments),
             mode="full" if args.full else "quick")
         settings.check()
@@ -302,6 +303,7 @@ def run_contender(spec: dict[str, Any], timeout: float, log) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(spec.get("env") or {})
     tick = os.sysconf("SC_CLK_TCK")
     busy_before = _machine_busy_ticks()
     own_before = time.process_time()
@@ -390,12 +392,13 @@ def _ceiling_spec(settings: Settings, source: Path, **extra: Any) -> dict[str, A
 
 
 def _median_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The round with the median throughput (its other figures stay consistent with it), plus every round's rate."""
+    """The median round's figures (rate, first batch and memory: medians over rounds) plus every round's rate."""
     ok = [r for r in runs if r.get("ok") and r.get("samples_per_s")]
     if not ok:
         return runs[-1]
     chosen = dict(sorted(ok, key=lambda r: r["samples_per_s"])[(len(ok) - 1) // 2])
     if len(runs) > 1:
+        chosen["samples_per_s"] = statistics.median(r["samples_per_s"] for r in ok)
         chosen["rounds_samples_per_s"] = [r.get("samples_per_s") if r.get("ok") else None for r in runs]
         chosen["rounds_first_batch_s"] = [r.get("first_batch_s") if r.get("ok") else None for r in runs]
         for key in ("peak_rss_bytes", "peak_rss_anon_bytes"):
@@ -425,18 +428,18 @@ def _plan(settings: Settings, standard: Path) -> list[tuple[str, dict[str, Any]]
     if "ceiling" not in settings.skip:
         plan.append(("ceiling", _ceiling_spec(settings, standard)))
     if settings.experiments:
-        # Proposed fixes of other modules (benchmarks/proposed_fixes.py), next to the code as it is.
-        for patches in (["fast_mel"], ["malloc_trim"], ["fast_mel", "malloc_trim"]):
-            plan.append((f"audioloader-train-w{w0}+" + "+".join(patches),
-                         _throughput_spec(settings, "audioloader", standard, workers=w0, patches=patches, **train)))
+        # Knobs next to the defaults: the heap trimming interval (audioloader/_memory.py; 0 = off) and
+        # the other composition (buffer of raw rows, decode after it), same buffer sizes.
+        for every in (0, 64):
+            plan.append((f"audioloader-train-w{w0}+trim_every={every}", _throughput_spec(
+                settings, "audioloader", standard, workers=w0, env={"AUDIOLOADER_MALLOC_TRIM_EVERY": str(every)},
+                **train)))
+        plan.append((f"audioloader-train-w{w0}+shuffle_before_decode", _throughput_spec(
+            settings, "audioloader", standard, workers=w0, shuffle_before_decode=True, **train)))
         if "eval" not in settings.skip:
-            # Eval without the eval shuffle buffer (shuffle_buffer_size=1): first batch after batch_size decodes.
-            plan.append((f"audioloader-eval-w{w0}+buffer1", _throughput_spec(
-                settings, "audioloader", standard, workers=w0, train=False, buffer=1)))
-            plan.append((f"audioloader-eval-w{w0}+buffer1+fast_mel", _throughput_spec(
-                settings, "audioloader", standard, workers=w0, train=False, buffer=1, patches=["fast_mel"])))
-        if "ceiling" not in settings.skip:
-            plan.append(("ceiling+fast_mel", _ceiling_spec(settings, standard, patches=["fast_mel"])))
+            # DESIGN.md's eval buffer (1000 / min 0), which the eval preset no longer uses.
+            plan.append((f"audioloader-eval-w{w0}+buffer=1000", _throughput_spec(
+                settings, "audioloader", standard, workers=w0, train=False, buffer=1000)))
     return plan
 
 
@@ -448,15 +451,6 @@ def _packed_plan(settings: Settings, packed: dict[str, Path], workers: int) -> l
         plan.append((name, _throughput_spec(settings, "audioloader", folder, workers=workers, **train)))
         if "ceiling" not in settings.skip:
             plan.append((f"ceiling-packed-{codec}", _ceiling_spec(settings, folder)))
-        if settings.experiments:
-            variants = [["fast_mel"]] + ([["fast_mel", "wav_fast_path"]] if codec == "pcm16" else [])
-            for patches in variants:
-                suffix = "+" + "+".join(patches)
-                plan.append((name + suffix, _throughput_spec(settings, "audioloader", folder, workers=workers,
-                                                             patches=patches, **train)))
-                if "ceiling" not in settings.skip:
-                    plan.append((f"ceiling-packed-{codec}{suffix}", _ceiling_spec(settings, folder,
-                                                                                  patches=patches)))
     return plan
 
 
@@ -607,7 +601,7 @@ def _ratio(results: dict[str, Any], a: str, b: str, key: str = "samples_per_s") 
 
 
 def _ratios(out: dict[str, Any]) -> dict[str, float | None]:
-    """Every contender against the user baseline, the ceiling (of the same shards), and its unpatched self."""
+    """Every contender against the user baseline, the ceiling (of the same shards), and its plain self (variants)."""
     c = out["contenders"]
     w = out["best_workers"]
     ratios: dict[str, float | None] = {}
@@ -630,7 +624,7 @@ def _ratios(out: dict[str, Any]) -> dict[str, float | None]:
         if name.startswith("audioloader-eval"):
             ratios[f"{name} first batch / baseline's"] = _ratio(c, name, "baseline-torchaudio", "first_batch_s")
     for name in (f"audioloader-train-w{w}", *(n for n in c if n.startswith("audioloader-eval") and "+" not in n),
-                 *(n for n in c if n.startswith("audioloader-train") and "malloc_trim" in n)):
+                 *(n for n in c if n.startswith("audioloader-train") and "+" in n)):
         if name in c:
             ratios[f"{name} peak RSS / baseline's"] = _ratio(c, name, "baseline-torchaudio", "peak_rss_bytes")
             ratios[f"{name} peak anon RSS / baseline's"] = _ratio(c, name, "baseline-torchaudio",
@@ -748,11 +742,11 @@ def format_report(out: dict[str, Any]) -> str:
     lines.append("  ceiling = one-thread DecodeSpectrogram.decode() rate x cores, no framework (of the same shards); "
                  "per CPU-s = samples per CPU second of the process tree;")
     lines.append("  others = cores used by other processes meanwhile (! = disturbed: re-run)")
-    patched = [(f"{name} / {name.split('+')[0]}", ratios.get(f"{name} / {name.split('+')[0]}"))
-               for name in c if "+" in name and f"{name} / {name.split('+')[0]}" in ratios]
-    if patched:
-        lines += ["", "proposed fixes (benchmarks/proposed_fixes.py), each against its unpatched self:"]
-        for key, value in patched:
+    variants = [(f"{name} / {name.split('+')[0]}", ratios.get(f"{name} / {name.split('+')[0]}"))
+                for name in c if "+" in name and f"{name} / {name.split('+')[0]}" in ratios]
+    if variants:
+        lines += ["", "variants (--experiments), each against its plain self:"]
+        for key, value in variants:
             name, base = key.split(" / ")
             r, b = c.get(name, {}), c.get(base, {})
             extra = []

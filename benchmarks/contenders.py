@@ -22,10 +22,6 @@ Contenders (``kind`` in the spec):
   buffer is filled to capacity, checkpointed with ``torch.save``; then, in a
   new process, ``load_state_dict`` and the first batch.
 
-A spec may list ``"patches"`` (see `benchmarks.proposed_fixes`), applied
-before the contender runs: that is how ``--experiments`` measures a proposed
-fix of another module side by side with the code as it is.
-
 Protocol: ``python -m benchmarks.contenders '<json spec>'`` prints one line
 ``BENCH-RESULT <json>`` on stdout. The parent samples the memory of this
 process and its children from /proc while it runs (see `audioloader.bench`).
@@ -388,10 +384,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import_s = time.perf_counter() - t
     try:
-        if spec.get("patches"):
-            from benchmarks import proposed_fixes
-
-            proposed_fixes.apply(spec["patches"])
         result = CONTENDERS[spec["kind"]](spec)
         result["import_s"] = import_s
         result["ok"] = True

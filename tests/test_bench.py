@@ -84,15 +84,20 @@ def test_bench_tiny(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_bench_tiny_everything(tmp_path, capsys):
-    status, out, text = run_bench(tmp_path, capsys)
+    status, out, text = run_bench(tmp_path, capsys, "--experiments")
     assert status == 0
+    variants = {"audioloader-train-w2+trim_every=0", "audioloader-train-w2+trim_every=64",
+                "audioloader-train-w2+shuffle_before_decode", "audioloader-eval-w2+buffer=1000"}
     check_structure(out, text, {
         "audioloader-train-w2", "audioloader-eval-w2", "baseline-torchaudio", "baseline-soxr", "ceiling",
         "audioloader-train-packed-flac-w2", "ceiling-packed-flac",
-        "audioloader-train-packed-pcm16-w2", "ceiling-packed-pcm16"})
+        "audioloader-train-packed-pcm16-w2", "ceiling-packed-pcm16", *variants})
     assert set(out["datasets"]) == {"standard", "packed_flac", "packed_pcm16"}
     for key in ("packed_flac_vs_baseline", "packed_pcm16_vs_baseline"):
         assert next(t for t in out["targets"] if t["name"] == key)["met"] in (True, False)
+    for name in variants:  # each variant is compared with its plain self
+        assert _number(out["ratios"][f"{name} / {name.split('+')[0]}"]), name
+    assert "variants (--experiments)" in text
 
 
 def test_bench_json_flag_prints_json(tmp_path, capsys):
