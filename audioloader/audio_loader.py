@@ -58,10 +58,14 @@ class AudioLoader:
     """Batches of log-mel spectrograms from Arrow/Parquet audio shards, resumable bit for bit.
 
     Builds ``ArrowShardReader -> DecodeSpectrogram -> ShuffleBuffer -> Batcher
-    -> Prefetcher (-> PinMemory)`` under an audioloader `Loader`. With
-    ``shuffle_before_decode=True`` the buffer holds raw rows instead
-    (``reader -> shuffle -> decode``): far less memory for decoded features,
-    decode work after the buffer.
+    -> Prefetcher (-> PinMemory)`` under an audioloader `Loader`, or, with
+    ``shuffle_before_decode``, ``reader -> ShuffleBuffer -> decode -> ...``: the
+    buffer then holds raw rows. For local Arrow IPC shards (memory-mapped) a raw
+    row is a zero-copy view that costs no memory, so that order is the default
+    there: measured on 10 s FLAC clips, half the anonymous memory, the first
+    batch twice as soon, and a resume at buffer 10000 in 0.4 s instead of the
+    37 s it takes to decode 10000 clips again. Parquet and remote shards keep
+    decoded samples in the buffer (their raw rows would hold whole row groups).
 
     Each batch is a dict: ``spectrogram`` float32 ``[B, n_mels, frames]``,
     ``label`` int64 ``[B]`` (unless ``label_column=None``), ``index`` int64
@@ -89,7 +93,8 @@ class AudioLoader:
         on_error: ``"skip"`` (count and report bad rows, within an error budget) or ``"raise"``.
         split_rows: target rows per split (the unit assigned to ranks).
         prefetch_batches: batches prepared ahead in a background thread.
-        shuffle_before_decode: shuffle raw rows, then decode (see above).
+        shuffle_before_decode: shuffle raw rows, then decode (see above); ``None``
+            chooses: True for local Arrow IPC shards, else False.
         max_error_fraction: error budget of ``on_error="skip"``.
         filesystem: a ``pyarrow.fs.FileSystem`` for the source paths.
     """
@@ -117,7 +122,7 @@ class AudioLoader:
         *,
         split_rows: int = 512,
         prefetch_batches: int = 2,
-        shuffle_before_decode: bool = False,
+        shuffle_before_decode: bool | None = None,
         max_error_fraction: float = 0.01,
         filesystem: Any = None,
     ) -> None:
@@ -129,7 +134,10 @@ class AudioLoader:
         self.features = features if features is not None else MelSpectrogramConfig()
         if not isinstance(self.features, MelSpectrogramConfig):
             raise TypeError(f"features must be a MelSpectrogramConfig, got {type(self.features).__name__}")
-        self.num_workers = _non_negative_int("num_workers", _pick(num_workers, preset.num_workers))
+        # More decode threads than 2 per core only add switching (benchmark, 2 cores:
+        # 4 threads 299 samples/s, 8 threads 278); the preset's 8 is for big machines.
+        default_workers = min(preset.num_workers, 2 * (os.cpu_count() or 1))
+        self.num_workers = _non_negative_int("num_workers", _pick(num_workers, default_workers))
         self.shuffle_buffer_size = _positive_int("shuffle_buffer_size",
                                                  _pick(shuffle_buffer_size, preset.shuffle_buffer_size))
         self.shuffle_min_size = _non_negative_int("shuffle_min_size", _pick(shuffle_min_size,
@@ -139,7 +147,6 @@ class AudioLoader:
                              f"shuffle_buffer_size={self.shuffle_buffer_size}")
         self.infinite = bool(_pick(infinite, preset.infinite))
         self.drop_last = bool(drop_last)
-        self.shuffle_before_decode = bool(shuffle_before_decode)
         self.prefetch_batches = _positive_int("prefetch_batches", prefetch_batches)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.stats_counters = LoaderStats()
@@ -148,6 +155,8 @@ class AudioLoader:
             source, audio_column=audio_column, label_column=label_column, columns=tuple(columns),
             seed=self.seed, rank=self.rank, world_size=self.world_size, shuffle=self.train,
             infinite=self.infinite, split_rows=split_rows, filesystem=filesystem, stats=self.stats_counters)
+        self.shuffle_before_decode = (_raw_rows_are_free(self.reader) if shuffle_before_decode is None
+                                      else bool(shuffle_before_decode))
         self.columns = tuple(columns)
         self.label_column = label_column
         self.audio_column = audio_column
@@ -317,6 +326,13 @@ def _portable_files(files: list[list[Any]]) -> list[list[Any]]:
     prefix = prefix[: prefix.rfind("/") + 1]  # a whole folder, never part of a name
     names = [path[len(prefix):] for path in paths]
     return [[name, *entry[1:]] for name, entry in zip(names, files, strict=True)]
+
+
+def _raw_rows_are_free(reader: ArrowShardReader) -> bool:
+    """True when every shard is a local Arrow IPC file or stream: memory-mapped, so a
+    buffered raw row is a view into the page cache, not a copy."""
+    return all(file.format in ("ipc_file", "ipc_stream") and "://" not in file.path
+               for file in reader.dataset.files)
 
 
 def _numeric_columns(schema: pa.Schema, columns: Sequence[str]) -> list[str]:
