@@ -109,7 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="leave out groups: eval, baseline, soxr, ceiling, packed, resume")
     what.add_argument("--experiments", action="store_true",
                       help="also run variants next to the defaults (heap trimming off / every 64 decodes, "
-                           "shuffle_before_decode, the old eval buffer), each compared with its plain self")
+                           "shuffle_before_decode=False/True, the old eval buffer), each compared with its "
+                           "plain self")
     what.add_argument("--cache-dir", default=".cache/bench",
                       help="where generated datasets are kept (default .cache/bench)")
     what.add_argument("--timeout", type=float, default=900.0, help="seconds before a contender is killed")
@@ -429,13 +430,14 @@ def _plan(settings: Settings, standard: Path) -> list[tuple[str, dict[str, Any]]
         plan.append(("ceiling", _ceiling_spec(settings, standard)))
     if settings.experiments:
         # Knobs next to the defaults: the heap trimming interval (audioloader/_memory.py; 0 = off) and
-        # the other composition (buffer of raw rows, decode after it), same buffer sizes.
+        # both compositions (buffer of decoded samples / of raw rows), same buffer sizes.
         for every in (0, 64):
             plan.append((f"audioloader-train-w{w0}+trim_every={every}", _throughput_spec(
                 settings, "audioloader", standard, workers=w0, env={"AUDIOLOADER_MALLOC_TRIM_EVERY": str(every)},
                 **train)))
-        plan.append((f"audioloader-train-w{w0}+shuffle_before_decode", _throughput_spec(
-            settings, "audioloader", standard, workers=w0, shuffle_before_decode=True, **train)))
+        for before in (False, True):  # both orders explicitly, whichever is the default
+            plan.append((f"audioloader-train-w{w0}+shuffle_before_decode={before}", _throughput_spec(
+                settings, "audioloader", standard, workers=w0, shuffle_before_decode=before, **train)))
         if "eval" not in settings.skip:
             # DESIGN.md's eval buffer (1000 / min 0), which the eval preset no longer uses.
             plan.append((f"audioloader-eval-w{w0}+buffer=1000", _throughput_spec(
@@ -715,8 +717,12 @@ def format_report(out: dict[str, Any]) -> str:
         f"{s['sample_rate']} Hz {s['codec']} {s['channels']} ch; batch {s['batch_size']}; "
         f"train buffer {s['train_buffer']} / min fill {s['train_min']}; {s['repeat']} round(s)",
         f"machine: {m['cores']} cores ({m['cpu']}), python {m['python']}, torch {m['torch']}",
-        "",
     ]
+    train = c.get(f"audioloader-train-w{out['best_workers']}") or {}
+    if train.get("shuffle_before_decode") is not None:
+        lines.append(f"audioloader train composition (the default for these shards): shuffle_before_decode="
+                     f"{train['shuffle_before_decode']}")
+    lines.append("")
     header = ("contender", "samples/s", "x baseline", "x ceiling", "per CPU-s", "first batch s",
               "peak RSS MiB", "anon MiB", "cores used", "others")
     rows = []

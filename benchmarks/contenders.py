@@ -183,9 +183,10 @@ def run_audioloader(spec: dict[str, Any]) -> dict[str, Any]:
     from audioloader.audio_loader import AudioLoader
 
     train = bool(spec["train"])
+    # shuffle_before_decode: None = the library's default for these shards (spec may force either order).
     options: dict[str, Any] = {"batch_size": spec["batch_size"], "train": train, "seed": 0,
                                "features": _features(), "num_workers": spec["workers"],
-                               "shuffle_before_decode": bool(spec.get("shuffle_before_decode", False))}
+                               "shuffle_before_decode": spec.get("shuffle_before_decode")}
     if spec.get("buffer") is not None:
         options["shuffle_buffer_size"] = spec["buffer"]
     if spec.get("min_fill") is not None:
@@ -217,6 +218,7 @@ def run_audioloader(spec: dict[str, Any]) -> dict[str, Any]:
     loader.shutdown()
     result.update(construct_s=construct_s, shuffle_buffer_size=loader.shuffle_buffer_size,
                   shuffle_min_size=loader.shuffle_min_size, num_workers=loader.num_workers,
+                  shuffle_before_decode=loader.shuffle_before_decode,
                   stage_seconds=stats["seconds"], counters=stats["counters"])
     return result
 

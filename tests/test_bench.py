@@ -87,7 +87,8 @@ def test_bench_tiny_everything(tmp_path, capsys):
     status, out, text = run_bench(tmp_path, capsys, "--experiments")
     assert status == 0
     variants = {"audioloader-train-w2+trim_every=0", "audioloader-train-w2+trim_every=64",
-                "audioloader-train-w2+shuffle_before_decode", "audioloader-eval-w2+buffer=1000"}
+                "audioloader-train-w2+shuffle_before_decode=False",
+                "audioloader-train-w2+shuffle_before_decode=True", "audioloader-eval-w2+buffer=1000"}
     check_structure(out, text, {
         "audioloader-train-w2", "audioloader-eval-w2", "baseline-torchaudio", "baseline-soxr", "ceiling",
         "audioloader-train-packed-flac-w2", "ceiling-packed-flac",
