@@ -274,13 +274,8 @@ class ArrowShardReader(BaseNode[RawSample]):
         """
         keys = [k if isinstance(k, Key) else Key(*k) for k in keys]
         rows = self.dataset.read_rows([k.index for k in keys])
-        has_label = self.dataset.label_column is not None
-        samples = []
-        for key, row in zip(keys, rows, strict=True):
-            problem = ("audio is null" if row.audio is None
-                       else "label is null" if has_label and row.label is None else None)
-            samples.append(RawSample(key, row.audio, row.label, row.extras, row.file, row.row, problem))
-        return samples
+        return [RawSample(key, row.audio, row.label, row.extras, row.file, row.row, row.problem)
+                for key, row in zip(keys, rows, strict=True)]
 
     def __repr__(self) -> str:
         mode = "shuffle" if self.shuffle else "eval"

@@ -56,6 +56,7 @@ class ShardRow(NamedTuple):
         audio: encoded audio (``pyarrow.Buffer``, zero-copy where possible), or ``None`` if null.
         label: integer label, or ``None`` (null, or no label column).
         extras: ``{column: python value}`` for the extra columns.
+        problem: ``"audio is null"``, ``"label is null"`` or ``None`` (as in `BatchColumns.problems`).
     """
 
     index: int
@@ -64,6 +65,7 @@ class ShardRow(NamedTuple):
     audio: Any
     label: int | None
     extras: dict[str, Any]
+    problem: str | None = None
 
 
 class BatchColumns(NamedTuple):
@@ -310,7 +312,8 @@ class ShardDataset:
         f = self.files[file_id]
         return ShardRow(f.index_offset + row, f.path, row, cols.audio[0],
                         cols.labels[0] if cols.labels is not None else None,
-                        {name: values[0] for name, values in cols.extras})
+                        {name: values[0] for name, values in cols.extras},
+                        cols.problems[0] if cols.problems is not None else None)
 
     # ----------------------------------------------------------------- pickling
 
