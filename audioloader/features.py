@@ -66,17 +66,33 @@ def mel_filterbank(config: MelSpectrogramConfig) -> torch.Tensor:
     return fb.T.contiguous()
 
 
+def _spend_csr_beta_warning() -> None:
+    """Make torch's once-per-process "Sparse CSR tensor support is in beta state" warning fire here, silenced.
+
+    torch warns once per process, from whichever thread first builds a CSR
+    tensor; silencing it there with ``warnings.catch_warnings`` is not thread-safe
+    (it swaps the process-wide filter list while other threads run), so it
+    reached users from decode threads. At import the warning is spent once, in
+    the importing thread; worker processes import this module too.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        torch.zeros(1, 1).to_sparse_csr()
+
+
+_spend_csr_beta_warning()
+
+
 @functools.lru_cache(maxsize=32)
 def sparse_mel_filterbank(config: MelSpectrogramConfig) -> torch.Tensor:
     """`mel_filterbank` as a sparse CSR tensor ``[n_mels, n_freqs]`` (cached; read-only).
 
     Each FFT bin lies in at most two triangles, so the dense ``[128, 513]``
-    filterbank is ~99% zeros; the sparse product is about 3x faster and gives
-    the same sums up to float32 rounding (the order of additions differs).
+    filterbank is ~99% zeros; the sparse product is 2x faster than the dense one
+    (0.38 vs 0.75 ms per 5 s clip; COO: 0.60 ms) and gives the same sums up to
+    float32 rounding (the order of additions differs).
     """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "Sparse CSR tensor support is in beta state"
-        return mel_filterbank(config).to_sparse_csr()
+    return mel_filterbank(config).to_sparse_csr()
 
 
 @functools.lru_cache(maxsize=32)
@@ -114,3 +130,9 @@ def log_mel(waveform: np.ndarray | torch.Tensor, config: MelSpectrogramConfig) -
     if config.log:
         mel.add_(config.log_offset).log_()
     return mel
+
+
+def prepare_features(config: MelSpectrogramConfig) -> None:
+    """Build the config's cached filterbanks now (in the calling thread), before workers use them."""
+    sparse_mel_filterbank(config)
+    hann_window(config.n_fft)

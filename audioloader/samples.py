@@ -53,16 +53,23 @@ class Sample:
 
     Attributes:
         key: ``Key(index, pass_index)``.
-        spectrogram: float32 tensor ``[n_mels, frames]`` (log-mel when the config's ``log`` is on).
+        features: float32 tensor: the log-mel spectrogram ``[n_mels, frames]``
+            (log when the config's ``log`` is on), or the cropped waveform
+            ``[samples]`` when features are computed per batch instead.
         label, extras, file, row: carried over from the ``RawSample``.
     """
 
     key: Key
-    spectrogram: torch.Tensor
+    features: torch.Tensor
     label: int | None
     extras: dict[str, Any] = field(default_factory=dict)
     file: str = ""
     row: int = -1
+
+    @property
+    def spectrogram(self) -> torch.Tensor:
+        """``features`` under its 0.1 name."""
+        return self.features
 
 
 @dataclass(slots=True)

@@ -55,6 +55,30 @@ class LoaderStats:
             self.counters["bad_rows"] += 1
             self.bad_rows.append(bad.report())
 
+    def drain(self) -> dict[str, Any]:
+        """Counters and seconds gathered since the last drain, and start again from zero.
+
+        A worker process's stats are drained after each chunk and `merge` d into the
+        consumer's.
+        """
+        with self._lock:
+            delta = {"counters": dict(self.counters), "seconds": dict(self.seconds)}
+            self.counters.clear()
+            self.seconds.clear()
+        return delta
+
+    def merge(self, delta: dict[str, Any]) -> None:
+        """Add a `drain` result from another process."""
+        with self._lock:
+            for name, n in delta.get("counters", {}).items():
+                self.counters[name] += n
+            for stage, seconds in delta.get("seconds", {}).items():
+                self.seconds[stage] += seconds
+
+    def __reduce__(self):
+        # Sent to a worker process as part of a job: there it starts empty (see `drain`).
+        return (LoaderStats, ())
+
     def snapshot(self) -> dict[str, Any]:
         """A plain-dict copy: ``{"counters", "seconds", "gauges", "bad_rows"}``."""
         with self._lock:

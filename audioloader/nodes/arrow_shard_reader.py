@@ -15,6 +15,7 @@ State is ``{"pass", "split_pos", "row"}``: resuming seeks straight to that row.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import logging
 import time
@@ -35,6 +36,14 @@ logger = logging.getLogger(__name__)
 
 # Eval mode warns when the busiest rank reads more than this times the rows of the least busy one.
 IMBALANCE_WARNING_RATIO = 1.2
+
+
+def fetch_rows(dataset: ShardDataset, keys: Sequence[Key]) -> list[RawSample]:
+    """The rows of ``keys`` as `RawSample`s, in the same order (random access, each record batch read once)."""
+    keys = [k if isinstance(k, Key) else Key(*k) for k in keys]
+    rows = dataset.read_rows([k.index for k in keys])
+    return [RawSample(key, row.audio, row.label, row.extras, row.file, row.row, row.problem)
+            for key, row in zip(keys, rows, strict=True)]
 
 
 def balance_splits(splits: Sequence[Split], world_size: int) -> list[list[Split]]:
@@ -272,10 +281,12 @@ class ArrowShardReader(BaseNode[RawSample]):
 
         Thread-safe: may run in another thread while ``next()`` runs (each thread has its own file handles).
         """
-        keys = [k if isinstance(k, Key) else Key(*k) for k in keys]
-        rows = self.dataset.read_rows([k.index for k in keys])
-        return [RawSample(key, row.audio, row.label, row.extras, row.file, row.row, row.problem)
-                for key, row in zip(keys, rows, strict=True)]
+        return fetch_rows(self.dataset, keys)
+
+    @property
+    def fetcher(self) -> functools.partial:
+        """`fetch` as a picklable function that does not hold this node (for worker processes)."""
+        return functools.partial(fetch_rows, self.dataset)
 
     def __repr__(self) -> str:
         mode = "shuffle" if self.shuffle else "eval"

@@ -22,7 +22,8 @@ class Batcher(BaseNode[dict]):
 
     A batch is a dict:
 
-    * ``spectrogram``: float32 ``[B, n_mels, frames]``
+    * ``spectrogram`` (or ``features_key``): the samples' ``features`` stacked,
+      float32 ``[B, n_mels, frames]`` (``[B, samples]`` for waveforms)
     * ``label``: int64 ``[B]`` (absent when the samples carry no label)
     * ``index``: int64 ``[B]``, the global row index of each sample
     * ``valid``: bool ``[B]``, only when ``num_batches`` is set (eval): false for padding
@@ -39,13 +40,17 @@ class Batcher(BaseNode[dict]):
             ``batch_size`` padding entries (zeros, ``index``/``label`` = -1,
             ``valid`` false). Under DDP every rank then runs the same number of
             eval steps, with no sample duplicated for a metric to count twice.
-        spectrogram_shape: ``(n_mels, frames)`` of a padding entry; required
-            with ``num_batches``, since a rank may have no real sample to copy.
+        spectrogram_shape: shape of one sample's features, e.g. ``(n_mels, frames)``,
+            for padding entries; required with ``num_batches``, since a rank may
+            have no real sample to copy.
         columns: names of the extra columns (``None``: those of the samples'
             ``extras``); needed for a batch made only of padding.
         tensor_columns: extra columns to return as tensors (padding gets 0).
         has_labels: whether batches carry ``label``; ``None`` = when the samples' label is not None.
         stats: optional `LoaderStats`; counts ``batches``/``samples``.
+        features_key: the batch key of the stacked features.
+        pin_memory: stack the features straight into page-locked memory (for a fast,
+            asynchronous copy to a GPU; needs CUDA).
     """
 
     SOURCE_KEY = "source"
@@ -54,7 +59,8 @@ class Batcher(BaseNode[dict]):
                  num_batches: int | None = None, spectrogram_shape: tuple[int, int] | None = None,
                  columns: Sequence[str] | None = None, tensor_columns: Collection[str] | None = None,
                  has_labels: bool | None = None,
-                 stats: LoaderStats | None = None) -> None:
+                 stats: LoaderStats | None = None, features_key: str = "spectrogram",
+                 pin_memory: bool = False) -> None:
         super().__init__()
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
@@ -71,6 +77,8 @@ class Batcher(BaseNode[dict]):
         self.tensor_columns = None if tensor_columns is None else frozenset(tensor_columns)
         self.has_labels = has_labels
         self.stats = stats
+        self.features_key = features_key
+        self.pin_memory = bool(pin_memory)
         self._yielded = 0
         self._exhausted = False
 
@@ -112,13 +120,7 @@ class Batcher(BaseNode[dict]):
 
     def _collate(self, samples: Sequence[Sample], pad: int) -> dict[str, Any]:
         """Stack ``samples`` and append ``pad`` padding entries."""
-        if samples:
-            spectrogram = torch.stack([s.spectrogram for s in samples])
-        else:
-            spectrogram = torch.empty((0, *self.spectrogram_shape), dtype=torch.float32)
-        if pad:
-            spectrogram = torch.cat([spectrogram, torch.zeros((pad, *self.spectrogram_shape))])
-        batch: dict[str, Any] = {"spectrogram": spectrogram}
+        batch: dict[str, Any] = {self.features_key: self._stack([s.features for s in samples], pad)}
         labels = [s.label for s in samples]
         has_labels = self.has_labels if self.has_labels is not None else (not samples or labels[0] is not None)
         if has_labels:
@@ -130,6 +132,16 @@ class Batcher(BaseNode[dict]):
         for name in names:
             batch[name] = self._collate_column(name, [s.extras.get(name) for s in samples], pad)
         return batch
+
+    def _stack(self, features: list[torch.Tensor], pad: int) -> torch.Tensor:
+        """``features`` stacked, then ``pad`` zero entries: one allocation, one copy per sample."""
+        shape = tuple(features[0].shape) if features else self.spectrogram_shape
+        out = torch.empty((len(features) + pad, *shape), dtype=torch.float32, pin_memory=self.pin_memory)
+        if features:
+            torch.stack(features, out=out[:len(features)])
+        if pad:
+            out[len(features):].zero_()
+        return out
 
     def _collate_column(self, name: str, values: list[Any], pad: int) -> Any:
         numeric = (name in self.tensor_columns if self.tensor_columns is not None

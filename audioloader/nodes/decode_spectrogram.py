@@ -1,112 +1,61 @@
-"""DecodeSpectrogram: encoded audio rows -> log-mel samples, in threads."""
+"""DecodeSpectrogram: encoded audio rows -> log-mel samples, in worker threads or processes."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import torch
-from torchdata.nodes import BaseNode, ParallelMapper
+from torchdata.nodes import BaseNode
 
 from .. import _hashing, _memory
-from .._threads import pin_worker_to_one_thread, restore_default_threads, shutdown_mapper
+from .._threads import pin_worker_to_one_thread
 from ..audio import load_clip
 from ..config import MelSpectrogramConfig
 from ..errors import DecodeError, ErrorBudgetExceeded
-from ..features import log_mel, mel_filterbank
-from ..samples import BadRow, Failure, RawSample, Sample
+from ..features import log_mel, prepare_features
+from ..samples import BadRow, Key, RawSample, Sample
 from ..stats import MAX_REPORTED_BAD_ROWS, LoaderStats
-from .catch_failures import CatchFailures, raise_failure
+from .parallel_map import BACKENDS, ParallelMap
 
 Augment = Callable[[np.ndarray, np.random.Generator], np.ndarray]
 
-ON_ERROR_CHOICES = ("skip", "raise")
+#: ``fetch(keys) -> [RawSample]``: random access to rows by key (see `ArrowShardReader.fetch`).
+Fetch = Callable[[Sequence[Key]], Sequence[RawSample]]
 
-#: Key of torchdata ParallelMapper's state under which its iterator's state sits.
-_MAPPER_STATE_KEY = "it_state"
+ON_ERROR_CHOICES = ("skip", "raise")
 
 #: The default feature configuration (``MelSpectrogramConfig()``; frozen, so safe to share).
 DEFAULT_FEATURES = MelSpectrogramConfig()
 
 
-class DecodeSpectrogram(BaseNode[Sample]):
-    """Decode, resample, crop/pad and log-mel each `RawSample` in ``num_workers`` threads.
+class SampleDecoder:
+    """The per-row function of `DecodeSpectrogram`: ``RawSample -> Sample | BadRow``.
 
-    Output: `Sample` with ``spectrogram`` float32 ``[n_mels, n_frames]`` (see
-    `MelSpectrogramConfig`), in the source's order (``in_order=True``), whatever
-    the thread count. The crop offset (train) and the augmentation RNG are pure
-    functions of ``(seed, key)``, so results do not depend on ``num_workers``.
+    A pure function of the row and the constructor's arguments, safe in any
+    thread, and picklable, so worker processes run exactly the same code.
 
-    Args:
-        source: node of `RawSample`.
-        features: the spectrogram parameters.
-        seed: seeds the crop offsets and the augmentation RNGs.
-        train: random crop + end padding; else centre crop + centred padding.
-        num_workers: decode threads; 0 decodes inline in the calling thread.
-        augment: optional ``augment(waveform float32 [clip_samples], rng) -> array [clip_samples]``
-            applied to the cropped waveform before the mel; ``rng`` is a
-            ``numpy.random.Generator`` seeded from ``(seed, key)``. Its exceptions
-            reach the caller unchanged (type, attributes, traceback).
-        on_error: ``"skip"``: bad rows are counted, reported in ``stats`` and
-            dropped, within the error budget; ``"raise"``: `DecodeError` at the first.
-        max_error_fraction: with ``"skip"``, raise `ErrorBudgetExceeded` once more
-            than this fraction of the rows seen were bad ...
-        error_budget_min_rows: ... and at least this many rows have been seen.
-        stats: shared counters (a fresh `LoaderStats` if None); receives
-            ``samples_decoded``, bad rows, and seconds for "decode", "resample",
-            "mel" (and "augment").
-        snapshot_frequency: torchdata ParallelMapper's; resume re-decodes up to
-            ``snapshot_frequency - 1`` rows.
-        window: decode only the crop window where the format allows (same result,
-            less work); False always decodes whole files (the reference path).
-
-    State: ``{"mapper": <ParallelMapper state>, "rows_seen": n, "bad_rows": k}``.
+    ``fetch``: when given, a row sent to a worker process travels as its key
+    and the worker reads it itself (``prepare``): for memory-mapped shards that
+    is a zero-copy read there instead of a copy of the encoded audio here.
     """
 
-    MAPPER_KEY = "mapper"
-    ROWS_SEEN_KEY = "rows_seen"
-    BAD_ROWS_KEY = "bad_rows"
-
-    def __init__(self, source: BaseNode[RawSample], features: MelSpectrogramConfig = DEFAULT_FEATURES, *,
-                 seed: int = 0, train: bool = True, num_workers: int = 4, augment: Augment | None = None,
-                 on_error: str = "skip", max_error_fraction: float = 0.01, error_budget_min_rows: int = 100,
-                 stats: LoaderStats | None = None, snapshot_frequency: int = 1, window: bool = True) -> None:
-        super().__init__()
-        _validate(source, features, seed, num_workers, augment, on_error, max_error_fraction,
-                  error_budget_min_rows, stats, snapshot_frequency)
-        self.source = source
+    def __init__(self, features: MelSpectrogramConfig, *, seed: int, train: bool, window: bool,
+                 augment: Augment | None, stats: LoaderStats, fetch: Fetch | None = None,
+                 compute_features: bool = True) -> None:
         self.features = features
-        self.seed = int(seed)
-        self.train = bool(train)
-        self.num_workers = int(num_workers)
+        self.seed = seed
+        self.train = train
+        self.window = window
         self.augment = augment
-        self.on_error = on_error
-        self.max_error_fraction = float(max_error_fraction)
-        self.error_budget_min_rows = int(error_budget_min_rows)
-        self.stats = stats if stats is not None else LoaderStats()
-        self.window = bool(window)
-        # torchdata's thread workers call torch.set_num_threads(1), which also
-        # changes the process default; this is the value we put back.
-        self._user_threads = torch.get_num_threads()
-        mel_filterbank(features)  # build the cached filterbank once, here, not in every thread
-        self._mapper = ParallelMapper(CatchFailures(source), self._map, num_workers=self.num_workers,
-                                      method="thread", in_order=True, snapshot_frequency=snapshot_frequency)
-        self._rows_seen = 0
-        self._bad_rows = 0
-        self._reports: deque[dict[str, Any]] = deque(maxlen=MAX_REPORTED_BAD_ROWS)
+        self.stats = stats
+        self.fetch = fetch
+        self.compute_features = compute_features
 
-    # -- the per-sample function -------------------------------------------
-
-    def decode(self, raw: RawSample) -> Sample | BadRow:
-        """Decode one row: a `Sample`, or a `BadRow` when its audio cannot be used.
-
-        Pure function of ``raw`` and the constructor's arguments; safe in any
-        thread. Exceptions other than bad audio (e.g. from ``augment``) propagate.
-        """
+    def __call__(self, raw: RawSample) -> Sample | BadRow:
         key = raw.key
         if raw.problem is not None or raw.audio is None:
             return BadRow(key, raw.file, raw.row, raw.problem or "audio is null")
@@ -124,13 +73,16 @@ class DecodeSpectrogram(BaseNode[Sample]):
             start = time.perf_counter()
             clip = self._augmented(clip, key)
             self.stats.add_seconds("augment", time.perf_counter() - start)
-        start = time.perf_counter()
-        spectrogram = log_mel(clip, cfg)
-        self.stats.add_seconds("mel", time.perf_counter() - start)
+        if self.compute_features:
+            start = time.perf_counter()
+            features = log_mel(clip, cfg)
+            self.stats.add_seconds("mel", time.perf_counter() - start)
+        else:
+            features = torch.from_numpy(clip)
         _memory.after_decode()
-        return Sample(key, spectrogram, raw.label, raw.extras, raw.file, raw.row)
+        return Sample(key, features, raw.label, raw.extras, raw.file, raw.row)
 
-    def _augmented(self, clip: np.ndarray, key: Any) -> np.ndarray:
+    def _augmented(self, clip: np.ndarray, key: Key) -> np.ndarray:
         rng = _hashing.generator(self.seed, _hashing.SALT_AUGMENT, key.index, key.pass_index)
         out = np.asarray(self.augment(clip, rng), dtype=np.float32)
         if out.shape != (self.features.clip_samples,):
@@ -140,82 +92,152 @@ class DecodeSpectrogram(BaseNode[Sample]):
             out = out.copy()
         return out
 
+    # -- hooks of the process pool (see audioloader._pool) -------------------------------------
+
+    def encode(self, raw: RawSample) -> RawSample | Key:
+        """Consumer side: a readable row travels as its key."""
+        if self.fetch is not None and isinstance(raw, RawSample) and raw.problem is None and raw.audio is not None:
+            return raw.key
+        return raw
+
+    def prepare(self, items: list[RawSample | Key]) -> list[RawSample]:
+        """Worker side: read the rows that came as keys, in one random-access call."""
+        keys = [item for item in items if isinstance(item, Key)]
+        if not keys:
+            return items
+        fetched = iter(self.fetch(keys))
+        return [next(fetched) if isinstance(item, Key) else item for item in items]
+
+
+class DecodeSpectrogram(BaseNode[Sample]):
+    """Decode, resample, crop/pad and log-mel each `RawSample` in ``num_workers`` threads or processes.
+
+    Output: `Sample` with ``features`` (also ``spectrogram``) float32
+    ``[n_mels, n_frames]`` (see `MelSpectrogramConfig`), or with
+    ``compute_features=False`` the cropped waveform float32 ``[clip_samples]``
+    (for features computed per batch, e.g. on a GPU: `BatchFeatures`). Items
+    come in the source's order whatever the worker count or kind. The crop
+    offset (train) and the augmentation RNG are pure functions of ``(seed, key)``,
+    so results do not depend on ``num_workers`` or ``worker_type``.
+
+    Args:
+        source: node of `RawSample`.
+        features: the spectrogram parameters.
+        seed: seeds the crop offsets and the augmentation RNGs.
+        train: random crop + end padding; else centre crop + centred padding.
+        num_workers: decode threads or processes; 0 decodes inline in the calling thread.
+        augment: optional ``augment(waveform float32 [clip_samples], rng) -> array [clip_samples]``
+            applied to the cropped waveform before the mel; ``rng`` is a
+            ``numpy.random.Generator`` seeded from ``(seed, key)``. Its exceptions
+            reach the caller with their type and attributes (from a thread, with the
+            original traceback; from a process, with its text as ``__cause__``).
+            With ``worker_type="process"`` it must be importable (a module-level function).
+        on_error: ``"skip"``: bad rows are counted, reported in ``stats`` and
+            dropped, within the error budget; ``"raise"``: `DecodeError` at the first.
+        max_error_fraction: with ``"skip"``, raise `ErrorBudgetExceeded` once more
+            than this fraction of the rows seen were bad ...
+        error_budget_min_rows: ... and at least this many rows have been seen.
+        stats: shared counters (a fresh `LoaderStats` if None); receives
+            ``samples_decoded``, bad rows, and seconds for "decode", "resample",
+            "mel" (and "augment").
+        snapshot_frequency: accepted for compatibility with torchdata's
+            ParallelMapper and ignored: the state is exact at every item and a
+            resume never decodes an item twice.
+        window: decode only the crop window where the format allows (same result,
+            less work); False always decodes whole files (the reference path).
+        worker_type: ``"thread"`` (libsndfile, soxr and torch release the GIL;
+            no start-up cost) or ``"process"`` (no GIL: scales with cores, and
+            leaves the training loop's Python alone; rows and results travel
+            through shared memory).
+        fetch: ``fetch(keys) -> [RawSample]``, random access to the source's rows;
+            with processes, rows travel as keys and workers read them (worth it for
+            memory-mapped shards).
+        start_method: process start method (default: a fork server, see `audioloader._pool`).
+        chunk_size: rows per task handed to a worker (default 8 for processes, 4 for threads).
+        compute_features: False yields the cropped waveform instead of the log-mel.
+
+    State: ``{"mapper": <ParallelMap state>, "rows_seen": n, "bad_rows": k}``;
+    the same for every ``num_workers`` and ``worker_type``.
+    """
+
+    MAPPER_KEY = "mapper"
+    ROWS_SEEN_KEY = "rows_seen"
+    BAD_ROWS_KEY = "bad_rows"
+
+    def __init__(self, source: BaseNode[RawSample], features: MelSpectrogramConfig = DEFAULT_FEATURES, *,
+                 seed: int = 0, train: bool = True, num_workers: int = 4, augment: Augment | None = None,
+                 on_error: str = "skip", max_error_fraction: float = 0.01, error_budget_min_rows: int = 100,
+                 stats: LoaderStats | None = None, snapshot_frequency: int = 1, window: bool = True,
+                 worker_type: str = "thread", fetch: Fetch | None = None, start_method: str | None = None,
+                 chunk_size: int | None = None, compute_features: bool = True) -> None:
+        super().__init__()
+        _validate(source, features, seed, num_workers, augment, on_error, max_error_fraction,
+                  error_budget_min_rows, stats, snapshot_frequency, worker_type, fetch)
+        self.source = source
+        self.features = features
+        self.seed = int(seed)
+        self.train = bool(train)
+        self.num_workers = int(num_workers)
+        self.worker_type = worker_type
+        self.augment = augment
+        self.on_error = on_error
+        self.max_error_fraction = float(max_error_fraction)
+        self.error_budget_min_rows = int(error_budget_min_rows)
+        self.stats = stats if stats is not None else LoaderStats()
+        self.window = bool(window)
+        self._user_threads = torch.get_num_threads()
+        prepare_features(features)  # build the cached filterbank once, here, not in every thread
+        self._decoder = SampleDecoder(features, seed=self.seed, train=self.train, window=self.window,
+                                      augment=augment, stats=self.stats, fetch=fetch,
+                                      compute_features=compute_features)
+        self._mapper = ParallelMap(source, self._decoder, num_workers=self.num_workers, backend=worker_type,
+                                   chunk_size=chunk_size, start_method=start_method, stats=self.stats,
+                                   thread_initializer=self._pin_thread, what="decode worker")
+        self._rows_seen = 0
+        self._bad_rows = 0
+        self._reports: deque[dict[str, Any]] = deque(maxlen=MAX_REPORTED_BAD_ROWS)
+
+    def _pin_thread(self) -> None:
+        pin_worker_to_one_thread(self._user_threads)
+
+    # -- the per-sample function -------------------------------------------
+
+    def decode(self, raw: RawSample) -> Sample | BadRow:
+        """Decode one row: a `Sample`, or a `BadRow` when its audio cannot be used.
+
+        Pure function of ``raw`` and the constructor's arguments; safe in any
+        thread. Exceptions other than bad audio (e.g. from ``augment``) propagate.
+        """
+        return self._decoder(raw)
+
     def decode_many(self, raws: Sequence[RawSample]) -> list[Sample | BadRow]:
-        """`decode` each row, in parallel on ``num_workers`` threads; results in input order.
+        """`decode` each row on this node's workers; results in input order.
 
         Used to rebuild items on resume (e.g. a shuffle buffer's). Exceptions
         other than bad audio propagate (the first one, in input order).
         """
         if self.num_workers == 0 or len(raws) <= 1:
             return [self.decode(raw) for raw in raws]
-        workers = min(self.num_workers, len(raws))
-        with ThreadPoolExecutor(workers, thread_name_prefix="audioloader-decode",
-                                initializer=pin_worker_to_one_thread, initargs=(self._user_threads,)) as pool:
-            return list(pool.map(self.decode, raws))
-
-    def _map(self, item: RawSample | Failure) -> Sample | BadRow | Failure:
-        """The ParallelMapper's function: never raises, never returns None."""
-        if isinstance(item, Failure):
-            return item
-        try:
-            if self.num_workers > 0:
-                pin_worker_to_one_thread(self._user_threads)
-            return self.decode(item)
-        except Exception as error:  # carried as an item, raised in the consumer's thread
-            return Failure(error)
+        return self._mapper.map_all(list(raws))
 
     # -- BaseNode ----------------------------------------------------------
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
-        # Stop the previous epoch's threads before resetting the source: a reader
-        # thread still inside source.next() would otherwise race with it.
-        shutdown_mapper(self._mapper)
-        restore_default_threads(self._user_threads)
         self._reports.clear()
         if initial_state is not None:
             self._rows_seen = int(initial_state[self.ROWS_SEEN_KEY])
             self._bad_rows = int(initial_state[self.BAD_ROWS_KEY])
-            self._reset_mapper(initial_state[self.MAPPER_KEY])
+            self._mapper.reset(initial_state[self.MAPPER_KEY])
         else:
             self._rows_seen = 0
             self._bad_rows = 0
             self._mapper.reset(None)
 
-    # torchdata's mapper state differs between num_workers == 0 ({"source": s}) and
-    # > 0 ({"snapshot": s, "steps_since_snapshot": k}). We always save the threaded
-    # form, so a checkpoint resumes with any num_workers, as the batches are the same.
-
-    def _reset_mapper(self, state: dict[str, Any]) -> None:
-        inner = state[_MAPPER_STATE_KEY]
-        if self.num_workers > 0:
-            if "source" in inner:  # saved inline by an older version
-                inner = {"snapshot": inner["source"], "steps_since_snapshot": 0}
-            self._mapper.reset({_MAPPER_STATE_KEY: inner})
-            return
-        if "source" in inner:
-            self._mapper.reset(state)
-            return
-        self._mapper.reset({_MAPPER_STATE_KEY: {"source": inner["snapshot"]}})
-        for _ in range(inner["steps_since_snapshot"]):  # the threaded mapper's fast-forward
-            next(self._mapper)
-
-    def _mapper_state(self) -> dict[str, Any]:
-        state = self._mapper.state_dict()
-        inner = state[_MAPPER_STATE_KEY]
-        if "source" in inner:
-            return {_MAPPER_STATE_KEY: {"snapshot": inner["source"], "steps_since_snapshot": 0}}
-        return state
-
     def next(self) -> Sample:
         while True:
             self._check_budget()
-            try:
-                item = next(self._mapper)
-            except StopIteration:
-                restore_default_threads(self._user_threads)
-                raise
-            raise_failure(item)
+            item = next(self._mapper)
             self._rows_seen += 1
             if isinstance(item, BadRow):
                 self._on_bad_row(item)
@@ -224,13 +246,12 @@ class DecodeSpectrogram(BaseNode[Sample]):
             return item
 
     def get_state(self) -> dict[str, Any]:
-        return {self.MAPPER_KEY: self._mapper_state(), self.ROWS_SEEN_KEY: self._rows_seen,
+        return {self.MAPPER_KEY: self._mapper.get_state(), self.ROWS_SEEN_KEY: self._rows_seen,
                 self.BAD_ROWS_KEY: self._bad_rows}
 
     def shutdown(self) -> None:
-        """Stop the decode threads now (they also stop at the end of an epoch and on reset)."""
-        shutdown_mapper(self._mapper)
-        restore_default_threads(self._user_threads)
+        """Stop the decode workers now (they start again on the next reset)."""
+        self._mapper.shutdown()
 
     # -- bad rows ----------------------------------------------------------
 
@@ -261,7 +282,8 @@ class DecodeSpectrogram(BaseNode[Sample]):
 
 
 def _validate(source: Any, features: Any, seed: Any, num_workers: Any, augment: Any, on_error: Any,
-              max_error_fraction: Any, error_budget_min_rows: Any, stats: Any, snapshot_frequency: Any) -> None:
+              max_error_fraction: Any, error_budget_min_rows: Any, stats: Any, snapshot_frequency: Any,
+              worker_type: Any, fetch: Any) -> None:
     """Argument checks; each error names the argument."""
     def is_int(value: Any) -> bool:
         return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
@@ -287,3 +309,7 @@ def _validate(source: Any, features: Any, seed: Any, num_workers: Any, augment: 
         raise TypeError(f"stats must be a LoaderStats or None, got {type(stats).__name__}")
     if not is_int(snapshot_frequency) or snapshot_frequency < 0:
         raise ValueError(f"snapshot_frequency={snapshot_frequency!r}: must be an integer >= 0")
+    if worker_type not in BACKENDS:
+        raise ValueError(f"worker_type={worker_type!r}: must be one of {BACKENDS}")
+    if fetch is not None and not callable(fetch):
+        raise TypeError(f"fetch must be callable(keys) -> rows, or None, got {type(fetch).__name__}")

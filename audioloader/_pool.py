@@ -1,0 +1,430 @@
+"""Worker pools for `audioloader.nodes.ParallelMap`: threads, or processes fed through shared memory.
+
+Both run *chunks* (lists of items) through a job, one chunk per task, and hand
+results back strictly in submission order: chunk ``seq`` goes to worker
+``seq % num_workers`` and every worker works through its chunks first in,
+first out, so the consumer reads worker after worker and never reorders.
+
+A job is a callable ``job(item) -> result`` with two optional hooks:
+``job.encode(item)`` runs in the consumer before an item is sent to a process
+(e.g. a row that the worker can read itself becomes its key) and
+``job.prepare(items)`` runs in the worker before the items are mapped (e.g.
+those keys are read back in one random-access call). An exception from
+``job(item)`` becomes that item's result, a `Failure` carrying it; the chunk
+goes on with the next item.
+
+Processes: each worker owns ``depth`` `SharedSlot` s, one per chunk it may
+have in flight; a chunk's inputs and then its results travel through its slot
+(see `audioloader._wire`), the socket carries only small pickles. Workers
+ignore SIGINT (Ctrl-C is the consumer's to handle), run torch with one
+intra-op thread, exit when their socket closes (so they never outlive the
+consumer), and are watched: a worker that dies (killed by the OOM killer, a
+crash in a decoder) is reported with its exit status instead of a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from multiprocessing import reduction
+from typing import Any
+
+from . import _wire
+from .samples import Failure
+
+#: Seconds between liveness checks while waiting for a worker.
+POLL_SECONDS = 0.1
+
+#: Seconds a stopping worker process gets before it is terminated, then killed.
+STOP_GRACE_SECONDS = 0.5
+
+#: The process start method used when none is given: a fork server (safe in a
+#: process with threads or CUDA, and fast after its first start) where the
+#: platform has one.
+DEFAULT_START_METHOD = "forkserver" if sys.platform != "win32" else "spawn"
+
+#: Modules the fork server imports once, so each worker starts in milliseconds.
+_PRELOAD = ["audioloader._worker_preload"]
+
+
+class PoolClosed(Exception):
+    """The pool was shut down while a result was awaited (the consumer is being stopped)."""
+
+
+class WorkerError(RuntimeError):
+    """A worker process could not start, or died while it held work."""
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker process, as text (its ``__cause__``)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class _RemoteFailure:
+    """An exception from a worker process, made picklable: the object if it pickles, and its traceback text."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        self.summary = f"{type(error).__module__}.{type(error).__qualname__}: {error}"
+        try:
+            self.payload: bytes | None = pickle.dumps(error)
+            pickle.loads(self.payload)  # some exceptions pickle but cannot be rebuilt
+        except Exception:
+            self.payload = None
+
+    def to_failure(self) -> Failure:
+        error: BaseException
+        if self.payload is not None:
+            error = pickle.loads(self.payload)
+        else:
+            error = RuntimeError(f"{self.summary} (in a worker process; the exception could not be pickled)")
+        error.__cause__ = RemoteTraceback(f'\n"""\n{self.text}"""')
+        return Failure(error)
+
+
+def run_chunk(job: Callable[[Any], Any], items: list[Any], cancelled: Callable[[], bool]) -> list[Any]:
+    """``job`` over ``items`` in order (an exception becomes a `Failure` result); stops early when ``cancelled()``."""
+    results = []
+    for item in items:
+        if cancelled():
+            break
+        try:
+            results.append(job(item))
+        except Exception as error:  # carried as an item, raised in the consumer's thread
+            results.append(Failure(error))
+    return results
+
+
+# ---------------------------------------------------------------------------------------- threads
+
+
+class ThreadPool:
+    """``num_workers`` threads running chunks (one chunk per task), results in submission order."""
+
+    def __init__(self, job: Callable[[Any], Any], num_workers: int, *,
+                 initializer: Callable[[], None] | None = None, name: str = "audioloader-worker") -> None:
+        self.job = job
+        self.num_workers = num_workers
+        self._initializer = initializer
+        self._name = name
+        self._executor: ThreadPoolExecutor | None = None
+        self._futures: dict[int, Future] = {}
+        self._generation = 0
+
+    def start(self) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self.num_workers, thread_name_prefix=self._name,
+                                                initializer=self._initializer)
+
+    def submit(self, seq: int, items: list[Any]) -> None:
+        executor = self._executor
+        if executor is None:
+            raise PoolClosed
+        generation = self._generation
+        try:
+            self._futures[seq] = executor.submit(run_chunk, self.job, items, lambda: self._generation != generation)
+        except RuntimeError:  # "cannot schedule new futures after shutdown": shut down from another thread
+            raise PoolClosed from None
+
+    def result(self, seq: int) -> tuple[list[Any], dict[str, Any] | None]:
+        future = self._futures.pop(seq, None)
+        if future is None:
+            raise PoolClosed
+        try:
+            return future.result(), None
+        except CancelledError:
+            raise PoolClosed from None
+
+    def cancel(self) -> None:
+        """Abandon every submitted chunk (running ones stop after their current item)."""
+        self._generation += 1
+        for future in self._futures.values():
+            future.cancel()
+        self._futures.clear()
+
+    def shutdown(self) -> None:
+        executor, self._executor = self._executor, None
+        self.cancel()
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+
+# ---------------------------------------------------------------------------------------- processes
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "is unresponsive"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (the kernel's out-of-memory killer sends SIGKILL)" if -code == signal.SIGKILL else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {code}"
+
+
+class _Worker:
+    """The consumer's side of one worker process."""
+
+    def __init__(self, process: Any, conn: Any, slots: list[_wire.SharedSlot], control: _wire.SharedSlot) -> None:
+        self.process = process
+        self.conn = conn
+        self.slots = slots
+        self.control = control
+
+
+class ProcessPool:
+    """``num_workers`` processes running chunks, inputs and results through shared memory.
+
+    Args:
+        job: picklable callable (see the module docstring); pickled once, here,
+            so an unpicklable job fails at once with a clear message.
+        num_workers: processes.
+        depth: chunks each worker may have in flight (its slots).
+        slot_bytes: initial size of each slot (slots grow to fit).
+        start_method: ``"forkserver"``, ``"spawn"`` or ``"fork"`` (None: `DEFAULT_START_METHOD`).
+        what: how errors name the workers (e.g. "decode worker").
+    """
+
+    def __init__(self, job: Callable[[Any], Any], num_workers: int, *, depth: int = 2,
+                 slot_bytes: int = 4 << 20, start_method: str | None = None, what: str = "worker") -> None:
+        self.job = job
+        self.num_workers = num_workers
+        self.depth = depth
+        self.slot_bytes = slot_bytes
+        self.start_method = start_method or DEFAULT_START_METHOD
+        self.what = what
+        self._job_bytes = _pickle_job(job, what)
+        self._encode = getattr(job, "encode", None)
+        self._workers: list[_Worker] = []
+        self._generation = 0
+        self._in_flight: set[int] = set()
+        self._closed = threading.Event()
+        self._io_lock = threading.Lock()
+        self._pid = os.getpid()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._workers:
+            return
+        import multiprocessing
+
+        self._closed.clear()
+        context = multiprocessing.get_context(self.start_method)
+        if self.start_method == "forkserver":
+            context.set_forkserver_preload(_PRELOAD)
+        try:
+            for index in range(self.num_workers):
+                self._workers.append(self._launch(context, index))
+            for index, worker in enumerate(self._workers):
+                reply = self._receive(worker, f"starting {self.what} {index}")
+                if reply[0] != "ready":
+                    raise WorkerError(f"{self.what} {index} could not start: {reply[1]}")
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _launch(self, context: Any, index: int) -> _Worker:
+        ours, theirs = context.Pipe(duplex=True)
+        process = context.Process(target=worker_main, args=(theirs, self._job_bytes, self.depth),
+                                  name=f"audioloader-{self.what.replace(' ', '-')}-{index}", daemon=True)
+        try:
+            process.start()
+        except RuntimeError as error:
+            raise WorkerError(_start_failed_message(self.what, error)) from error
+        theirs.close()
+        control = _wire.SharedSlot.create(8)
+        slots = [_wire.SharedSlot.create(self.slot_bytes) for _ in range(self.depth)]
+        for slot in [control, *slots]:
+            reduction.send_handle(ours, slot.fd, process.pid)
+        return _Worker(process, ours, slots, control)
+
+    def shutdown(self) -> None:
+        """Stop every worker: ask, wait `STOP_GRACE_SECONDS`, then terminate; idempotent."""
+        self._closed.set()
+        workers, self._workers = self._workers, []
+        if os.getpid() != self._pid:
+            return  # a forked copy of the consumer: the workers are not its children
+        for worker in workers:
+            _set_generation(worker.control, -1)  # stop the current chunk early
+            with contextlib.suppress(OSError):
+                worker.conn.send_bytes(pickle.dumps(("stop",)))
+        for worker in workers:
+            worker.process.join(STOP_GRACE_SECONDS)
+            if worker.process.is_alive():
+                worker.process.terminate()
+                worker.process.join(STOP_GRACE_SECONDS)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
+        with self._io_lock:  # a consumer thread polling a socket finishes that poll first
+            for worker in workers:
+                worker.conn.close()
+                for slot in [worker.control, *worker.slots]:
+                    slot.close()
+        self._in_flight.clear()
+
+    # -- work ---------------------------------------------------------------------------------
+
+    def _slot_of(self, seq: int) -> int:
+        return (seq // self.num_workers) % self.depth
+
+    def submit(self, seq: int, items: list[Any]) -> None:
+        workers = self._workers
+        if not workers or self._closed.is_set():
+            raise PoolClosed
+        worker = workers[seq % self.num_workers]
+        slot = self._slot_of(seq)
+        if self._encode is not None:
+            items = [self._encode(item) for item in items]
+        data, table, size = _wire.dumps(items, worker.slots[slot])
+        self._send(worker, ("chunk", seq, self._generation, slot, data, table, size))
+        self._in_flight.add(seq)
+
+    def result(self, seq: int) -> tuple[list[Any], dict[str, Any] | None]:
+        workers = self._workers
+        if not workers:
+            raise PoolClosed
+        worker = workers[seq % self.num_workers]
+        reply = self._receive(worker, f"waiting for {self.what} {seq % self.num_workers}")
+        self._in_flight.discard(seq)
+        kind, got = reply[0], reply[1]
+        if got != seq:
+            raise WorkerError(f"{self.what} answered chunk {got} where chunk {seq} was due (a bug; please report it)")
+        if kind == "cancelled":
+            return [], None
+        _, _, slot, data, table, size, stats = reply
+        results = _wire.loads(data, table, worker.slots[slot], size, copy=True)
+        return [r.to_failure() if isinstance(r, _RemoteFailure) else r for r in results], stats
+
+    def cancel(self) -> None:
+        """Abandon every chunk in flight: workers stop them early and their answers are read and dropped."""
+        self._generation += 1
+        for worker in self._workers:
+            _set_generation(worker.control, self._generation)
+        for seq in sorted(self._in_flight):
+            self._receive(self._workers[seq % self.num_workers], f"cancelling {self.what} work")
+        self._in_flight.clear()
+
+    # -- the socket ---------------------------------------------------------------------------
+
+    def _send(self, worker: _Worker, message: tuple) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            with self._io_lock:
+                if self._closed.is_set():
+                    raise PoolClosed
+                worker.conn.send_bytes(data)
+        except OSError as error:
+            if self._closed.is_set():
+                raise PoolClosed from None
+            raise WorkerError(f"{self.what} {worker.process.name} {_describe_exit(worker.process.exitcode)}") \
+                from error
+
+    def _receive(self, worker: _Worker, doing: str) -> tuple:
+        """The worker's next message; raises `PoolClosed` on shutdown, `WorkerError` if it died."""
+        while True:
+            with self._io_lock:
+                if self._closed.is_set():
+                    raise PoolClosed
+                try:
+                    if worker.conn.poll(POLL_SECONDS):
+                        return pickle.loads(worker.conn.recv_bytes())
+                except (EOFError, OSError):
+                    if self._closed.is_set():
+                        raise PoolClosed from None
+                    worker.process.join(STOP_GRACE_SECONDS)
+                if worker.process.exitcode is not None:
+                    raise WorkerError(f"{doing}: the process (pid {worker.process.pid}) "
+                                      f"{_describe_exit(worker.process.exitcode)}")
+
+
+def _set_generation(control: _wire.SharedSlot, generation: int) -> None:
+    with contextlib.suppress(ValueError, TypeError):
+        control.view(0, 8).cast("q")[0] = generation
+
+
+def _pickle_job(job: Any, what: str) -> bytes:
+    try:
+        return pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError) as error:
+        raise TypeError(
+            f"the {what} job cannot be sent to worker processes: {error}. Functions you pass (augment=...) must "
+            "be importable: define them at the top level of a module (not inside a function, not a lambda), or "
+            "use threads (worker_type='thread')") from error
+
+
+def _start_failed_message(what: str, error: BaseException) -> str:
+    return (f"cannot start {what} processes: {error}. When a script starts worker processes, its own code must "
+            "be guarded with `if __name__ == '__main__':` (worker processes import the script); or use threads "
+            "(worker_type='thread')")
+
+
+# ---------------------------------------------------------------------------------------- the worker side
+
+
+def worker_main(conn: Any, job_bytes: bytes, depth: int) -> None:
+    """A worker process: read chunks from ``conn``, answer with results, until told to stop or the socket closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the consumer; it stops us
+    import torch
+
+    torch.set_num_threads(1)
+    control = _wire.SharedSlot(reduction.recv_handle(conn), 8)
+    slots = [_wire.SharedSlot(reduction.recv_handle(conn), 0) for _ in range(depth)]
+    try:
+        job = pickle.loads(job_bytes)
+    except Exception as error:
+        conn.send_bytes(pickle.dumps(("failed", f"{type(error).__name__}: {error}. Functions passed to the loader "
+                                      "must be importable in a fresh process (defined at the top level of a "
+                                      "module, not in a notebook or a script's __main__ without the "
+                                      "`if __name__ == '__main__':` guard); or use worker_type='thread'")))
+        return
+    conn.send_bytes(pickle.dumps(("ready",)))
+    stats = getattr(job, "stats", None)
+    prepare = getattr(job, "prepare", None)
+    generation_view = control.view(0, 8).cast("q")
+    while True:
+        try:
+            message = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return  # the consumer went away
+        if message[0] == "stop":
+            return
+        _, seq, generation, slot_index, data, table, size = message
+        slot = slots[slot_index]
+
+        def cancelled(generation: int = generation) -> bool:
+            return generation_view[0] != generation
+
+        items = _wire.loads(data, table, slot, size, copy=False)
+        if prepare is not None and not cancelled():
+            items = prepare(items)
+        results = run_chunk(job, items, cancelled)
+        del items  # views of the slot, about to be overwritten
+        if cancelled():
+            reply: tuple = ("cancelled", seq)
+        else:
+            results = [_RemoteFailure(r.error) if isinstance(r, Failure) else r for r in results]
+            delta = stats.drain() if stats is not None and hasattr(stats, "drain") else None
+            data, table, size = _wire.dumps(results, slot)
+            reply = ("done", seq, slot_index, data, table, size, delta)
+        try:
+            conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+        except OSError:
+            return

@@ -1,0 +1,281 @@
+"""ParallelMap: a function over a node's items in worker threads or processes, in order, exactly resumable."""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchdata.nodes import BaseNode
+
+from .._pool import PoolClosed, ProcessPool, ThreadPool, WorkerError, run_chunk
+from ..samples import Failure
+from ..stats import LoaderStats
+
+BACKENDS = ("thread", "process")
+
+#: Key of the state (the name torchdata's ParallelMapper uses, so its checkpoints load here).
+STATE_KEY = "it_state"
+
+
+@dataclass
+class _Chunk:
+    """Items pulled together and sent to one worker as one task."""
+
+    seq: int
+    start_state: Any  # the source's state before the chunk's first item
+    size: int
+    labels: list[Any] = field(default_factory=list)  # what the items are, for error messages
+    results: list[Any] | None = None
+    error: BaseException | None = None  # raised by the source after the chunk's items
+
+
+class _SourceFailure(Failure):
+    """The source raised: after this item the node ends."""
+
+
+class _InlinePool:
+    """``num_workers=0``: chunks run in the consumer's thread, when their result is asked for."""
+
+    def __init__(self, job: Callable[[Any], Any]) -> None:
+        self.job = job
+        self._chunks: dict[int, list[Any]] = {}
+
+    def start(self) -> None:
+        pass
+
+    def submit(self, seq: int, items: list[Any]) -> None:
+        self._chunks[seq] = items
+
+    def result(self, seq: int) -> tuple[list[Any], None]:
+        return run_chunk(self.job, self._chunks.pop(seq), lambda: False), None
+
+    def cancel(self) -> None:
+        self._chunks.clear()
+
+    def shutdown(self) -> None:
+        self.cancel()
+
+
+class ParallelMap(BaseNode):
+    """``job(item)`` for every item of ``source``, computed ahead in ``num_workers`` threads or processes.
+
+    Output order is the source's order, whatever the number or kind of workers.
+    Items travel in chunks of ``chunk_size`` (one task per chunk: a few hand-offs
+    per chunk instead of per item); each worker has ``depth`` chunks in flight.
+
+    Exceptions: an exception raised by ``job`` or by the source is raised by
+    ``next()`` at its place in the order, with its original type (from a worker
+    process: unpickled, its traceback text as ``__cause__``). After an exception
+    from ``job`` the next call goes on with the next item; after one from the
+    source the node ends until the next ``reset()``.
+
+    State: ``{"it_state": {"snapshot": <source state>, "steps_since_snapshot": k}}``:
+    resume resets the source to the snapshot and skips ``k`` items (read, not
+    mapped again). Taken once per chunk, so a costly source ``get_state()``
+    (a large shuffle buffer) is paid once per ``chunk_size`` items. The format
+    is torchdata ``ParallelMapper``'s, whose states this node also accepts, and it
+    is the same for every backend and worker count.
+
+    Args:
+        source: the upstream node, pulled in the thread that calls ``next()``.
+        job: ``job(item) -> result``; for ``backend="process"`` it must pickle
+            (see `audioloader._pool` for its optional ``encode``/``prepare`` hooks).
+        num_workers: threads or processes; 0 maps in the calling thread.
+        backend: ``"thread"`` or ``"process"``.
+        chunk_size: items per task (None: 8 for processes, 4 for threads, 1 inline).
+        depth: chunks in flight per worker.
+        start_method: process start method (see `audioloader._pool.DEFAULT_START_METHOD`).
+        thread_initializer: run once in each worker thread.
+        stats: `LoaderStats` that receives the counters worker processes report.
+        what: how error messages name the workers.
+    """
+
+    def __init__(self, source: BaseNode, job: Callable[[Any], Any], *, num_workers: int, backend: str = "thread",
+                 chunk_size: int | None = None, depth: int = 2, start_method: str | None = None,
+                 thread_initializer: Callable[[], None] | None = None, stats: LoaderStats | None = None,
+                 what: str = "worker") -> None:
+        super().__init__()
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r}: must be one of {BACKENDS}")
+        self.source = source
+        self.job = job
+        self.num_workers = num_workers
+        self.backend = backend if num_workers > 0 else "inline"
+        default_chunk = {"process": 8, "thread": 4, "inline": 1}[self.backend]
+        self.chunk_size = default_chunk if chunk_size is None else chunk_size
+        self.depth = depth
+        self.stats = stats
+        if num_workers == 0:
+            self._pool: Any = _InlinePool(job)
+        elif backend == "thread":
+            self._pool = ThreadPool(job, num_workers, initializer=thread_initializer, name=f"audioloader-{what}")
+        else:
+            self._pool = ProcessPool(job, num_workers, depth=depth, start_method=start_method, what=what)
+        self._capacity = max(1, num_workers) * depth
+        self._owner_pid = os.getpid()
+        self._seq = 0
+        self._chunks: deque[_Chunk] = deque()
+        self._in_flight: deque[_Chunk] = deque()  # submitted, result not read yet (a subset of _chunks)
+        self._clear(None, 0)
+
+    def _clear(self, snapshot: Any, steps: int) -> None:
+        self._chunks.clear()
+        self._in_flight.clear()
+        self._results: list[Any] = []
+        self._pos = 0
+        self._source_done = False
+        self._failed = False
+        self._snapshot, self._steps = snapshot, steps
+
+    # ------------------------------------------------------------------ BaseNode
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self._pool.cancel()
+        self._pool.start()  # here, in the resetting thread; after shutdown() only a reset starts workers again
+        snapshot, steps = _position(initial_state)
+        self.source.reset(snapshot)
+        for _ in range(steps):  # items already emitted before the checkpoint: read, not mapped
+            next(self.source)
+        self._clear(snapshot if snapshot is not None else self.source.state_dict(), steps)
+
+    def next(self) -> Any:
+        if os.getpid() != self._owner_pid:
+            raise RuntimeError(f"this node was started in another process (pid {self._owner_pid}); a forked "
+                               "process cannot use its workers: build the loader in the process that iterates it")
+        while self._pos >= len(self._results):
+            if self._failed or not self._advance():
+                raise StopIteration
+        item = self._results[self._pos]
+        self._pos += 1
+        self._steps += 1
+        if isinstance(item, Failure):
+            self._failed = isinstance(item, _SourceFailure)
+            raise item.error
+        return item
+
+    def get_state(self) -> dict[str, Any]:
+        return {STATE_KEY: {"snapshot": self._snapshot, "steps_since_snapshot": self._steps}}
+
+    # ------------------------------------------------------------------ the pipeline
+
+    def _advance(self) -> bool:
+        """Make the next chunk's results current; False at the end of the source."""
+        self._top_up()
+        if not self._chunks:
+            return False
+        chunk = self._chunks.popleft()
+        if chunk.results is None:
+            self._collect(chunk)
+        self._results, self._pos = chunk.results, 0
+        self._snapshot, self._steps = chunk.start_state, 0
+        if chunk.error is not None:
+            self._results = [*chunk.results, _SourceFailure(chunk.error)]
+        self._top_up()  # the worker that answered has room again
+        return True
+
+    def _top_up(self) -> None:
+        """Pull and submit chunks until every worker has ``depth`` in flight or the source ends."""
+        if self._source_done:
+            return
+        while len(self._in_flight) < self._capacity and not self._source_done:
+            chunk = _Chunk(self._seq, self.source.state_dict(), 0)
+            items: list[Any] = []
+            try:
+                while len(items) < self.chunk_size:
+                    items.append(next(self.source))
+            except StopIteration:
+                self._source_done = True
+            except Exception as error:  # raised in order, after the items before it
+                self._source_done = True
+                chunk.error = error
+            if not items and chunk.error is None:
+                return
+            chunk.size = len(items)
+            chunk.labels = [getattr(item, "key", None) for item in items]
+            self._submit(chunk, items)
+
+    def _submit(self, chunk: _Chunk, items: list[Any]) -> None:
+        self._seq += 1
+        self._chunks.append(chunk)
+        if not items:
+            chunk.results = []
+            return
+        try:
+            self._pool.submit(chunk.seq, items)
+        except PoolClosed:  # shut down from another thread: the stream ends
+            chunk.results, chunk.error, self._source_done = [], None, True
+            return
+        self._in_flight.append(chunk)
+
+    def _collect(self, chunk: _Chunk) -> None:
+        """Read ``chunk``'s results (and those of every chunk submitted before it)."""
+        while chunk.results is None:
+            oldest = self._in_flight.popleft()
+            try:
+                results, delta = self._pool.result(oldest.seq)
+            except PoolClosed:
+                oldest.results, self._source_done, self._failed = [], True, True
+                continue
+            except WorkerError as error:
+                rows = ", ".join(str(label) for label in oldest.labels[:8] if label is not None)
+                raise WorkerError(f"{error}; it was working on {oldest.size} items"
+                                  + (f" (keys {rows})" if rows else "")) from None
+            if delta and self.stats is not None:
+                self.stats.merge(delta)
+            oldest.results = results
+
+    # ------------------------------------------------------------------ outside the stream
+
+    def map_all(self, items: Sequence[Any]) -> list[Any]:
+        """``job`` over ``items`` on the same workers, in order, outside the stream (e.g. to rebuild a buffer).
+
+        The stream's chunks in flight are read first and kept. Raises the first
+        exception a job raised.
+        """
+        for chunk in list(self._in_flight):
+            self._collect(chunk)
+        self._pool.start()
+        pending: deque[_Chunk] = deque()
+        out: list[Any] = []
+        for start in range(0, len(items), self.chunk_size):
+            part = list(items[start:start + self.chunk_size])
+            if len(pending) >= self._capacity:
+                out.extend(self._take(pending.popleft()))
+            chunk = _Chunk(self._seq, None, len(part), [getattr(i, "key", None) for i in part])
+            self._seq += 1
+            self._pool.submit(chunk.seq, part)
+            self._in_flight.append(chunk)
+            pending.append(chunk)
+        while pending:
+            out.extend(self._take(pending.popleft()))
+        return out
+
+    def _take(self, chunk: _Chunk) -> list[Any]:
+        self._collect(chunk)
+        for result in chunk.results:
+            if isinstance(result, Failure):
+                raise result.error
+        if len(chunk.results) != chunk.size:
+            raise RuntimeError("the workers were stopped while rebuilding items")
+        return chunk.results
+
+    def shutdown(self) -> None:
+        """Stop the workers now; ``get_state()`` still describes the last item returned."""
+        self._pool.shutdown()
+        self._chunks.clear()
+        self._in_flight.clear()
+        self._source_done = True
+
+
+def _position(state: dict[str, Any] | None) -> tuple[Any, int]:
+    """``(source state, items to skip)`` from this node's state or torchdata ParallelMapper's (inline or threaded)."""
+    if state is None:
+        return None, 0
+    inner = state[STATE_KEY]
+    if "source" in inner:  # torchdata's inline form (num_workers=0)
+        return inner["source"], 0
+    return inner["snapshot"], int(inner["steps_since_snapshot"])
