@@ -73,17 +73,46 @@ class RemoteTraceback(Exception):
         return self.text
 
 
+def _rebuild_exception(cls: type, args: tuple, state: dict[str, Any]) -> BaseException:
+    """An exception of type ``cls`` with ``args`` and attributes ``state``, without calling its ``__init__``."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
+def _exception_payload(error: BaseException) -> bytes | None:
+    """``error`` pickled so that it unpickles with its type and attributes, or None.
+
+    The default pickling of an exception calls ``type(*args)`` on the way back,
+    which fails for the many exceptions whose ``__init__`` takes other arguments
+    (keywords, say); then the type, args and attributes are sent instead.
+    """
+    for candidate in (error, _Rebuild(error)):
+        try:
+            payload = pickle.dumps(candidate)
+            pickle.loads(payload)
+            return payload
+        except Exception:
+            continue
+    return None
+
+
+class _Rebuild:
+    def __init__(self, error: BaseException) -> None:
+        self.parts = (type(error), error.args, dict(vars(error)))
+
+    def __reduce__(self):
+        return _rebuild_exception, self.parts
+
+
 class _RemoteFailure:
     """An exception from a worker process, made picklable: the object if it pickles, and its traceback text."""
 
     def __init__(self, error: BaseException) -> None:
         self.text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
         self.summary = f"{type(error).__module__}.{type(error).__qualname__}: {error}"
-        try:
-            self.payload: bytes | None = pickle.dumps(error)
-            pickle.loads(self.payload)  # some exceptions pickle but cannot be rebuilt
-        except Exception:
-            self.payload = None
+        self.payload = _exception_payload(error)
 
     def to_failure(self) -> Failure:
         error: BaseException
@@ -245,11 +274,13 @@ class ProcessPool:
         process = context.Process(target=worker_main, args=(theirs, self._job_bytes, self.depth),
                                   name=f"audioloader-{self.what.replace(' ', '-')}-{index}", daemon=True)
         try:
-            process.start()
+            with _main_module_hidden(b"__main__" not in self._job_bytes):
+                process.start()
         except RuntimeError as error:
             raise WorkerError(_start_failed_message(self.what, error)) from error
         theirs.close()
         control = _wire.SharedSlot.create(8)
+        _set_generation(control, self._generation)
         slots = [_wire.SharedSlot.create(self.slot_bytes) for _ in range(self.depth)]
         for slot in [control, *slots]:
             reduction.send_handle(ours, slot.fd, process.pid)
@@ -353,6 +384,33 @@ class ProcessPool:
                 if worker.process.exitcode is not None:
                     raise WorkerError(f"{doing}: the process (pid {worker.process.pid}) "
                                       f"{_describe_exit(worker.process.exitcode)}")
+
+
+@contextlib.contextmanager
+def _main_module_hidden(hide: bool):
+    """Start processes that do not import the script being run (``__main__``), when ``hide``.
+
+    multiprocessing's spawn and fork-server children import the parent's main
+    module first, so that functions defined there can be unpickled; a script
+    without the ``if __name__ == "__main__":`` guard would then run again in
+    every worker. Our workers need ``__main__`` only when the job refers to
+    something defined there (a pickle names its module), so otherwise the main
+    module's ``__spec__``/``__file__``, which multiprocessing reads in
+    ``Process.start()`` to decide that import, are out of sight for that call:
+    scripts without the guard and notebooks work as they do with a fork.
+    """
+    main = sys.modules.get("__main__")
+    if not hide or main is None:
+        yield
+        return
+    saved = {name: main.__dict__[name] for name in ("__spec__", "__file__") if name in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
 
 
 def _set_generation(control: _wire.SharedSlot, generation: int) -> None:

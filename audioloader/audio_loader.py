@@ -6,7 +6,9 @@ import contextlib
 import functools
 import math
 import os
+import pickle
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -24,6 +26,7 @@ from .distributed import resolve_rank
 from .errors import CheckpointMismatchError
 from .loader import Loader
 from .nodes.arrow_shard_reader import ArrowShardReader
+from .nodes.batch_features import BatchFeatures
 from .nodes.batcher import Batcher
 from .nodes.catch_failures import CatchFailures
 from .nodes.decode_spectrogram import DecodeSpectrogram
@@ -33,6 +36,9 @@ from .samples import BadRow, Key, Sample
 from .stats import LoaderStats
 
 STATE_FORMAT = "audioloader.AudioLoader/1"
+
+#: ``worker_type="auto"`` decodes in processes on machines with at least this many cores, else in threads.
+AUTO_PROCESS_MIN_CORES = 4
 
 Source = str | Path | Sequence[str | Path]
 
@@ -97,6 +103,18 @@ class AudioLoader:
             chooses: True for local Arrow IPC shards, else False.
         max_error_fraction: error budget of ``on_error="skip"``.
         filesystem: a ``pyarrow.fs.FileSystem`` for the source paths.
+        worker_type: ``"thread"``, ``"process"`` or ``"auto"`` (processes on machines
+            with `AUTO_PROCESS_MIN_CORES` cores or more). Threads start instantly and
+            need nothing picklable; processes scale past the GIL with the cores and
+            leave the training loop's Python alone. Batches are identical either way.
+        start_method: how worker processes start: ``"forkserver"`` (default, safe
+            with threads and CUDA in this process), ``"spawn"`` or ``"fork"``.
+        device: None (default): features per sample in the decode workers. A torch
+            device (``"cuda"``): the workers deliver cropped waveforms and each
+            batch's features are computed there in one batched call on a side stream
+            (`BatchFeatures`); every tensor of the batch arrives on that device.
+            ``"cpu"`` runs the same batched code on the CPU (slower than the
+            default; it exists to check the GPU path against the CPU one).
     """
 
     def __init__(
@@ -125,8 +143,13 @@ class AudioLoader:
         shuffle_before_decode: bool | None = None,
         max_error_fraction: float = 0.01,
         filesystem: Any = None,
+        worker_type: str = "auto",
+        start_method: str | None = None,
+        device: str | torch.device | None = None,
     ) -> None:
         self._loader: Loader | None = None  # so __del__ works if construction fails
+        # The arguments, to rebuild this loader elsewhere (pickling: see __reduce__).
+        self._arguments = {name: value for name, value in locals().items() if name not in ("self", "__class__")}
         preset = TRAIN if train else EVAL
         self.train = bool(train)
         self.batch_size = _positive_int("batch_size", batch_size)
@@ -138,6 +161,9 @@ class AudioLoader:
         # 4 threads 299 samples/s, 8 threads 278); the preset's 8 is for big machines.
         default_workers = min(preset.num_workers, 2 * (os.cpu_count() or 1))
         self.num_workers = _non_negative_int("num_workers", _pick(num_workers, default_workers))
+        self.worker_type = _worker_type(worker_type, self.num_workers, augment)
+        self.start_method = start_method
+        self.device = _feature_device(device)
         self.shuffle_buffer_size = _positive_int("shuffle_buffer_size",
                                                  _pick(shuffle_buffer_size, preset.shuffle_buffer_size))
         self.shuffle_min_size = _non_negative_int("shuffle_min_size", _pick(shuffle_min_size,
@@ -162,21 +188,30 @@ class AudioLoader:
         self.audio_column = audio_column
         self.num_batches = self._count_batches() if not self.train else None
         root = self._build_chain(augment, on_error, max_error_fraction)
-        if pin_memory and not torch.cuda.is_available():
+        if self.device is not None:
+            root = BatchFeatures(root, self.features, self.device)
+        elif pin_memory and not torch.cuda.is_available():
             warnings.warn("pin_memory=True but CUDA is not available; batches are not pinned", stacklevel=2)
         elif pin_memory:
             root = PinMemory(root)
         self._loader = Loader(root)
         self._fingerprint = self._make_fingerprint(split_rows)
+        self._iterating = threading.Lock()  # held while an iterator of this loader is open
+        self._pid = os.getpid()
 
     # ----------------------------------------------------------------- chain
 
     def _build_chain(self, augment, on_error: str, max_error_fraction: float) -> BaseNode:
+        # Memory-mapped shards: a worker process reads its rows itself (zero-copy there)
+        # rather than getting the encoded audio copied over from here.
+        fetch = self.reader.fetcher if _raw_rows_are_free(self.reader) else None
+
         def make_decoder(source: BaseNode) -> DecodeSpectrogram:
             return DecodeSpectrogram(
                 source, self.features, seed=self.seed, train=self.train, num_workers=self.num_workers,
                 augment=augment, on_error=on_error, max_error_fraction=max_error_fraction,
-                stats=self.stats_counters)
+                stats=self.stats_counters, worker_type=self.worker_type, fetch=fetch,
+                start_method=self.start_method, compute_features=self.device is None)
 
         def make_buffer(source: BaseNode, restore) -> ShuffleBuffer:
             return ShuffleBuffer(source, self.shuffle_buffer_size, self.shuffle_min_size, seed=self.seed,
@@ -191,11 +226,17 @@ class AudioLoader:
             # A partial of a module function, not a bound method: the chain must not
             # point back at this AudioLoader, or dropping it would need gc to stop threads.
             tail = make_buffer(self.decoder, functools.partial(_restore_decoded, self.reader, self.decoder))
+        # With a feature device the batcher stacks cropped waveforms (in page-locked memory
+        # for a GPU) and BatchFeatures, after the prefetcher, makes the spectrograms.
+        per_sample = self.device is None
         batcher = Batcher(
             tail, self.batch_size, self.drop_last, num_batches=self.num_batches,
-            spectrogram_shape=(self.features.n_mels, self.features.n_frames),
+            spectrogram_shape=((self.features.n_mels, self.features.n_frames) if per_sample
+                               else (self.features.clip_samples,)),
             columns=self.columns, tensor_columns=_numeric_columns(self.reader.dataset.schema, self.columns),
-            has_labels=self.label_column is not None, stats=self.stats_counters)
+            has_labels=self.label_column is not None, stats=self.stats_counters,
+            features_key="spectrogram" if per_sample else "waveform",
+            pin_memory=not per_sample and self.device.type == "cuda")
         return Prefetcher(CatchFailures(batcher), prefetch_factor=self.prefetch_batches)
 
     def _count_batches(self) -> int:
@@ -208,32 +249,65 @@ class AudioLoader:
     # ------------------------------------------------------------- iteration
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Start iterating (a new pass, or where a loaded state says); one open iterator at a time.
+
+        Raises ``RuntimeError`` while another iterator of this loader is open (not
+        exhausted, closed or garbage-collected), e.g. in another thread: two
+        iterators would split one stream between them.
+        """
         if self._loader is None:
             raise RuntimeError("this AudioLoader failed to construct")
-        return self._batches(iter(self._loader))
+        if os.getpid() != self._pid:
+            raise RuntimeError(_FORKED_MESSAGE.format(pid=self._pid))
+        if not self._iterating.acquire(blocking=False):
+            raise RuntimeError(
+                "this AudioLoader is already being iterated (an iterator from an earlier iter(loader) or for-loop "
+                "is still open, perhaps in another thread); iterating twice would split one stream of batches "
+                "between the two. Use one iterator: finish or close the first (it.close(), or break out of its "
+                "for-loop) before starting another; for a second, independent stream build a second AudioLoader")
+        try:
+            it = iter(self._loader)
+        except BaseException:
+            self._iterating.release()
+            raise
+        return self._batches(it)
 
     def _batches(self, it: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         # A generator that holds `self`: the loader stays alive while it is iterated.
-        while True:
-            start = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration as end:
-                # torchdata re-raises a StopIteration object made in its thread and kept
-                # in its frames; with this frame in its traceback, `self` would sit in a
-                # reference cycle and the loader's threads would wait for gc to stop.
-                end.__traceback__ = None
-                return
-            except KeyboardInterrupt:
-                self.shutdown()
-                raise
-            self.stats_counters.add_seconds("wait", time.perf_counter() - start)
-            yield batch
+        # It holds `_iterating` from the first line of __iter__ to its end or close().
+        try:
+            while True:
+                if os.getpid() != self._pid:
+                    raise RuntimeError(_FORKED_MESSAGE.format(pid=self._pid))
+                start = time.perf_counter()
+                try:
+                    batch = next(it)
+                except StopIteration as end:
+                    # torchdata re-raises a StopIteration object made in its thread and kept
+                    # in its frames; with this frame in its traceback, `self` would sit in a
+                    # reference cycle and the loader's threads would wait for gc to stop.
+                    end.__traceback__ = None
+                    return
+                except KeyboardInterrupt:
+                    self.shutdown()
+                    raise
+                self.stats_counters.add_seconds("wait", time.perf_counter() - start)
+                yield batch
+        finally:
+            if os.getpid() == self._pid:
+                self._iterating.release()
+
+    def __getitem__(self, index: Any) -> Any:
+        raise TypeError("an AudioLoader is a data loader, not a dataset: iterate it directly (for batch in loader) "
+                        "instead of wrapping it in torch.utils.data.DataLoader; its own num_workers decode in "
+                        "parallel, and its batches are already collated")
 
     def __len__(self) -> int:
         if self.infinite:
             raise TypeError("len() of an infinite (train=True) AudioLoader is undefined; "
-                            "pass infinite=False for one pass per iteration, or train=False")
+                            "pass infinite=False for one pass per iteration, or train=False. (If a "
+                            "torch.utils.data.DataLoader asked: iterate the AudioLoader directly instead of "
+                            "wrapping it.)")
         if self.num_batches is not None:
             return self.num_batches
         rows = sum(split.num_rows for split in self.reader.splits_for_pass(0))
@@ -278,6 +352,20 @@ class AudioLoader:
                 "loader with the checkpoint's values for these fields:\n" + "\n".join(lines), differ)
         self._loader.load_state_dict(state_dict["loader"])
 
+    # ------------------------------------------------------------ pickling
+
+    def __reduce__(self):
+        """Pickle as the constructor's arguments plus the position: unpickled, a fresh loader that goes on from there.
+
+        Threads, worker processes and open files do not travel; the other side
+        builds its own chain, loads the state (if this loader had started) and
+        continues where this one was. The arguments must pickle: functions passed
+        as ``augment`` must be importable (module level, not lambdas).
+        """
+        loader = self._loader
+        positioned = loader is not None and (loader._it is not None or loader._next_iter_state_dict is not None)
+        return _rebuild_audio_loader, (self._arguments, self.state_dict() if positioned else None)
+
     # ------------------------------------------------------------ lifecycle
 
     def stats(self) -> dict[str, Any]:
@@ -302,6 +390,17 @@ class AudioLoader:
             return
         with contextlib.suppress(Exception):
             self.shutdown()
+
+
+_FORKED_MESSAGE = ("this AudioLoader was started in process {pid}; a forked child cannot use its threads or worker "
+                   "processes (it would wait forever): build the loader in the process that iterates it")
+
+
+def _rebuild_audio_loader(arguments: dict[str, Any], state: dict[str, Any] | None) -> AudioLoader:
+    loader = AudioLoader(**arguments)
+    if state is not None:
+        loader.load_state_dict(state)
+    return loader
 
 
 def _restore_decoded(reader: ArrowShardReader, decoder: DecodeSpectrogram, keys: Sequence[Key]) -> list[Sample]:
@@ -339,6 +438,46 @@ def _numeric_columns(schema: pa.Schema, columns: Sequence[str]) -> list[str]:
     """The extra columns whose Arrow type is integer, floating point or boolean (batched as tensors)."""
     numeric = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean)
     return [name for name in columns if any(test(schema.field(name).type) for test in numeric)]
+
+
+WORKER_TYPES = ("auto", "thread", "process")
+
+
+def _worker_type(worker_type: Any, num_workers: int, augment: Any) -> str:
+    """Resolve ``worker_type="auto"``: processes on `AUTO_PROCESS_MIN_CORES` cores or more, else threads.
+
+    An ``augment`` that cannot be sent to processes (a lambda, a closure) keeps
+    "auto" on threads, with a warning saying how to get processes.
+    """
+    if worker_type not in WORKER_TYPES:
+        raise ValueError(f"worker_type={worker_type!r}: must be one of {WORKER_TYPES}")
+    if worker_type != "auto":
+        return worker_type
+    if (os.cpu_count() or 1) < AUTO_PROCESS_MIN_CORES or num_workers == 0:
+        return "thread"
+    if augment is not None:
+        try:
+            pickle.dumps(augment)
+        except (pickle.PicklingError, TypeError, AttributeError):
+            warnings.warn("augment cannot be sent to worker processes (define it at the top level of a module, "
+                          "not as a lambda or inside a function), so decoding runs in threads; on many cores "
+                          "processes are faster (worker_type='process')", stacklevel=3)
+            return "thread"
+    return "process"
+
+
+def _feature_device(device: Any) -> torch.device | None:
+    if device is None:
+        return None
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device={device!r}: not a torch device ({error}); e.g. 'cuda', 'cuda:1', or None for "
+                         "features computed per sample in the decode workers") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r} but CUDA is not available on this machine; pass device=None "
+                         "to compute the features in the decode workers")
+    return device
 
 
 def _pick(value: Any, default: Any) -> Any:

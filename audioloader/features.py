@@ -136,3 +136,33 @@ def prepare_features(config: MelSpectrogramConfig) -> None:
     """Build the config's cached filterbanks now (in the calling thread), before workers use them."""
     sparse_mel_filterbank(config)
     hann_window(config.n_fft)
+
+
+@functools.lru_cache(maxsize=32)
+def _filterbank_on(config: MelSpectrogramConfig, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dense filterbank [n_mels, n_freqs], Hann window [n_fft])`` on ``device`` (cached; read-only)."""
+    return mel_filterbank(config).to(device), hann_window(config.n_fft).to(device)
+
+
+def log_mel_batch(waveforms: torch.Tensor, config: MelSpectrogramConfig) -> torch.Tensor:
+    """`log_mel` of a batch in one call, on the waveforms' device (a GPU, or the CPU).
+
+    Args:
+        waveforms: float32 ``[batch, samples]`` at ``config.sample_rate`` Hz.
+        config: the feature parameters.
+
+    Returns:
+        float32 ``[batch, n_mels, 1 + samples // hop_length]`` on the same device;
+        equal to `log_mel` of each row up to float32 rounding (the filterbank
+        product here is dense: on a GPU that is the fast way, and the order of
+        additions differs from the sparse one).
+    """
+    fb, window = _filterbank_on(config, str(waveforms.device))
+    spec = torch.stft(waveforms, config.n_fft, hop_length=config.hop_length, win_length=config.n_fft,
+                      window=window, center=True, pad_mode="reflect", normalized=False, onesided=True,
+                      return_complex=True)
+    power = spec.real.square().add_(spec.imag.square())  # [batch, n_freqs, frames]
+    mel = torch.matmul(fb, power)
+    if config.log:
+        mel.add_(config.log_offset).log_()
+    return mel

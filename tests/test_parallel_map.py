@@ -1,0 +1,303 @@
+"""ParallelMap: order, exact resume across worker counts and kinds, exceptions, dead workers, clean shutdown."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from torchdata.nodes import BaseNode, Loader
+
+from audioloader._pool import ProcessPool, WorkerError
+from audioloader.nodes.parallel_map import ParallelMap
+from audioloader.stats import LoaderStats
+
+SETUPS = [(0, "thread"), (1, "thread"), (3, "thread"), (1, "process"), (2, "process")]
+
+
+class Boom(Exception):
+    """An exception whose constructor needs a keyword (a rebuild from a string would lose it)."""
+
+    def __init__(self, message: str, *, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def tensor_of(i: int) -> dict:
+    """A result holding a tensor (travels through shared memory) and plain values."""
+    return {"i": i, "data": torch.full((300, 7), float(i)), "small": np.arange(i % 5)}
+
+
+def boom_at_7(i: int) -> int:
+    if i == 7:
+        raise Boom("seven", code=7)
+    return i * 10
+
+
+def die_at_5(i: int) -> int:
+    if i == 5:
+        os._exit(3)
+    return i
+
+
+def slow_square(i: int) -> int:
+    time.sleep(0.02)
+    return i * i
+
+
+class CountingJob:
+    """A picklable job with its own stats: worker processes report them back."""
+
+    def __init__(self) -> None:
+        self.stats = LoaderStats()
+
+    def __call__(self, i: int) -> int:
+        self.stats.add_seconds("work", 0.5)
+        return i + 1
+
+
+class Items(BaseNode):
+    """0..n-1 with an O(1) state; raises ``Boom`` instead of item ``fail_at``."""
+
+    def __init__(self, n: int, fail_at: int | None = None) -> None:
+        super().__init__()
+        self.n, self.fail_at = n, fail_at
+
+    def reset(self, initial_state=None):
+        super().reset(initial_state)
+        self.i = initial_state["i"] if initial_state else 0
+
+    def next(self):
+        if self.i == self.fail_at:
+            raise Boom("source failed", code=self.i)
+        if self.i >= self.n:
+            raise StopIteration
+        self.i += 1
+        return self.i - 1
+
+    def get_state(self):
+        return {"i": self.i}
+
+
+def mapper(job, n=40, num_workers=2, backend="thread", **kwargs) -> ParallelMap:
+    return ParallelMap(Items(n), job, num_workers=num_workers, backend=backend, **kwargs)
+
+
+def drain(node) -> list:
+    try:
+        return list(node)
+    finally:
+        node.shutdown()
+
+
+@pytest.mark.parametrize(("num_workers", "backend"), SETUPS)
+def test_results_in_source_order_with_tensors_intact(num_workers, backend):
+    got = drain(mapper(tensor_of, 30, num_workers, backend, chunk_size=4))
+    assert [r["i"] for r in got] == list(range(30))
+    for r in got:
+        assert torch.equal(r["data"], torch.full((300, 7), float(r["i"])))
+        assert np.array_equal(r["small"], np.arange(r["i"] % 5))
+
+
+def test_results_are_private_copies_that_outlive_the_slot():
+    node = mapper(tensor_of, 40, 2, "process", chunk_size=3, depth=1)
+    kept = [next(node) for _ in range(40)]  # every slot was rewritten many times since the first
+    node.shutdown()
+    assert all(torch.equal(r["data"], torch.full((300, 7), float(r["i"]))) for r in kept)
+    kept[0]["data"].add_(1)  # writable, and not shared with anything else
+    assert kept[1]["data"][0, 0] == 1.0
+
+
+@pytest.mark.parametrize("saved_with", SETUPS)
+def test_resume_is_exact_at_random_cuts_for_any_workers(saved_with):
+    rng = random.Random(SETUPS.index(saved_with))
+    for cut in sorted(rng.sample(range(1, 40), 4)):
+        node = mapper(slow_square, 40, *saved_with, chunk_size=3)
+        head = [next(node) for _ in range(cut)]
+        state = node.state_dict()
+        node.shutdown()
+        resumed_with = rng.choice(SETUPS)
+        other = mapper(slow_square, 40, *resumed_with, chunk_size=rng.choice([1, 2, 5]))
+        other.reset(state)
+        assert head + drain(other) == [i * i for i in range(40)], (cut, resumed_with)
+
+
+def test_resume_skips_items_instead_of_mapping_them_again():
+    calls = []
+
+    def record(i):
+        calls.append(i)
+        return i
+
+    node = ParallelMap(Items(20), record, num_workers=0)
+    [next(node) for _ in range(7)]
+    state = node.state_dict()
+    calls.clear()
+    again = ParallelMap(Items(20), record, num_workers=0)
+    again.reset(state)
+    assert list(again) == list(range(7, 20))
+    assert calls == list(range(7, 20))
+
+
+def test_accepts_torchdata_parallel_mapper_states():
+    assert drain_from({"it_state": {"snapshot": {"i": 5}, "steps_since_snapshot": 2}}) == list(range(7, 12))
+    assert drain_from({"it_state": {"source": {"i": 9}}}) == [9, 10, 11]
+
+
+def drain_from(state) -> list:
+    node = ParallelMap(Items(12), int, num_workers=2)
+    node.reset(state)
+    return drain(node)
+
+
+@pytest.mark.parametrize(("num_workers", "backend"), SETUPS)
+def test_job_exception_is_raised_in_place_then_iteration_goes_on(num_workers, backend):
+    node = mapper(boom_at_7, 12, num_workers, backend)
+    seen = [next(node) for _ in range(7)]
+    with pytest.raises(Boom) as info:
+        next(node)
+    assert info.value.code == 7
+    if backend == "process":  # the worker's traceback, as text
+        assert "boom_at_7" in str(info.value.__cause__)
+    seen += drain(node)
+    assert seen == [i * 10 for i in range(12) if i != 7]
+
+
+def test_job_exception_from_a_thread_keeps_its_traceback():
+    node = mapper(boom_at_7, 12, 2, "thread")
+    with pytest.raises(Boom) as info:
+        drain(node)
+    assert "boom_at_7" in [entry.name for entry in info.traceback]
+
+
+@pytest.mark.parametrize(("num_workers", "backend"), SETUPS)
+def test_source_exception_comes_after_earlier_items_then_the_node_ends(num_workers, backend):
+    node = ParallelMap(Items(20, fail_at=6), slow_square, num_workers=num_workers, backend=backend)
+    assert [next(node) for _ in range(6)] == [i * i for i in range(6)]
+    with pytest.raises(Boom) as info:
+        next(node)
+    assert info.value.code == 6
+    with pytest.raises(StopIteration):
+        next(node)
+    node.shutdown()
+
+
+def test_a_dead_worker_process_is_reported_not_waited_for():
+    node = mapper(die_at_5, 20, 2, "process", chunk_size=2)
+    assert [next(node) for _ in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(WorkerError, match=r"exited with code 3.*working on 2 items"):
+        next(node)
+    node.shutdown()
+
+
+def test_unpicklable_job_is_refused_with_the_fix():
+    with pytest.raises(TypeError, match="importable"):
+        mapper(lambda i: i, 4, 2, "process")
+
+
+def test_worker_stats_reach_the_consumer():
+    stats = LoaderStats()
+    drain(ParallelMap(Items(6), CountingJob(), num_workers=2, backend="process", chunk_size=2, stats=stats))
+    assert stats.snapshot()["seconds"]["work"] == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_map_all_keeps_the_stream_intact(backend):
+    node = mapper(slow_square, 30, 2, backend, chunk_size=2)
+    head = [next(node) for _ in range(5)]
+    assert node.map_all(list(range(100, 111))) == [i * i for i in range(100, 111)]
+    assert head + drain(node) == [i * i for i in range(30)]
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_reset_mid_stream_cancels_work_in_flight(backend):
+    node = mapper(slow_square, 400, 2, backend, chunk_size=20)
+    next(node)
+    started = time.perf_counter()
+    node.reset()  # 4 chunks of 20 x 20 ms were in flight: they stop after their current item
+    assert time.perf_counter() - started < 0.4 + 0.4 * (backend == "process")
+    assert [next(node) for _ in range(3)] == [0, 1, 4]
+    node.shutdown()
+
+
+def children() -> set[int]:
+    import multiprocessing
+
+    return {p.pid for p in multiprocessing.active_children()}
+
+
+def test_shutdown_leaves_no_process_or_thread_behind():
+    before_threads = set(threading.enumerate())
+    before = children()
+    for _ in range(3):
+        node = mapper(slow_square, 50, 2, "process")
+        next(node)
+        node.shutdown()
+        node.reset()  # starts again after a shutdown
+        assert next(node) == 0
+        node.shutdown()
+    assert children() == before
+    assert not [t for t in set(threading.enumerate()) - before_threads if t.is_alive()]
+
+
+def test_shutdown_from_another_thread_ends_a_waiting_consumer():
+    node = mapper(slow_square, 10_000, 2, "process", chunk_size=50)
+    next(node)
+    ended = threading.Event()
+
+    def consume():
+        for _ in node:
+            pass
+        ended.set()
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    time.sleep(0.05)
+    node.shutdown()
+    thread.join(5)
+    assert ended.is_set()
+
+
+def test_under_a_loader_resume_across_backends():
+    def build(backend):
+        return Loader(ParallelMap(Items(25), slow_square, num_workers=2, backend=backend, chunk_size=3))
+
+    loader = build("process")
+    it = iter(loader)
+    head = [next(it) for _ in range(9)]
+    state = loader.state_dict()
+    loader.root.shutdown()
+    resumed = build("thread")
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == [i * i for i in range(25)]
+    resumed.root.shutdown()
+
+
+def test_forked_child_cannot_use_the_parents_workers():
+    node = mapper(slow_square, 20, 2, "process")
+    next(node)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: must get an error at once, not a hang
+        try:
+            next(node)
+            os.write(write, b"no error")
+        except RuntimeError as error:
+            os.write(write, b"error: " + str(error).encode()[:200])
+        os._exit(0)
+    os.waitpid(pid, 0)
+    message = os.read(read, 300).decode()
+    assert message.startswith("error:") and "build the loader in the process that iterates it" in message
+    assert next(node) == 1  # the parent is unaffected
+    node.shutdown()
+
+
+def test_pool_start_method_is_configurable():
+    pool = ProcessPool(slow_square, 1, start_method="spawn")
+    assert pool.start_method == "spawn"
+    node = ParallelMap(Items(5), slow_square, num_workers=1, backend="process", start_method="spawn")
+    assert drain(node) == [0, 1, 4, 9, 16]
