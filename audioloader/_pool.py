@@ -36,6 +36,8 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from multiprocessing import reduction
 from typing import Any
 
+import tblib
+
 from . import _wire
 from .samples import Failure
 
@@ -107,12 +109,21 @@ class _Rebuild:
 
 
 class _RemoteFailure:
-    """An exception from a worker process, made picklable: the object if it pickles, and its traceback text."""
+    """An exception from a worker process, made picklable: the exception and its traceback.
+
+    The traceback travels as tblib's plain-data form and is rebuilt on the
+    consumer's side, so the exception is raised there with the worker's frames
+    (file, line, function) followed by the consumer's, as a thread would give it.
+    """
 
     def __init__(self, error: BaseException) -> None:
         self.text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
         self.summary = f"{type(error).__module__}.{type(error).__qualname__}: {error}"
         self.payload = _exception_payload(error)
+        try:
+            self.frames: dict[str, Any] | None = tblib.Traceback(error.__traceback__).as_dict()
+        except Exception:  # a traceback tblib cannot represent: the text below still goes
+            self.frames = None
 
     def to_failure(self) -> Failure:
         error: BaseException
@@ -120,7 +131,14 @@ class _RemoteFailure:
             error = pickle.loads(self.payload)
         else:
             error = RuntimeError(f"{self.summary} (in a worker process; the exception could not be pickled)")
-        error.__cause__ = RemoteTraceback(f'\n"""\n{self.text}"""')
+        rebuilt = None
+        if self.frames is not None:
+            with contextlib.suppress(Exception):
+                rebuilt = tblib.Traceback.from_dict(self.frames).as_traceback()
+        if rebuilt is not None:
+            error = error.with_traceback(rebuilt)
+        else:
+            error.__cause__ = RemoteTraceback(f'\n"""\n{self.text}"""')
         return Failure(error)
 
 

@@ -38,7 +38,9 @@ from .stats import LoaderStats
 STATE_FORMAT = "audioloader.AudioLoader/1"
 
 #: ``worker_type="auto"`` decodes in processes on machines with at least this many cores, else in threads.
-AUTO_PROCESS_MIN_CORES = 4
+#: Measured on 2 cores with a training step in the loop (benchmarks/bench_train_loop.py): processes 928 vs
+#: threads 754 samples/s on PCM16, even on FLAC; on 16 cores threads stop scaling at 5-10 busy cores.
+AUTO_PROCESS_MIN_CORES = 2
 
 Source = str | Path | Sequence[str | Path]
 
@@ -157,11 +159,13 @@ class AudioLoader:
         self.features = features if features is not None else MelSpectrogramConfig()
         if not isinstance(self.features, MelSpectrogramConfig):
             raise TypeError(f"features must be a MelSpectrogramConfig, got {type(self.features).__name__}")
-        # More decode threads than 2 per core only add switching (benchmark, 2 cores:
-        # 4 threads 299 samples/s, 8 threads 278); the preset's 8 is for big machines.
-        default_workers = min(preset.num_workers, 2 * (os.cpu_count() or 1))
+        cores = os.cpu_count() or 1
+        self.worker_type = _worker_type(worker_type, 1 if num_workers is None else num_workers, augment)
+        # Processes: one per core (they scale to all of them; more only adds switching).
+        # Threads: 2 per core, up to the preset's (benchmark, 2 cores: 4 threads 299 samples/s,
+        # 8 threads 278; past ~8 threads the GIL stops them scaling).
+        default_workers = cores if self.worker_type == "process" else min(preset.num_workers, 2 * cores)
         self.num_workers = _non_negative_int("num_workers", _pick(num_workers, default_workers))
-        self.worker_type = _worker_type(worker_type, self.num_workers, augment)
         self.start_method = start_method
         self.device = _feature_device(device)
         self.shuffle_buffer_size = _positive_int("shuffle_buffer_size",
@@ -266,9 +270,11 @@ class AudioLoader:
                 "between the two. Use one iterator: finish or close the first (it.close(), or break out of its "
                 "for-loop) before starting another; for a second, independent stream build a second AudioLoader")
         try:
-            it = iter(self._loader)
-        except BaseException:
+            it = iter(self._loader)  # may restore a shuffle buffer: seconds of decoding
+        except BaseException as error:
             self._iterating.release()
+            if isinstance(error, KeyboardInterrupt):
+                self.shutdown()
             raise
         return self._batches(it)
 

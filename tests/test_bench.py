@@ -5,6 +5,9 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +16,7 @@ import pytest
 import soundfile as sf
 
 from audioloader import bench, cli
-from benchmarks import dataset
+from audioloader.bench import dataset
 
 # A few 6 s clips (longer than the 5 s crop), batches of 2, no measurement window:
 # every contender yields one or two batches and exits.
@@ -108,6 +111,19 @@ def test_bench_json_flag_prints_json(tmp_path, capsys):
     assert status == 0
     assert set(out["contenders"]) == {"audioloader-train-w2", "ceiling"}
     assert out["ratios"]["audioloader-train-w2 / baseline-torchaudio"] is None  # no baseline: no ratio
+
+
+def test_bench_runs_from_an_installed_package_outside_a_checkout(tmp_path):
+    # From another folder the checkout's benchmarks/ is not importable: the command must not need it.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-m", "audioloader", "bench", *TINY, "--cache-dir", str(tmp_path / "c"),
+                           "--skip", "eval,soxr,packed,resume"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "baseline-torchaudio" in done.stdout and "targets:" in done.stdout
+    probe = subprocess.run([sys.executable, "-c", "import benchmarks"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True)
+    assert probe.returncode != 0  # the checkout's benchmarks/ really was out of reach
 
 
 def test_bench_rejects_bad_options(tmp_path, capsys):

@@ -161,17 +161,9 @@ def test_job_exception_is_raised_in_place_then_iteration_goes_on(num_workers, ba
     with pytest.raises(Boom) as info:
         next(node)
     assert info.value.code == 7
-    if backend == "process":  # the worker's traceback, as text
-        assert "boom_at_7" in str(info.value.__cause__)
+    assert "boom_at_7" in [entry.name for entry in info.traceback]  # the worker's frames, even from a process
     seen += drain(node)
     assert seen == [i * 10 for i in range(12) if i != 7]
-
-
-def test_job_exception_from_a_thread_keeps_its_traceback():
-    node = mapper(boom_at_7, 12, 2, "thread")
-    with pytest.raises(Boom) as info:
-        drain(node)
-    assert "boom_at_7" in [entry.name for entry in info.traceback]
 
 
 @pytest.mark.parametrize(("num_workers", "backend"), SETUPS)

@@ -104,7 +104,7 @@ def test_user_exception_from_a_process_keeps_type_attributes_and_worker_tracebac
     with loader_for(ipc, augment=broken, worker_type="process") as loader, pytest.raises(Broke) as info:
         take(loader, 1)
     assert info.value.detail == "kept"
-    assert "in broken" in str(info.value.__cause__)
+    assert "broken" in [entry.name for entry in info.traceback]  # the worker's frames, rebuilt here
 
 
 def test_lambda_augment_with_processes_is_refused_with_the_fix(ipc):
@@ -113,7 +113,7 @@ def test_lambda_augment_with_processes_is_refused_with_the_fix(ipc):
 
 
 def test_auto_uses_threads_on_small_machines_and_for_unpicklable_augments(ipc, monkeypatch):
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
     assert loader_for(ipc).worker_type == "thread"
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     assert loader_for(ipc).worker_type == "process"

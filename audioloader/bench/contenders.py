@@ -7,7 +7,7 @@ bands, ``log(mel + 1e-6)``), float32 ``[64, 128, 501]``, plus labels.
 Contenders (``kind`` in the spec):
 
 - ``audioloader``: `audioloader.AudioLoader`, train or eval mode.
-- ``baseline``: what a user writes today without audioloader (`benchmarks.baseline`):
+- ``baseline``: what a user writes today without audioloader (`audioloader.bench.baseline`):
   a map-style ``torch.utils.data.Dataset`` over the same shards (pyarrow
   memory-mapped tables, soundfile decode of the whole file,
   ``torchaudio.functional.resample`` or soxr, random 5 s crop,
@@ -18,13 +18,14 @@ Contenders (``kind`` in the spec):
   loop on one thread with one torch thread: no framework, no queues, no
   collation. Its rate times the number of cores is what a perfect parallel
   loader could reach on this machine.
+- ``decode_threads``: the same function in N plain threads at once.
 - ``resume_save`` / ``resume_load``: a train-mode AudioLoader whose shuffle
   buffer is filled to capacity, checkpointed with ``torch.save``; then, in a
   new process, ``load_state_dict`` and the first batch.
 
-Protocol: ``python -m benchmarks.contenders '<json spec>'`` prints one line
+Protocol: ``python -m audioloader.bench.contenders '<json spec>'`` prints one line
 ``BENCH-RESULT <json>`` on stdout. The parent samples the memory of this
-process and its children from /proc while it runs (see `audioloader.bench`).
+process and its children from /proc while it runs (see `audioloader.bench.runner`).
 
 Units: seconds (``*_s``), bytes (``*_bytes``), samples per second (``samples_per_s``).
 """
@@ -142,6 +143,7 @@ def measure_stream(batches: Iterator[Any], *, started: float, batch_size: int, w
         raise RuntimeError("the stream produced no batch")
     window_start = time.perf_counter()
     cpu_start = tree_cpu_seconds()
+    own_start = time.process_time()
     samples = measured = 0
     elapsed = 0.0
     for batch in batches:
@@ -155,6 +157,7 @@ def measure_stream(batches: Iterator[Any], *, started: float, batch_size: int, w
                 max_batches is not None and measured >= max_batches):
             break
     cpu = tree_cpu_seconds() - cpu_start
+    own = time.process_time() - own_start
     return {
         "first_batch_s": first,
         "warmup_batches": seen,
@@ -166,6 +169,9 @@ def measure_stream(batches: Iterator[Any], *, started: float, batch_size: int, w
         "cores_used": cpu / elapsed if elapsed > 0 else None,
         # Work per sample, insensitive to how many cores other processes left us.
         "samples_per_cpu_s": samples / cpu if cpu > 0 else None,
+        # Cores used by the consuming process alone (its threads, not worker processes): the
+        # part that does not scale out, and what competes with a training loop's Python.
+        "main_process_cores": own / elapsed if elapsed > 0 else None,
     }
 
 
@@ -186,7 +192,8 @@ def run_audioloader(spec: dict[str, Any]) -> dict[str, Any]:
     # shuffle_before_decode: None = the library's default for these shards (spec may force either order).
     options: dict[str, Any] = {"batch_size": spec["batch_size"], "train": train, "seed": 0,
                                "features": _features(), "num_workers": spec["workers"],
-                               "shuffle_before_decode": spec.get("shuffle_before_decode")}
+                               "shuffle_before_decode": spec.get("shuffle_before_decode"),
+                               "worker_type": spec.get("worker_type", "auto")}
     if spec.get("buffer") is not None:
         options["shuffle_buffer_size"] = spec["buffer"]
     if spec.get("min_fill") is not None:
@@ -218,7 +225,7 @@ def run_audioloader(spec: dict[str, Any]) -> dict[str, Any]:
     loader.shutdown()
     result.update(construct_s=construct_s, shuffle_buffer_size=loader.shuffle_buffer_size,
                   shuffle_min_size=loader.shuffle_min_size, num_workers=loader.num_workers,
-                  shuffle_before_decode=loader.shuffle_before_decode,
+                  shuffle_before_decode=loader.shuffle_before_decode, worker_type=loader.worker_type,
                   stage_seconds=stats["seconds"], counters=stats["counters"])
     return result
 
@@ -243,31 +250,21 @@ def _valid_count(batch: dict[str, Any]) -> int:
 
 
 def run_baseline(spec: dict[str, Any]) -> dict[str, Any]:
-    """The user baseline (`benchmarks.baseline`): ``DataLoader(num_workers=2, shuffle=True, batch_size=64)``.
+    """The user baseline (`audioloader.bench.baseline`) under ``DataLoader(num_workers=N, batch_size=64)``.
 
-    The window stays inside the first epoch (``max_batches``), as it would with
-    a long training set: no epoch-end worker restart is counted.
+    One long shuffled epoch (``RandomSampler(num_samples=10**8)``), as a large
+    training set would be: no worker restart at an epoch's end inside the window.
     """
-    from benchmarks.baseline import make_loader
+    from .baseline import make_loader
 
     started = time.perf_counter()
-    loader = make_loader(spec["source"], spec["resampler"], spec["batch_size"], spec["workers"])
+    loader = make_loader(spec["source"], spec["resampler"], spec["batch_size"], spec["workers"], samples=10**8)
     construct_s = time.perf_counter() - started
-    per_epoch = len(loader)
-    max_batches = spec.get("max_batches")
-    in_epoch = per_epoch - spec["warmup_batches"] - 1  # the last, partial batch is left out too
-    if in_epoch >= 1:
-        max_batches = in_epoch if max_batches is None else min(max_batches, in_epoch)
-
-    def epochs():
-        while True:
-            yield from loader
-
-    result = measure_stream(epochs(), started=started, batch_size=spec["batch_size"],
+    result = measure_stream(iter(loader), started=started, batch_size=spec["batch_size"],
                             warmup_batches=spec["warmup_batches"], measure_seconds=spec["measure_seconds"],
-                            min_batches=spec["min_batches"], max_batches=max_batches,
+                            min_batches=spec["min_batches"], max_batches=spec.get("max_batches"),
                             count=lambda b: len(b[1]), spectrogram=lambda b: b[0])
-    result.update(construct_s=construct_s, num_workers=spec["workers"], batches_per_epoch=per_epoch)
+    result.update(construct_s=construct_s, num_workers=spec["workers"])
     return result
 
 
@@ -289,6 +286,9 @@ def run_ceiling(spec: dict[str, Any]) -> dict[str, Any]:
     for _ in range(warmup):
         node.decode(next(reader))
     raws = [next(reader) for _ in range(spec["max_samples"])]  # read outside the timed loop
+    if spec.get("wait_go"):  # several of these start their windows together (see benchmarks/bench_scaling.py)
+        print("READY", flush=True)
+        sys.stdin.readline()
     start = time.perf_counter()
     cpu_start = time.process_time()
     done = 0
@@ -308,6 +308,54 @@ def run_ceiling(spec: dict[str, Any]) -> dict[str, Any]:
             "samples_per_cpu_s": done / cpu if cpu > 0 else None,
             "measured_samples": done, "measured_s": elapsed, "cores_used": cpu / elapsed,
             "ms_per_sample": 1000 * elapsed / done, "stage_seconds": node.stats.snapshot()["seconds"]}
+
+
+def run_decode_threads(spec: dict[str, Any]) -> dict[str, Any]:
+    """``DecodeSpectrogram.decode`` in ``workers`` plain Python threads (no framework, no queues), rows read before.
+
+    Shows how far threads alone scale the per-sample function on this machine
+    (the GIL is re-taken between its many short GIL-free calls).
+    """
+    import threading
+
+    import torch
+
+    from audioloader._threads import pin_worker_to_one_thread
+    from audioloader.nodes.arrow_shard_reader import ArrowShardReader
+    from audioloader.nodes.decode_spectrogram import DecodeSpectrogram
+
+    reader = ArrowShardReader(spec["source"], seed=0, shuffle=True, infinite=True)
+    reader.reset()
+    node = DecodeSpectrogram(reader, _features(), seed=0, train=True, num_workers=0)
+    raws = [next(reader) for _ in range(spec["max_samples"])]
+    n, user = spec["workers"], torch.get_num_threads()
+    go, stop = threading.Event(), threading.Event()
+    counts = [0] * n
+
+    def work(k: int) -> None:
+        pin_worker_to_one_thread(user)
+        node.decode(raws[k % len(raws)])  # warm-up
+        go.wait()
+        i = k
+        while not stop.is_set():
+            node.decode(raws[i % len(raws)])
+            counts[k] += 1
+            i += n
+
+    threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(n)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    cpu_start, start = time.process_time(), time.perf_counter()
+    go.set()
+    time.sleep(spec["measure_seconds"])
+    done, elapsed = sum(counts), time.perf_counter() - start
+    cpu = time.process_time() - cpu_start
+    stop.set()
+    for thread in threads:
+        thread.join()
+    return {"samples_per_s": done / elapsed, "measured_samples": done, "measured_s": elapsed,
+            "cores_used": cpu / elapsed, "samples_per_cpu_s": done / cpu if cpu > 0 else None, "workers": n}
 
 
 # -- resume ------------------------------------------------------------------------------------------------
@@ -373,6 +421,7 @@ CONTENDERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "audioloader": run_audioloader,
     "baseline": run_baseline,
     "ceiling": run_ceiling,
+    "decode_threads": run_decode_threads,
     "resume_save": run_resume_save,
     "resume_load": run_resume_load,
 }

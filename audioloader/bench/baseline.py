@@ -77,7 +77,13 @@ class ArrowAudioDataset(torch.utils.data.Dataset):
 
 
 def make_loader(folder: str | Path, resampler: str = "torchaudio", batch_size: int = 64,
-                num_workers: int = 2) -> torch.utils.data.DataLoader:
-    """``DataLoader(ArrowAudioDataset(folder), batch_size, shuffle=True, num_workers)``."""
-    return torch.utils.data.DataLoader(ArrowAudioDataset(folder, resampler), batch_size=batch_size, shuffle=True,
+                num_workers: int = 2, samples: int | None = None) -> torch.utils.data.DataLoader:
+    """``DataLoader(ArrowAudioDataset(folder), batch_size, shuffle=True, num_workers)``.
+
+    ``samples``: one shuffled epoch of that many samples (``RandomSampler(num_samples=...)``), so a
+    measurement on a small dataset is not dominated by the worker restarts at each epoch's end.
+    """
+    dataset = ArrowAudioDataset(folder, resampler)
+    sampler = torch.utils.data.RandomSampler(dataset, num_samples=samples) if samples else None
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=sampler is None, sampler=sampler,
                                        num_workers=num_workers)

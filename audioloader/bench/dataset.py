@@ -28,8 +28,8 @@ Layout of one cached dataset::
 
 Command line (prints the shards folder)::
 
-    python -m benchmarks.dataset --clips 1000 --seconds 10 --codec flac
-    python -m benchmarks.dataset --clips 1000 --packed 32000:pcm16
+    python -m audioloader.bench.dataset --clips 1000 --seconds 10 --codec flac
+    python -m audioloader.bench.dataset --clips 1000 --packed 32000:pcm16
 """
 
 from __future__ import annotations
@@ -302,7 +302,7 @@ def dataset_bytes(folder: str | os.PathLike[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.dataset", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m audioloader.bench.dataset", description=__doc__.split("\n\n")[0])
     parser.add_argument("--clips", type=int, default=DatasetSpec.clips)
     parser.add_argument("--seconds", type=float, default=DatasetSpec.seconds)
     parser.add_argument("--sample-rate", type=int, default=DatasetSpec.sample_rate)

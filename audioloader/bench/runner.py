@@ -1,0 +1,186 @@
+"""Running one contender in a fresh process and measuring its whole process tree (memory, CPU, disturbance)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from . import contenders
+from .contenders import cores, tree_pids
+from .settings import DISTURBED_CORES
+
+# -- measuring one process tree ----------------------------------------------------------------------------
+
+
+def _status_kb(pid: int) -> tuple[int, int]:
+    """(VmRSS, RssAnon) of ``pid`` in KiB; zeros if it is gone."""
+    rss = anon = 0
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1])
+                elif line.startswith("RssAnon:"):
+                    anon = int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return rss, anon
+
+
+def _cpu_ticks(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _machine_busy_ticks() -> int | None:
+    """Busy CPU ticks of the whole machine (all cores) from /proc/stat."""
+    try:
+        with open("/proc/stat") as fh:
+            values = [int(v) for v in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal ...: busy = all but idle and iowait.
+    return sum(values[:8]) - values[3] - values[4]
+
+
+class TreeSampler(threading.Thread):
+    """Samples the memory and CPU time of a process and all its descendants every ``interval`` s."""
+
+    def __init__(self, pid: int, interval: float = 0.05) -> None:
+        super().__init__(name="bench-sampler", daemon=True)
+        self.pid = pid
+        self.interval = interval
+        self.peak_rss_kb = 0
+        self.peak_anon_kb = 0
+        self.max_processes = 0
+        self.cpu_ticks: dict[int, int] = {}  # last seen per pid (a worker's ticks outlive it)
+        self._halt = threading.Event()
+        self._tree_pids = tree_pids
+
+    def sample(self) -> None:
+        pids = self._tree_pids(self.pid)
+        rss = anon = alive = 0
+        for pid in pids:
+            r, a = _status_kb(pid)
+            rss += r
+            anon += a
+            alive += r > 0
+            ticks = _cpu_ticks(pid)
+            if ticks:
+                self.cpu_ticks[pid] = max(ticks, self.cpu_ticks.get(pid, 0))
+        self.peak_rss_kb = max(self.peak_rss_kb, rss)
+        self.peak_anon_kb = max(self.peak_anon_kb, anon)
+        self.max_processes = max(self.max_processes, alive)
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.sample()
+            self._halt.wait(self.interval)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self.cpu_ticks.values()) / os.sysconf("SC_CLK_TCK")
+
+
+def run_contender(spec: dict[str, Any], timeout: float, log) -> dict[str, Any]:
+    """Run one contender in a fresh process; its result plus memory, wall time and disturbance."""
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(spec.get("env") or {})
+    tick = os.sysconf("SC_CLK_TCK")
+    busy_before = _machine_busy_ticks()
+    own_before = time.process_time()
+    started = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "audioloader.bench.contenders", json.dumps(spec)],
+                                env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        sampler = TreeSampler(proc.pid)
+        sampler.start()
+        lines: list[str] = []
+        got_result = threading.Event()
+
+        def read() -> None:
+            for line in proc.stdout:
+                lines.append(line)
+                if line.startswith(contenders.RESULT_PREFIX):
+                    got_result.set()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        got_result.wait(timeout)
+        result_at = time.perf_counter()
+        exit_hang = False
+        try:
+            # A contender that printed its result but does not exit is a bug worth seeing (a thread left
+            # running, a hang at interpreter shutdown): give it 30 s, then kill it and say so.
+            proc.wait(30 if got_result.is_set() else 1)
+        except subprocess.TimeoutExpired:
+            exit_hang = got_result.is_set()
+            _kill_tree(proc.pid, tree_pids)
+            proc.wait()
+        wall = time.perf_counter() - started
+        sampler.stop()
+        reader.join(5)
+        err.seek(0)
+        stderr_tail = err.read()[-3000:]
+    busy_after = _machine_busy_ticks()
+    result_line = next((line for line in lines if line.startswith(contenders.RESULT_PREFIX)), None)
+    if result_line is None:
+        why = "timed out" if not got_result.is_set() and wall >= timeout else f"exited with {proc.returncode}"
+        result: dict[str, Any] = {"ok": False, "error": f"contender {why} without a result",
+                                  "stderr": stderr_tail}
+    else:
+        result = json.loads(result_line[len(contenders.RESULT_PREFIX):])
+        if not result.get("ok"):
+            result["stderr"] = stderr_tail
+    result.update(peak_rss_bytes=sampler.peak_rss_kb * 1024, peak_rss_anon_bytes=sampler.peak_anon_kb * 1024,
+                  processes=sampler.max_processes, wall_s=wall, exit_s=time.perf_counter() - result_at,
+                  exit_hang=exit_hang)
+    if exit_hang:
+        log(f"  warning: {spec['kind']} printed its result but did not exit within 30 s; killed "
+            f"(stderr tail: {stderr_tail[-500:]!r})")
+    if busy_before is not None and busy_after is not None and wall > 0:
+        own = time.process_time() - own_before
+        others = (busy_after - busy_before) / tick - sampler.cpu_seconds - own
+        result["others_cores"] = max(0.0, others / wall)
+        result["disturbed"] = result["others_cores"] > DISTURBED_CORES
+    return result
+
+
+def _kill_tree(pid: int, tree_pids) -> None:
+    import signal
+
+    for p in reversed(tree_pids(pid)):  # children first; every pid here descends from our own child
+        with contextlib.suppress(OSError):
+            os.kill(p, signal.SIGKILL)
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+    cpu = platform.processor() or ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as fh:
+        cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
+    try:
+        load = list(os.getloadavg())
+    except OSError:
+        load = None
+    return {"cores": cores(), "cpu": cpu, "python": platform.python_version(), "torch": torch.__version__,
+            "platform": platform.platform(), "loadavg_end": load}
+
+
