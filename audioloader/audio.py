@@ -348,14 +348,15 @@ def crop_offset(length: int, clip_samples: int, *, train: bool, draw: Callable[[
     return draw(max_offset + 1) if train else max_offset // 2
 
 
-def fit(signal: np.ndarray, clip_samples: int, offset: int, *, train: bool) -> np.ndarray:
+def fit(signal: np.ndarray, clip_samples: int, offset: int, *, train: bool, pad: bool = True) -> np.ndarray:
     """Cut ``signal[offset:offset + clip_samples]``, or zero-pad a short signal.
 
     Padding: at the end when ``train``; split equally on both sides in eval,
-    the odd sample at the end. Returns float32 ``[clip_samples]`` (a fresh array).
+    the odd sample at the end. Returns float32 ``[clip_samples]`` (a fresh array);
+    with ``pad=False`` a short signal comes back whole, unpadded.
     """
     n = len(signal)
-    if n >= clip_samples:
+    if n >= clip_samples or not pad:
         return np.array(signal[offset:offset + clip_samples], dtype=np.float32)
     out = np.zeros(clip_samples, dtype=np.float32)
     left = 0 if train else (clip_samples - n) // 2
@@ -483,28 +484,31 @@ def _pcm16_wav(data: Any) -> tuple[np.ndarray, int] | None:
 
 
 def _load_pcm16_at_rate(pcm: np.ndarray, clip_samples: int, *, train: bool,
-                        draw: Callable[[int], int]) -> np.ndarray:
+                        draw: Callable[[int], int], pad: bool) -> np.ndarray:
     """Crop int16 ``[n, channels]`` already at the target rate: float32 mono ``[clip_samples]``."""
     offset = crop_offset(len(pcm), clip_samples, train=train, draw=draw)
     part = pcm[offset:offset + clip_samples].astype(np.float32)
     part *= np.float32(1 / 32768)  # the scale soundfile uses for PCM16 -> float32
-    return fit(mixdown(part), clip_samples, 0, train=train)
+    return fit(mixdown(part), clip_samples, 0, train=train, pad=pad)
 
 
-def load_clip(data: Any, target_rate: int, clip_samples: int, *, train: bool,
-              draw: Callable[[int], int], window: bool = True, timer: Timer | None = None) -> np.ndarray:
+def load_clip(data: Any, target_rate: int, clip_samples: int | None, *, train: bool,
+              draw: Callable[[int], int], window: bool = True, timer: Timer | None = None,
+              pad: bool = True) -> np.ndarray:
     """Decode encoded audio into one crop: float32 mono ``[clip_samples]`` at ``target_rate`` Hz.
 
     Args:
         data: encoded bytes (``bytes``, ``pyarrow.Buffer``, ``memoryview``, ...).
         target_rate: output sample rate in Hz.
-        clip_samples: crop length in output samples.
+        clip_samples: crop length in output samples; ``None``: the whole signal.
         train: random crop (``draw``) and end padding, else centre crop and centred padding.
         draw: ``draw(n) -> int in [0, n)``, the seeded crop offset (used in train mode).
         window: decode only the crop window where the format allows; False always
             decodes everything (the reference path). Both give the same crop.
         timer: ``timer(stage, seconds)`` receives the time of the "decode" and
             "resample" stages.
+        pad: False returns a signal shorter than ``clip_samples`` whole, unpadded
+            (whole utterances cut to a maximum length).
 
     Raises:
         DecodeError: the audio cannot be decoded; ``.reason`` says why.
@@ -512,13 +516,15 @@ def load_clip(data: Any, target_rate: int, clip_samples: int, *, train: bool,
     start = time.perf_counter()
     wav = _pcm16_wav(data) if window and data is not None else None
     if wav is not None and wav[1] == target_rate:
-        clip = _load_pcm16_at_rate(wav[0], clip_samples, train=train, draw=draw)
+        pcm = wav[0]
+        clip = _load_pcm16_at_rate(pcm, len(pcm) if clip_samples is None else clip_samples, train=train,
+                                   draw=draw, pad=pad)
         _timed(timer, "decode", start)
         return clip
     handle, nbytes = _open(data)
     with handle:
         info = _info(handle)
-        if window and info.exact_seek:
+        if window and info.exact_seek and clip_samples is not None:
             length = resampled_length(info.frames, info.sample_rate, target_rate)
             if length > clip_samples:
                 offset = crop_offset(length, clip_samples, train=train, draw=draw)
@@ -528,5 +534,64 @@ def load_clip(data: Any, target_rate: int, clip_samples: int, *, train: bool,
                 _seek(handle, 0)
                 start = time.perf_counter()
         signal = _decode_all(handle, info, nbytes, target_rate, timer, start)
+    if clip_samples is None:
+        return signal
     offset = crop_offset(len(signal), clip_samples, train=train, draw=draw)
-    return fit(signal, clip_samples, offset, train=train)
+    return fit(signal, clip_samples, offset, train=train, pad=pad)
+
+
+# ---------------------------------------------------------------------------
+# duration from the header, without decoding
+
+def _wav_seconds(view: memoryview) -> float | None:
+    """Seconds of a RIFF/WAVE file from its fmt and data chunks, or None."""
+    pos, rate, align = 12, None, None
+    while pos + 8 <= view.nbytes:
+        tag, size = bytes(view[pos:pos + 4]), struct.unpack_from("<I", view, pos + 4)[0]
+        if tag == b"fmt " and size >= 16:
+            _, _, rate, _, align, _ = struct.unpack_from("<HHIIHH", view, pos + 8)
+        elif tag == b"data":
+            if not rate or not align:
+                return None
+            size = min(size, view.nbytes - pos - 8)  # a truncated file: what is there
+            return (size // align) / rate
+        pos += 8 + size + (size & 1)
+    return None
+
+
+def _flac_seconds(view: memoryview) -> float | None:
+    """Seconds of a FLAC stream from its STREAMINFO block, or None (unknown total)."""
+    if view.nbytes < 42 or view[4] & 0x7F != 0:  # the first metadata block must be STREAMINFO
+        return None
+    info = bytes(view[8 + 10:8 + 18])  # sample rate (20 bits), channels, bits, total samples (36 bits)
+    packed = int.from_bytes(info, "big")
+    rate = packed >> 44
+    total = packed & ((1 << 36) - 1)
+    return total / rate if rate and total else None
+
+
+def probe_seconds(data: Any) -> float:
+    """Duration of encoded audio in seconds, from its header (no decoding).
+
+    WAV and FLAC headers are parsed directly (microseconds); other formats
+    through libsndfile's header (an estimate for MP3). Used to batch rows by
+    duration before they are decoded. Raises `DecodeError` if the audio cannot
+    be opened.
+    """
+    if data is None:
+        raise DecodeError("audio is null", reason="audio is null")
+    try:
+        view = memoryview(data).cast("B")
+    except TypeError:
+        view = None
+    if view is not None and view.nbytes >= 12:
+        head = bytes(view[:4])
+        seconds = None
+        if head == b"RIFF" and bytes(view[8:12]) == b"WAVE":
+            seconds = _wav_seconds(view)
+        elif head == b"fLaC":
+            seconds = _flac_seconds(view)
+        if seconds is not None:
+            return seconds
+    info = probe(data)
+    return info.frames / info.sample_rate

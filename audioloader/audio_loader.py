@@ -109,8 +109,10 @@ class AudioLoader:
             with `AUTO_PROCESS_MIN_CORES` cores or more). Threads start instantly and
             need nothing picklable; processes scale past the GIL with the cores and
             leave the training loop's Python alone. Batches are identical either way.
-        start_method: how worker processes start: ``"forkserver"`` (default, safe
-            with threads and CUDA in this process), ``"spawn"`` or ``"fork"``.
+        start_method: how worker processes start: ``None`` (default): a fork while
+            the loader's process runs no other Python thread (instant), else a fork
+            server (safe beside threads; imports torch once per process);
+            ``"fork"``, ``"forkserver"`` or ``"spawn"`` to choose.
         device: None (default): features per sample in the decode workers. A torch
             device (``"cuda"``): the workers deliver cropped waveforms and each
             batch's features are computed there in one batched call on a side stream

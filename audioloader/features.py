@@ -1,4 +1,7 @@
-"""Log-mel spectrogram with plain torch, equal to ``torchaudio.transforms.MelSpectrogram``.
+"""Features with plain torch: log-mel equal to ``torchaudio.transforms.MelSpectrogram``,
+Kaldi fbank equal to ``torchaudio.compliance.kaldi.fbank``.
+
+Log-mel:
 
 torchaudio is the reference definition (tests compare against it) but is not
 imported here: its last release pins one torch version. The pieces follow
@@ -26,7 +29,7 @@ import warnings
 import numpy as np
 import torch
 
-from .config import MelSpectrogramConfig
+from .config import FbankConfig, MelSpectrogramConfig, WaveformConfig
 
 
 def hz_to_mel(freq: float) -> float:
@@ -166,3 +169,149 @@ def log_mel_batch(waveforms: torch.Tensor, config: MelSpectrogramConfig) -> torc
     if config.log:
         mel.add_(config.log_offset).log_()
     return mel
+
+
+
+# ---------------------------------------------------------------------------------------------- Kaldi fbank
+#
+# torchaudio.compliance.kaldi.fbank step by step, in float32 and the same order
+# of operations (frames as strided views, DC removal, raw log energy,
+# pre-emphasis with the first sample replicated, window, zero padding to the FFT
+# size, |rfft|^2, Kaldi mel banks with a zero column for Nyquist, log with an
+# epsilon floor), without VTLN (warp 1.0).
+
+_EPSILON = float(torch.finfo(torch.float32).eps)
+
+
+def _kaldi_mel(freq: torch.Tensor) -> torch.Tensor:
+    return 1127.0 * (1.0 + freq / 700.0).log()
+
+
+def _kaldi_mel_scalar(freq: float) -> float:
+    return 1127.0 * math.log(1.0 + freq / 700.0)
+
+
+@functools.lru_cache(maxsize=32)
+def kaldi_mel_banks(config: FbankConfig) -> torch.Tensor:
+    """Kaldi's triangular mel banks, float32 ``[n_fft // 2 + 1, num_mel_bins]`` (Nyquist column zero; cached)."""
+    n_fft = config.padded_window_size
+    nyquist = 0.5 * config.sample_rate
+    high = config.high_freq if config.high_freq > 0 else config.high_freq + nyquist
+    fft_bin_width = config.sample_rate / n_fft
+    mel_low, mel_high = _kaldi_mel_scalar(config.low_freq), _kaldi_mel_scalar(high)
+    delta = (mel_high - mel_low) / (config.num_mel_bins + 1)
+    b = torch.arange(config.num_mel_bins).unsqueeze(1)
+    left, center, right = mel_low + b * delta, mel_low + (b + 1.0) * delta, mel_low + (b + 2.0) * delta
+    mel = _kaldi_mel(fft_bin_width * torch.arange(n_fft / 2)).unsqueeze(0)
+    up, down = (mel - left) / (center - left), (right - mel) / (right - center)
+    banks = torch.max(torch.zeros(1), torch.min(up, down))  # [bins, n_fft / 2]
+    return torch.nn.functional.pad(banks, (0, 1)).T.contiguous()
+
+
+@functools.lru_cache(maxsize=32)
+def kaldi_window(config: FbankConfig) -> torch.Tensor:
+    """The frame window of ``config.window_type``, float32 ``[window_size]`` (cached)."""
+    n, kind = config.window_size, config.window_type
+    if kind == "hanning":
+        return torch.hann_window(n, periodic=False)
+    if kind == "hamming":
+        return torch.hamming_window(n, periodic=False, alpha=0.54, beta=0.46)
+    if kind == "povey":
+        return torch.hann_window(n, periodic=False).pow(0.85)
+    if kind == "rectangular":
+        return torch.ones(n)
+    a = 2 * math.pi / (n - 1)
+    t = torch.arange(n, dtype=torch.float32)
+    return config.blackman_coeff - 0.5 * torch.cos(a * t) + (0.5 - config.blackman_coeff) * torch.cos(2 * a * t)
+
+
+def _frames(waveform: torch.Tensor, config: FbankConfig) -> torch.Tensor:
+    """``[..., m, window_size]`` frames of ``[..., samples]`` (views where possible)."""
+    size, shift = config.window_size, config.window_shift
+    if not config.snip_edges:
+        reversed_ = torch.flip(waveform, [-1])
+        pad = size // 2 - shift // 2
+        m = (waveform.shape[-1] + shift // 2) // shift
+        if pad > 0:
+            waveform = torch.cat((reversed_[..., -pad:], waveform, reversed_), dim=-1)
+        else:
+            waveform = torch.cat((waveform[..., -pad:], reversed_), dim=-1)
+        return waveform.unfold(-1, size, shift)[..., :m, :]
+    return waveform.unfold(-1, size, shift)
+
+
+def kaldi_fbank(waveform: np.ndarray | torch.Tensor, config: FbankConfig,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """Kaldi filterbanks of one mono clip, equal to ``torchaudio.compliance.kaldi.fbank``.
+
+    Args:
+        waveform: float32 ``[samples]`` at ``config.sample_rate`` Hz (before ``input_scale``).
+        config: the feature parameters.
+        generator: the source of the dither noise (``config.dither > 0``); the
+            decode stage seeds it from the row's key.
+
+    Returns:
+        float32 ``[frames, num_mel_bins (+1)]``; ``[0, bins]`` for a clip shorter than one frame.
+    """
+    x = torch.from_numpy(waveform) if isinstance(waveform, np.ndarray) else waveform
+    x = x.to(torch.float32)
+    if config.input_scale != 1.0:
+        x = x * config.input_scale
+    frames = _frames(x, config)
+    if frames.shape[-2] == 0:
+        return torch.empty((0, config.num_features), dtype=torch.float32)
+    if config.dither != 0.0:
+        frames = frames + torch.randn(frames.shape, generator=generator) * config.dither
+    if config.remove_dc_offset:
+        frames = frames - frames.mean(dim=-1, keepdim=True)
+    energy = _log_energy(frames, config) if config.raw_energy else None
+    if config.preemphasis_coefficient != 0.0:
+        previous = torch.cat((frames[..., :1], frames[..., :-1]), dim=-1)
+        frames = frames - config.preemphasis_coefficient * previous
+    frames = frames * kaldi_window(config)
+    if config.padded_window_size != config.window_size:
+        frames = torch.nn.functional.pad(frames, (0, config.padded_window_size - config.window_size))
+    if energy is None:
+        energy = _log_energy(frames, config)
+    spectrum = torch.fft.rfft(frames).abs()
+    if config.use_power:
+        spectrum = spectrum.pow(2.0)
+    out = torch.matmul(spectrum, kaldi_mel_banks(config).to(spectrum.device))
+    if config.use_log_fbank:
+        out = torch.clamp(out, min=_EPSILON).log()
+    if config.use_energy:
+        energy = energy.unsqueeze(-1)
+        out = torch.cat((out, energy) if config.htk_compat else (energy, out), dim=-1)
+    if config.subtract_mean:
+        out = out - out.mean(dim=-2, keepdim=True)
+    return out
+
+
+def _log_energy(frames: torch.Tensor, config: FbankConfig) -> torch.Tensor:
+    energy = torch.clamp(frames.pow(2).sum(-1), min=_EPSILON).log()
+    if config.energy_floor == 0.0:
+        return energy
+    return torch.clamp(energy, min=math.log(config.energy_floor))
+
+
+def compute_features(waveform: np.ndarray, config: MelSpectrogramConfig | FbankConfig | WaveformConfig,
+                     generator: torch.Generator | None = None) -> torch.Tensor:
+    """The features of one clip: ``[n_mels, frames]`` (log-mel), ``[frames, bins]`` (fbank) or ``[samples]``.
+
+    ``waveform``: float32 ``[samples]`` at ``config.sample_rate`` Hz; ``generator``:
+    the fbank's dither noise (seeded per row by the caller).
+    """
+    if isinstance(config, MelSpectrogramConfig):
+        return log_mel(waveform, config)
+    if isinstance(config, FbankConfig):
+        return kaldi_fbank(waveform, config, generator)
+    return torch.from_numpy(np.ascontiguousarray(waveform, dtype=np.float32))
+
+
+def prepare(config: MelSpectrogramConfig | FbankConfig | WaveformConfig) -> None:
+    """Build a config's cached tables now, in the calling thread, before workers use them."""
+    if isinstance(config, MelSpectrogramConfig):
+        prepare_features(config)
+    elif isinstance(config, FbankConfig):
+        kaldi_mel_banks(config)
+        kaldi_window(config)

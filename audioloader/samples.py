@@ -74,16 +74,18 @@ class Sample:
 
 @dataclass(slots=True)
 class BadRow:
-    """A row whose audio could not be decoded; counted, reported, then dropped.
+    """A row that yields no sample; counted, reported, then dropped.
 
-    Decode returns this instead of raising, because torchdata rebuilds worker
-    exceptions from strings and can drop work around them.
+    Either its audio could not be decoded (an error, under the error budget), or,
+    with ``skipped``, the length policy left it out (too short or too long: not
+    an error). Decode returns this instead of raising, so nothing around it is lost.
     """
 
     key: Key
     file: str
     row: int
     reason: str
+    skipped: bool = False
 
     def report(self) -> dict[str, Any]:
         """A plain-dict record for ``loader.stats()`` and error reports."""

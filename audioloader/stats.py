@@ -20,7 +20,8 @@ class LoaderStats:
     ``counters``: named integers (``samples``, ``batches``, ``rows_read`` ...).
     ``seconds``: wall seconds spent per stage (``read``, ``decode``, ``resample``,
     ``mel``, ``wait``), summed over threads, so they can exceed elapsed time.
-    ``bad_rows``: the most recent `MAX_REPORTED_BAD_ROWS` reports.
+    ``bad_rows``: the most recent `MAX_REPORTED_BAD_ROWS` reports of rows that could
+    not be decoded; ``skipped_rows``: of rows the length policy left out.
     """
 
     def __init__(self) -> None:
@@ -29,6 +30,7 @@ class LoaderStats:
         self.seconds: dict[str, float] = defaultdict(float)
         self.gauges: dict[str, Any] = {}
         self.bad_rows: deque[dict[str, Any]] = deque(maxlen=MAX_REPORTED_BAD_ROWS)
+        self.skipped_rows: deque[dict[str, Any]] = deque(maxlen=MAX_REPORTED_BAD_ROWS)
 
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -55,6 +57,12 @@ class LoaderStats:
             self.counters["bad_rows"] += 1
             self.bad_rows.append(bad.report())
 
+    def record_skipped_row(self, skipped: BadRow) -> None:
+        """A row the length policy left out (not an error): counted and reported apart from bad rows."""
+        with self._lock:
+            self.counters["skipped_rows"] += 1
+            self.skipped_rows.append(skipped.report())
+
     def drain(self) -> dict[str, Any]:
         """Counters and seconds gathered since the last drain, and start again from zero.
 
@@ -80,11 +88,12 @@ class LoaderStats:
         return (LoaderStats, ())
 
     def snapshot(self) -> dict[str, Any]:
-        """A plain-dict copy: ``{"counters", "seconds", "gauges", "bad_rows"}``."""
+        """A plain-dict copy: ``{"counters", "seconds", "gauges", "bad_rows", "skipped_rows"}``."""
         with self._lock:
             return {
                 "counters": dict(self.counters),
                 "seconds": dict(self.seconds),
                 "gauges": dict(self.gauges),
                 "bad_rows": list(self.bad_rows),
+                "skipped_rows": list(self.skipped_rows),
             }

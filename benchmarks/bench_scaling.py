@@ -45,7 +45,7 @@ def decode_processes(source: Path, n: int, seconds: float) -> dict:
     """N `ceiling` contenders started together (each waits for GO after its warm-up); rates summed."""
     spec = {"kind": "ceiling", "source": str(source), "warmup_samples": 4, "measure_seconds": seconds,
             "min_samples": 8, "max_samples": max(64, int(seconds * 400)), "wait_go": True}
-    children = [subprocess.Popen([sys.executable, "-m", "audioloader.bench.contenders", json.dumps(spec)],
+    children = [subprocess.Popen([sys.executable, "-m", "audioloader.bench._child", json.dumps(spec)],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(n)]
     for child in children:
         if child.stdout.readline().strip() != "READY":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import threading
 import time
 
@@ -288,8 +289,26 @@ def test_forked_child_cannot_use_the_parents_workers():
     node.shutdown()
 
 
-def test_pool_start_method_is_configurable():
-    pool = ProcessPool(slow_square, 1, start_method="spawn")
-    assert pool.start_method == "spawn"
-    node = ParallelMap(Items(5), slow_square, num_workers=1, backend="process", start_method="spawn")
-    assert drain(node) == [0, 1, 4, 9, 16]
+@pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
+def test_every_start_method_gives_the_same_results(method):
+    pool = ProcessPool(slow_square, 1, start_method=method)
+    assert pool.start_method == method
+    node = ParallelMap(Items(5), tensor_of, num_workers=2, backend="process", start_method=method)
+    got = drain(node)
+    assert [r["i"] for r in got] == list(range(5)) and torch.equal(got[4]["data"], torch.full((300, 7), 4.0))
+
+
+def test_fork_only_while_this_is_the_only_python_thread():
+    from audioloader._pool import DEFAULT_START_METHOD, choose_start_method
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("fork is chosen on Linux only")
+    assert choose_start_method() == ("fork" if threading.active_count() == 1 else DEFAULT_START_METHOD)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert choose_start_method() == DEFAULT_START_METHOD
+    finally:
+        stop.set()
+        other.join()

@@ -23,7 +23,7 @@ Contenders (``kind`` in the spec):
   buffer is filled to capacity, checkpointed with ``torch.save``; then, in a
   new process, ``load_state_dict`` and the first batch.
 
-Protocol: ``python -m audioloader.bench.contenders '<json spec>'`` prints one line
+Protocol: ``python -m audioloader.bench._child '<json spec>'`` prints one line
 ``BENCH-RESULT <json>`` on stdout. The parent samples the memory of this
 process and its children from /proc while it runs (see `audioloader.bench.runner`).
 

@@ -10,10 +10,13 @@ Build the default chain by hand (or reorder it, or add your own nodes)::
 """
 
 from .arrow_shard_reader import ArrowShardReader
+from .batch_features import BatchFeatures
 from .batcher import Batcher
 from .catch_failures import CatchFailures
 from .decode_spectrogram import DecodeSpectrogram
+from .parallel_map import ParallelMap
 from .prefetcher import Prefetcher
 from .shuffle_buffer import ShuffleBuffer
 
-__all__ = ["ArrowShardReader", "Batcher", "CatchFailures", "DecodeSpectrogram", "Prefetcher", "ShuffleBuffer"]
+__all__ = ["ArrowShardReader", "BatchFeatures", "Batcher", "CatchFailures", "DecodeSpectrogram", "ParallelMap",
+           "Prefetcher", "ShuffleBuffer"]

@@ -13,10 +13,10 @@ from torchdata.nodes import BaseNode
 
 from .. import _hashing, _memory
 from .._threads import pin_worker_to_one_thread
-from ..audio import load_clip
-from ..config import MelSpectrogramConfig
+from ..audio import load_clip, probe_seconds
+from ..config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, check_features
 from ..errors import DecodeError, ErrorBudgetExceeded
-from ..features import log_mel, prepare_features
+from ..features import compute_features, prepare
 from ..samples import BadRow, Key, RawSample, Sample
 from ..stats import MAX_REPORTED_BAD_ROWS, LoaderStats
 from .parallel_map import BACKENDS, ParallelMap
@@ -31,6 +31,9 @@ ON_ERROR_CHOICES = ("skip", "raise")
 #: The default feature configuration (``MelSpectrogramConfig()``; frozen, so safe to share).
 DEFAULT_FEATURES = MelSpectrogramConfig()
 
+#: The default length policy: a fixed crop of the features' ``clip_seconds`` (random in training).
+DEFAULT_LENGTH = LengthPolicy()
+
 
 class SampleDecoder:
     """The per-row function of `DecodeSpectrogram`: ``RawSample -> Sample | BadRow``.
@@ -43,9 +46,9 @@ class SampleDecoder:
     is a zero-copy read there instead of a copy of the encoded audio here.
     """
 
-    def __init__(self, features: MelSpectrogramConfig, *, seed: int, train: bool, window: bool,
+    def __init__(self, features: FeatureConfig, *, seed: int, train: bool, window: bool,
                  augment: Augment | None, stats: LoaderStats, fetch: Fetch | None = None,
-                 compute_features: bool = True) -> None:
+                 compute_features: bool = True, length: LengthPolicy = DEFAULT_LENGTH) -> None:
         self.features = features
         self.seed = seed
         self.train = train
@@ -54,39 +57,91 @@ class SampleDecoder:
         self.stats = stats
         self.fetch = fetch
         self.compute_features = compute_features
+        self.length = length
+        rate = features.sample_rate
+        self._random = length.random_crop(train)
+        self._clip = None if length.variable_length else length.clip_samples(features)
+        self._max = None if length.max_seconds is None else round(length.max_seconds * rate)
+        self._min = max(round(length.min_seconds * rate), 0)
+        self._stage = {"spectrogram": "mel"}.get(features.batch_key, features.batch_key)  # stats' stage name
 
     def __call__(self, raw: RawSample) -> Sample | BadRow:
         key = raw.key
         if raw.problem is not None or raw.audio is None:
             return BadRow(key, raw.file, raw.row, raw.problem or "audio is null")
-        cfg = self.features
 
         def draw(n: int) -> int:
             return _hashing.uniform_int(n, self.seed, _hashing.SALT_CROP, key.index, key.pass_index)
 
         try:
-            clip = load_clip(raw.audio, cfg.sample_rate, cfg.clip_samples, train=self.train, draw=draw,
-                             window=self.window, timer=self.stats.add_seconds)
+            skip = self._skip_by_header(raw)
+            if skip is not None:
+                return BadRow(key, raw.file, raw.row, skip, skipped=True)
+            clip = load_clip(raw.audio, self.features.sample_rate, self._clip if self._clip else self._max,
+                             train=self._random, draw=draw, window=self.window, timer=self.stats.add_seconds,
+                             pad=self._clip is not None)
         except DecodeError as error:
             return BadRow(key, raw.file, raw.row, error.reason or str(error))
+        skip = self._skip_by_length(len(clip))
+        if skip is not None:
+            return BadRow(key, raw.file, raw.row, skip, skipped=True)
         if self.augment is not None:
             start = time.perf_counter()
             clip = self._augmented(clip, key)
             self.stats.add_seconds("augment", time.perf_counter() - start)
         if self.compute_features:
             start = time.perf_counter()
-            features = log_mel(clip, cfg)
-            self.stats.add_seconds("mel", time.perf_counter() - start)
+            features = compute_features(clip, self.features, self._dither(key))
+            self.stats.add_seconds(self._stage, time.perf_counter() - start)
         else:
             features = torch.from_numpy(clip)
         _memory.after_decode()
         return Sample(key, features, raw.label, raw.extras, raw.file, raw.row)
 
+    # -- the length policy -----------------------------------------------------------------
+
+    def _skip_by_header(self, raw: RawSample) -> str | None:
+        """Why the row is left out, judged from its header before decoding, or None."""
+        too_long_skips = self._max is not None and self.length.too_long == "skip" and self._clip is None
+        if self._min == 0 and not too_long_skips:
+            return None
+        seconds = probe_seconds(raw.audio)
+        return self._length_reason(seconds, too_long_skips)
+
+    def _skip_by_length(self, samples: int) -> str | None:
+        """Why a decoded clip of ``samples`` samples is left out (headers can be approximate), or None."""
+        rate = self.features.sample_rate
+        if self._clip is None:
+            too_long_skips = self._max is not None and self.length.too_long == "skip"
+            reason = self._length_reason(samples / rate, too_long_skips)
+            if reason is not None:
+                return reason
+        if samples < self.features.min_samples():
+            return (f"too short for the features: {samples} samples at {rate} Hz, "
+                    f"{type(self.features).__name__} needs at least {self.features.min_samples()}")
+        return None
+
+    def _length_reason(self, seconds: float, too_long_skips: bool) -> str | None:
+        length = self.length
+        if seconds < length.min_seconds:
+            return f"too short: {seconds:.3f} s < min_seconds={length.min_seconds}"
+        if too_long_skips and seconds > length.max_seconds:
+            return f"too long: {seconds:.3f} s > max_seconds={length.max_seconds}"
+        return None
+
+    def _dither(self, key: Key) -> torch.Generator | None:
+        """The fbank's dither noise source, seeded by the row's key (None when there is no dither)."""
+        if not getattr(self.features, "dither", 0.0):
+            return None
+        generator = torch.Generator()
+        generator.manual_seed(_hashing.mix(self.seed, _hashing.SALT_DITHER, key.index, key.pass_index) >> 1)
+        return generator
+
     def _augmented(self, clip: np.ndarray, key: Key) -> np.ndarray:
         rng = _hashing.generator(self.seed, _hashing.SALT_AUGMENT, key.index, key.pass_index)
         out = np.asarray(self.augment(clip, rng), dtype=np.float32)
-        if out.shape != (self.features.clip_samples,):
-            raise ValueError(f"augment returned shape {out.shape}, expected ({self.features.clip_samples},): "
+        if out.shape != clip.shape:
+            raise ValueError(f"augment returned shape {out.shape}, expected {clip.shape}: "
                              "it must return a waveform of the same length as its input")
         if not (out.flags.c_contiguous and out.flags.writeable):  # torch.from_numpy needs both
             out = out.copy()
@@ -164,12 +219,13 @@ class DecodeSpectrogram(BaseNode[Sample]):
     ROWS_SEEN_KEY = "rows_seen"
     BAD_ROWS_KEY = "bad_rows"
 
-    def __init__(self, source: BaseNode[RawSample], features: MelSpectrogramConfig = DEFAULT_FEATURES, *,
+    def __init__(self, source: BaseNode[RawSample], features: FeatureConfig = DEFAULT_FEATURES, *,
                  seed: int = 0, train: bool = True, num_workers: int = 4, augment: Augment | None = None,
                  on_error: str = "skip", max_error_fraction: float = 0.01, error_budget_min_rows: int = 100,
                  stats: LoaderStats | None = None, snapshot_frequency: int = 1, window: bool = True,
                  worker_type: str = "thread", fetch: Fetch | None = None, start_method: str | None = None,
-                 chunk_size: int | None = None, compute_features: bool = True) -> None:
+                 chunk_size: int | None = None, compute_features: bool = True,
+                 length: LengthPolicy = DEFAULT_LENGTH) -> None:
         super().__init__()
         _validate(source, features, seed, num_workers, augment, on_error, max_error_fraction,
                   error_budget_min_rows, stats, snapshot_frequency, worker_type, fetch)
@@ -186,10 +242,13 @@ class DecodeSpectrogram(BaseNode[Sample]):
         self.stats = stats if stats is not None else LoaderStats()
         self.window = bool(window)
         self._user_threads = torch.get_num_threads()
-        prepare_features(features)  # build the cached filterbank once, here, not in every thread
+        if not isinstance(length, LengthPolicy):
+            raise TypeError(f"length must be a LengthPolicy, got {type(length).__name__}")
+        self.length = length
+        prepare(features)  # build the cached filterbanks once, here, not in every thread
         self._decoder = SampleDecoder(features, seed=self.seed, train=self.train, window=self.window,
                                       augment=augment, stats=self.stats, fetch=fetch,
-                                      compute_features=compute_features)
+                                      compute_features=compute_features, length=length)
         self._mapper = ParallelMap(source, self._decoder, num_workers=self.num_workers, backend=worker_type,
                                    chunk_size=chunk_size, start_method=start_method, stats=self.stats,
                                    thread_initializer=self._pin_thread, what="decode worker")
@@ -256,6 +315,9 @@ class DecodeSpectrogram(BaseNode[Sample]):
     # -- bad rows ----------------------------------------------------------
 
     def _on_bad_row(self, bad: BadRow) -> None:
+        if bad.skipped:  # left out by the length policy: reported, not an error
+            self.stats.record_skipped_row(bad)
+            return
         self._bad_rows += 1
         self.stats.record_bad_row(bad)
         self._reports.append(bad.report())
@@ -290,8 +352,7 @@ def _validate(source: Any, features: Any, seed: Any, num_workers: Any, augment: 
 
     if not isinstance(source, BaseNode):
         raise TypeError(f"DecodeSpectrogram source must be a torchdata BaseNode, got {type(source).__name__}")
-    if not isinstance(features, MelSpectrogramConfig):
-        raise TypeError(f"features must be a MelSpectrogramConfig, got {type(features).__name__}")
+    check_features(features)
     if not is_int(seed):
         raise TypeError(f"seed must be an integer, got {seed!r}")
     if not is_int(num_workers) or num_workers < 0:
