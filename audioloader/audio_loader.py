@@ -21,7 +21,7 @@ import pyarrow as pa
 import torch
 from torchdata.nodes import BaseNode, PinMemory
 
-from .config import MelSpectrogramConfig
+from .config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, check_features
 from .distributed import resolve_rank
 from .errors import CheckpointMismatchError
 from .loader import Loader
@@ -30,9 +30,12 @@ from .nodes.batch_features import BatchFeatures
 from .nodes.batcher import Batcher
 from .nodes.catch_failures import CatchFailures
 from .nodes.decode_spectrogram import DecodeSpectrogram
+from .nodes.duration_bucketer import DurationBucketer, estimate_boundaries, plan, row_seconds
 from .nodes.prefetcher import Prefetcher
 from .nodes.shuffle_buffer import ShuffleBuffer
-from .samples import BadRow, Key, Sample
+from .options import Bucketing, Shuffle, Workers, merge
+from .samples import BadRow, Key, RawSample, Sample
+from .shards import ShardDataset, Split
 from .stats import LoaderStats
 
 STATE_FORMAT = "audioloader.AudioLoader/1"
@@ -127,7 +130,7 @@ class AudioLoader:
         batch_size: int = 64,
         train: bool = True,
         seed: int = 0,
-        features: MelSpectrogramConfig | None = None,
+        features: FeatureConfig | None = None,
         num_workers: int | None = None,
         shuffle_buffer_size: int | None = None,
         shuffle_min_size: int | None = None,
@@ -142,14 +145,18 @@ class AudioLoader:
         pin_memory: bool = False,
         on_error: str = "skip",
         *,
+        length: LengthPolicy | None = None,
+        batching: Bucketing | None = None,
+        workers: Workers | None = None,
+        shuffle: Shuffle | None = None,
+        device: str | torch.device | None = None,
         split_rows: int = 512,
-        prefetch_batches: int = 2,
-        shuffle_before_decode: bool | None = None,
         max_error_fraction: float = 0.01,
         filesystem: Any = None,
-        worker_type: str = "auto",
+        prefetch_batches: int | None = None,
+        shuffle_before_decode: bool | None = None,
+        worker_type: str | None = None,
         start_method: str | None = None,
-        device: str | torch.device | None = None,
     ) -> None:
         self._loader: Loader | None = None  # so __del__ works if construction fails
         # The arguments, to rebuild this loader elsewhere (pickling: see __reduce__).
@@ -159,39 +166,37 @@ class AudioLoader:
         self.batch_size = _positive_int("batch_size", batch_size)
         self.seed = _int("seed", seed)
         self.features = features if features is not None else MelSpectrogramConfig()
-        if not isinstance(self.features, MelSpectrogramConfig):
-            raise TypeError(f"features must be a MelSpectrogramConfig, got {type(self.features).__name__}")
-        cores = os.cpu_count() or 1
-        self.worker_type = _worker_type(worker_type, 1 if num_workers is None else num_workers, augment)
-        # Processes: one per core (they scale to all of them; more only adds switching).
-        # Threads: 2 per core, up to the preset's (benchmark, 2 cores: 4 threads 299 samples/s,
-        # 8 threads 278; past ~8 threads the GIL stops them scaling).
-        default_workers = cores if self.worker_type == "process" else min(preset.num_workers, 2 * cores)
-        self.num_workers = _non_negative_int("num_workers", _pick(num_workers, default_workers))
-        self.start_method = start_method
-        self.device = _feature_device(device)
-        self.shuffle_buffer_size = _positive_int("shuffle_buffer_size",
-                                                 _pick(shuffle_buffer_size, preset.shuffle_buffer_size))
-        self.shuffle_min_size = _non_negative_int("shuffle_min_size", _pick(shuffle_min_size,
-                                                  min(preset.shuffle_min_size, self.shuffle_buffer_size)))
-        if self.shuffle_min_size > self.shuffle_buffer_size:
-            raise ValueError(f"shuffle_min_size={self.shuffle_min_size} must be <= "
-                             f"shuffle_buffer_size={self.shuffle_buffer_size}")
+        check_features(self.features)
+        self.length = _group("length", length, LengthPolicy)
+        self.batching = batching if batching is None else _group("batching", batching, Bucketing)
+        if self.batching is not None and not self.length.variable_length:
+            raise ValueError("batching=Bucketing(...) forms batches of whole utterances: pass "
+                             "length=LengthPolicy(crop=None, max_seconds=...) too")
+        if not self.length.variable_length:
+            self.length.clip_samples(self.features)  # a crop needs a length: fail here, naming the fix
+        self._resolve_workers(merge(_group("workers", workers, Workers), num_workers=num_workers,
+                                    kind=worker_type, start_method=start_method,
+                                    prefetch_batches=prefetch_batches), preset, augment)
+        self.device = _feature_device(device, self.features, self.length)
+        shuffle = merge(_group("shuffle", shuffle, Shuffle), buffer_size=shuffle_buffer_size,
+                        min_size=shuffle_min_size, before_decode=shuffle_before_decode)
+        self._resolve_shuffle(shuffle, preset)
         self.infinite = bool(_pick(infinite, preset.infinite))
         self.drop_last = bool(drop_last)
-        self.prefetch_batches = _positive_int("prefetch_batches", prefetch_batches)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.stats_counters = LoaderStats()
-
-        self.reader = ArrowShardReader(
-            source, audio_column=audio_column, label_column=label_column, columns=tuple(columns),
-            seed=self.seed, rank=self.rank, world_size=self.world_size, shuffle=self.train,
-            infinite=self.infinite, split_rows=split_rows, filesystem=filesystem, stats=self.stats_counters)
-        self.shuffle_before_decode = (_raw_rows_are_free(self.reader) if shuffle_before_decode is None
-                                      else bool(shuffle_before_decode))
         self.columns = tuple(columns)
         self.label_column = label_column
         self.audio_column = audio_column
+
+        self.reader = ArrowShardReader(
+            source, audio_column=audio_column, label_column=label_column,
+            columns=self._reader_columns(source, audio_column, label_column, split_rows, filesystem),
+            seed=self.seed, rank=self.rank, world_size=self.world_size, shuffle=self.train,
+            infinite=self.infinite, split_rows=split_rows, filesystem=filesystem, stats=self.stats_counters)
+        self.shuffle_before_decode = (_raw_rows_are_free(self.reader) if shuffle.before_decode is None
+                                      else bool(shuffle.before_decode))
+        self._boundaries = self._bucket_boundaries() if self.batching is not None else None
         self.num_batches = self._count_batches() if not self.train else None
         root = self._build_chain(augment, on_error, max_error_fraction)
         if self.device is not None:
@@ -205,6 +210,44 @@ class AudioLoader:
         self._iterating = threading.Lock()  # held while an iterator of this loader is open
         self._pid = os.getpid()
 
+    # ----------------------------------------------------------------- options
+
+    def _resolve_workers(self, workers: Workers, preset: ModePreset, augment: Any) -> None:
+        cores = os.cpu_count() or 1
+        wanted = 1 if workers.num_workers is None else workers.num_workers
+        self.worker_type = _worker_type(workers.kind, wanted, augment)
+        # Processes: one per core (they scale to all of them; more only adds switching).
+        # Threads: 2 per core, up to the preset's (benchmark, 2 cores: 4 threads 299 samples/s,
+        # 8 threads 278; past ~8 threads the GIL stops them scaling).
+        default = cores if self.worker_type == "process" else min(preset.num_workers, 2 * cores)
+        self.num_workers = _non_negative_int("num_workers", _pick(workers.num_workers, default))
+        self.start_method = workers.start_method
+        self.prefetch_batches = _positive_int("prefetch_batches", workers.prefetch_batches)
+
+    def _resolve_shuffle(self, shuffle: Shuffle, preset: ModePreset) -> None:
+        self.shuffle_buffer_size = _positive_int("shuffle_buffer_size",
+                                                 _pick(shuffle.buffer_size, preset.shuffle_buffer_size))
+        self.shuffle_min_size = _non_negative_int("shuffle_min_size", _pick(
+            shuffle.min_size, min(preset.shuffle_min_size, self.shuffle_buffer_size)))
+        if self.shuffle_min_size > self.shuffle_buffer_size:
+            raise ValueError(f"shuffle_min_size={self.shuffle_min_size} must be <= "
+                             f"shuffle_buffer_size={self.shuffle_buffer_size}")
+
+    def _reader_columns(self, source: Any, audio: str, label: str | None, split_rows: int,
+                        filesystem: Any) -> tuple[str, ...]:
+        """The user's extra columns, plus the bucketing's duration column when the shards have it."""
+        self._duration_column = None
+        wanted = self.batching.duration_column if self.batching is not None else None
+        if wanted is None or wanted in self.columns:
+            self._duration_column = wanted if wanted in self.columns else None
+            return self.columns
+        schema = ShardDataset(source, audio_column=audio, label_column=label, split_rows=split_rows,
+                              filesystem=filesystem).schema
+        if wanted in schema.names:
+            self._duration_column = wanted
+            return (*self.columns, wanted)
+        return self.columns
+
     # ----------------------------------------------------------------- chain
 
     def _build_chain(self, augment, on_error: str, max_error_fraction: float) -> BaseNode:
@@ -217,36 +260,72 @@ class AudioLoader:
                 source, self.features, seed=self.seed, train=self.train, num_workers=self.num_workers,
                 augment=augment, on_error=on_error, max_error_fraction=max_error_fraction,
                 stats=self.stats_counters, worker_type=self.worker_type, fetch=fetch,
-                start_method=self.start_method, compute_features=self.device is None)
+                start_method=self.start_method, compute_features=self.device is None, length=self.length)
 
         def make_buffer(source: BaseNode, restore) -> ShuffleBuffer:
             return ShuffleBuffer(source, self.shuffle_buffer_size, self.shuffle_min_size, seed=self.seed,
                                  rank=self.rank, restore=restore, stats=self.stats_counters)
 
-        if self.shuffle_before_decode:
+        if self.batching is not None:
+            # Rows are grouped by duration before they are decoded, from their headers
+            # or a duration column: only what a batch needs is decoded.
+            rows: BaseNode = make_buffer(self.reader, self.reader.fetch) if self.train else self.reader
+            planned = DurationBucketer(
+                rows, max_duration=self.batching.max_duration, boundaries=self._boundaries,
+                max_batch_size=self.batching.max_batch_size, restore=self.reader.fetch, drop_last=self.drop_last,
+                duration_fn=functools.partial(row_seconds, duration_column=self._duration_column),
+                stats=self.stats_counters)
+            self.decoder = make_decoder(planned)
+            tail: BaseNode = self.decoder
+        elif self.shuffle_before_decode:
             buffer = make_buffer(self.reader, self.reader.fetch)
             self.decoder = make_decoder(buffer)
-            tail: BaseNode = self.decoder
+            tail = self.decoder
         else:
             self.decoder = make_decoder(self.reader)
             # A partial of a module function, not a bound method: the chain must not
             # point back at this AudioLoader, or dropping it would need gc to stop threads.
             tail = make_buffer(self.decoder, functools.partial(_restore_decoded, self.reader, self.decoder))
-        # With a feature device the batcher stacks cropped waveforms (in page-locked memory
-        # for a GPU) and BatchFeatures, after the prefetcher, makes the spectrograms.
+        return Prefetcher(CatchFailures(self._make_batcher(tail)), prefetch_factor=self.prefetch_batches)
+
+    def _make_batcher(self, tail: BaseNode) -> Batcher:
+        # With a feature device the batcher stacks waveforms (in page-locked memory for a
+        # GPU) and BatchFeatures, after the prefetcher, computes the features.
         per_sample = self.device is None
-        batcher = Batcher(
-            tail, self.batch_size, self.drop_last, num_batches=self.num_batches,
-            spectrogram_shape=((self.features.n_mels, self.features.n_frames) if per_sample
-                               else (self.features.clip_samples,)),
+        variable = self.length.variable_length
+        if per_sample:
+            shape = self.features.feature_shape(0 if variable else self.features.num_frames(self._clip_samples))
+            time_axis = self.features.time_axis
+        else:
+            shape, time_axis = ((0,) if variable else (self._clip_samples,)), 0
+        return Batcher(
+            tail, self.batch_size, self.drop_last, num_batches=self.num_batches, spectrogram_shape=shape,
             columns=self.columns, tensor_columns=_numeric_columns(self.reader.dataset.schema, self.columns),
             has_labels=self.label_column is not None, stats=self.stats_counters,
-            features_key="spectrogram" if per_sample else "waveform",
-            pin_memory=not per_sample and self.device.type == "cuda")
-        return Prefetcher(CatchFailures(batcher), prefetch_factor=self.prefetch_batches)
+            features_key=self.features.batch_key if per_sample else "waveform",
+            pin_memory=not per_sample and self.device.type == "cuda",
+            time_axis=time_axis if variable else None, follow_markers=self.batching is not None)
+
+    @property
+    def _clip_samples(self) -> int:
+        return self.length.clip_samples(self.features)
+
+    def _bucket_boundaries(self) -> list[float]:
+        """The bucketing's edges: given, or estimated from rows spread evenly over the source (same on every rank)."""
+        if self.batching.boundaries is not None:
+            return list(self.batching.boundaries)
+        n = self.reader.dataset.num_rows
+        picks = np.unique(np.linspace(0, n - 1, min(n, self.batching.estimate_rows)).round().astype(np.int64))
+        rows = self.reader.fetch([Key(int(i), 0) for i in picks])
+        return estimate_boundaries((row_seconds(r, self._duration_column) for r in rows), self.batching.num_buckets)
 
     def _count_batches(self) -> int:
         """Eval: batches every rank yields (equal across ranks, see Batcher.num_batches)."""
+        if self.batching is not None:
+            return max(len(plan((row_seconds(r, self._duration_column) for r in _rows_of(self.reader, splits)),
+                                self._boundaries, self.batching.max_duration, self.batching.max_batch_size,
+                                self.drop_last))
+                       for splits in self.reader.assignment())
         rows = self.reader.rows_per_rank()
         if self.drop_last:
             return min(rows) // self.batch_size
@@ -333,7 +412,20 @@ class AudioLoader:
             "shuffle_before_decode": self.shuffle_before_decode, "split_rows": split_rows,
             "audio_column": self.audio_column, "label_column": self.label_column,
             "columns": list(self.columns),
+            **self._shape_fingerprint(),
         }
+
+    def _shape_fingerprint(self) -> dict[str, Any]:
+        """Fields of newer options, present only when used (a 0.1 checkpoint has none of them)."""
+        extra: dict[str, Any] = {}
+        if not isinstance(self.features, MelSpectrogramConfig):
+            extra["feature_type"] = type(self.features).__name__
+        if self.length != LengthPolicy():
+            extra["length"] = self.length.to_dict()
+        if self.batching is not None:
+            extra["batching"] = {**self.batching.to_dict(), "boundaries": self._boundaries,
+                                 "duration_column": self._duration_column}
+        return extra
 
     def state_dict(self) -> dict[str, Any]:
         """A small plain dict (no tensors) to resume from; call between batches, in the iterating thread."""
@@ -411,6 +503,25 @@ def _rebuild_audio_loader(arguments: dict[str, Any], state: dict[str, Any] | Non
     return loader
 
 
+def _group(name: str, value: Any, cls: type) -> Any:
+    """An option group: ``value``, or ``cls()`` when None; a ``TypeError`` naming ``name`` for anything else."""
+    if value is None:
+        return cls()
+    if not isinstance(value, cls):
+        raise TypeError(f"{name} must be an audioloader.{cls.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _rows_of(reader: ArrowShardReader, splits: Sequence[Split]):
+    """The rows of ``splits`` in order, as `RawSample` s with their audio and extras (no keys): for planning."""
+    dataset = reader.dataset
+    for split in splits:
+        for batch in dataset.read_split(split):
+            columns = dataset.columns_of(batch)
+            for i, audio in enumerate(columns.audio):
+                yield RawSample(Key(-1, 0), audio, None, {name: values[i] for name, values in columns.extras})
+
+
 def _restore_decoded(reader: ArrowShardReader, decoder: DecodeSpectrogram, keys: Sequence[Key]) -> list[Sample]:
     """Rebuild decoded buffer items on resume: random-access read, same decode, same per-key seeds."""
     decoded = decoder.decode_many(reader.fetch(keys))
@@ -474,9 +585,12 @@ def _worker_type(worker_type: Any, num_workers: int, augment: Any) -> str:
     return "process"
 
 
-def _feature_device(device: Any) -> torch.device | None:
+def _feature_device(device: Any, features: FeatureConfig, length: LengthPolicy) -> torch.device | None:
     if device is None:
         return None
+    if getattr(features, "dither", 0.0):
+        raise ValueError("device= computes features per batch, where the fbank's dither cannot be seeded per row: "
+                         "use FbankConfig(dither=0.0) with device=, or device=None")
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as error:

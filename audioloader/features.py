@@ -225,6 +225,12 @@ def kaldi_window(config: FbankConfig) -> torch.Tensor:
     return config.blackman_coeff - 0.5 * torch.cos(a * t) + (0.5 - config.blackman_coeff) * torch.cos(2 * a * t)
 
 
+@functools.lru_cache(maxsize=32)
+def _fbank_tables(config: FbankConfig, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(mel banks, window)`` on ``device`` (cached; read-only)."""
+    return kaldi_mel_banks(config).to(device), kaldi_window(config).to(device)
+
+
 def _frames(waveform: torch.Tensor, config: FbankConfig) -> torch.Tensor:
     """``[..., m, window_size]`` frames of ``[..., samples]`` (views where possible)."""
     size, shift = config.window_size, config.window_shift
@@ -268,7 +274,7 @@ def kaldi_fbank(waveform: np.ndarray | torch.Tensor, config: FbankConfig,
     if config.preemphasis_coefficient != 0.0:
         previous = torch.cat((frames[..., :1], frames[..., :-1]), dim=-1)
         frames = frames - config.preemphasis_coefficient * previous
-    frames = frames * kaldi_window(config)
+    frames = frames * _fbank_tables(config, str(frames.device))[1]
     if config.padded_window_size != config.window_size:
         frames = torch.nn.functional.pad(frames, (0, config.padded_window_size - config.window_size))
     if energy is None:
@@ -276,7 +282,7 @@ def kaldi_fbank(waveform: np.ndarray | torch.Tensor, config: FbankConfig,
     spectrum = torch.fft.rfft(frames).abs()
     if config.use_power:
         spectrum = spectrum.pow(2.0)
-    out = torch.matmul(spectrum, kaldi_mel_banks(config).to(spectrum.device))
+    out = torch.matmul(spectrum, _fbank_tables(config, str(spectrum.device))[0])
     if config.use_log_fbank:
         out = torch.clamp(out, min=_EPSILON).log()
     if config.use_energy:
@@ -306,6 +312,19 @@ def compute_features(waveform: np.ndarray, config: MelSpectrogramConfig | FbankC
     if isinstance(config, FbankConfig):
         return kaldi_fbank(waveform, config, generator)
     return torch.from_numpy(np.ascontiguousarray(waveform, dtype=np.float32))
+
+
+def features_batch(waveforms: torch.Tensor,
+                   config: MelSpectrogramConfig | FbankConfig | WaveformConfig) -> torch.Tensor:
+    """The features of a batch of equal-length clips ``[B, samples]`` in one call, on their device.
+
+    ``[B, n_mels, frames]`` (log-mel), ``[B, frames, bins]`` (fbank, no dither) or the waveforms.
+    """
+    if isinstance(config, MelSpectrogramConfig):
+        return log_mel_batch(waveforms, config)
+    if isinstance(config, FbankConfig):
+        return kaldi_fbank(waveforms, config)
+    return waveforms
 
 
 def prepare(config: MelSpectrogramConfig | FbankConfig | WaveformConfig) -> None:

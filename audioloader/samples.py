@@ -103,3 +103,13 @@ class Failure:
     """
 
     error: BaseException
+
+
+class BatchEnd(NamedTuple):
+    """Marks the end of a batch in a stream of rows or samples (see `DurationBucketer`).
+
+    The decode stage passes it through unchanged; the `Batcher` then closes the
+    batch there instead of counting ``batch_size`` samples.
+    """
+
+    seq: int

@@ -155,6 +155,13 @@ class ArrowShardReader(BaseNode[RawSample]):
         order = permutation(len(self.splits), self.seed, SALT_SPLIT_ORDER, int(pass_index))
         return [self.splits[i] for i in order[self.rank::self.world_size].tolist()]
 
+    def assignment(self) -> list[list[Split]]:
+        """Every rank's splits of pass 0, in read order (``shuffle=False``: of every pass)."""
+        if self._eval_assignment is not None:
+            return [list(parts) for parts in self._eval_assignment]
+        order = permutation(len(self.splits), self.seed, SALT_SPLIT_ORDER, 0)
+        return [[self.splits[i] for i in order[r::self.world_size].tolist()] for r in range(self.world_size)]
+
     def rows_per_rank(self) -> list[int]:
         """Rows each rank reads in one pass (exact for ``shuffle=False``; pass 0 for ``shuffle=True``)."""
         if self._eval_assignment is not None:

@@ -1,4 +1,4 @@
-"""BatchFeatures: the features of a whole batch in one call, on a GPU (or any torch device)."""
+"""BatchFeatures: the features of a whole batch, computed on a GPU (or any torch device)."""
 
 from __future__ import annotations
 
@@ -7,25 +7,29 @@ from typing import Any
 import torch
 from torchdata.nodes import BaseNode
 
-from ..config import MelSpectrogramConfig
-from ..features import log_mel_batch
+from ..config import FeatureConfig, check_features
+from ..features import features_batch
 
 
 class BatchFeatures(BaseNode[dict]):
-    """Turns the batch's ``waveform`` into its ``spectrogram`` on ``device``, for the whole batch at once.
+    """Turns the batch's ``waveform`` into its features on ``device``.
 
-    Put it after the `Batcher` of a chain whose decode stage delivers cropped
-    waveforms (``DecodeSpectrogram(..., compute_features=False)``). Per batch
-    the log-mel is one batched call (`audioloader.features.log_mel_batch`)
-    instead of ~10 calls per clip in the decode workers: on an H100 0.6 ms for
-    64 clips of 5 s, against ~150 ms of one CPU core.
+    Put it after the `Batcher` of a chain whose decode stage delivers
+    waveforms (``DecodeSpectrogram(..., compute_features=False)``). For a batch
+    of equal-length crops the features are one batched call
+    (`audioloader.features.features_batch`) instead of ~10 calls per clip in the
+    decode workers: for log-mel on an H100 0.6 ms for 64 clips of 5 s, against
+    ~150 ms of one CPU core. A batch of whole utterances (it has ``lengths``) is
+    computed utterance by utterance on the device (so edge frames equal the
+    per-sample path's) and padded again.
 
     Input: a batch dict with ``waveform`` float32 ``[B, samples]`` (page-locked
-    for a GPU: ``Batcher(pin_memory=True)``). Output: the same dict with
-    ``spectrogram`` float32 ``[B, n_mels, frames]`` in place of ``waveform``, and
-    every tensor of the batch on ``device``. Entries marked invalid
-    (``valid`` false: eval padding) get zero features, as the per-sample path
-    gives them.
+    for a GPU: ``Batcher(pin_memory=True)``). Output: the same dict with the
+    features under ``features.batch_key`` (``spectrogram`` ``[B, n_mels, frames]``,
+    ``fbank`` ``[B, frames, bins]``) in place of ``waveform``, ``lengths`` and
+    ``padding_mask`` in frames, and every tensor of the batch on ``device``.
+    Entries marked invalid (``valid`` false: eval padding) get zero features, as
+    the per-sample path gives them.
 
     On CUDA the copies and the features run on a side stream, one batch ahead:
     while the training step works on batch ``k``, batch ``k + 1`` is copied and
@@ -39,16 +43,16 @@ class BatchFeatures(BaseNode[dict]):
 
     Args:
         source: node of batch dicts.
-        features: the log-mel parameters (those the waveforms were cropped for).
+        features: the feature parameters (a `MelSpectrogramConfig`, an `FbankConfig`
+            without dither, or a `WaveformConfig`: then only the device changes).
         device: where the features are computed (``"cuda"``, ``"cuda:1"``, ``"cpu"``...).
-        waveform_key, features_key: the batch keys read and written.
+        waveform_key: the batch key read.
     """
 
-    def __init__(self, source: BaseNode, features: MelSpectrogramConfig, device: str | torch.device, *,
-                 waveform_key: str = "waveform", features_key: str = "spectrogram") -> None:
+    def __init__(self, source: BaseNode, features: FeatureConfig, device: str | torch.device, *,
+                 waveform_key: str = "waveform") -> None:
         super().__init__()
-        if not isinstance(features, MelSpectrogramConfig):
-            raise TypeError(f"features must be a MelSpectrogramConfig, got {type(features).__name__}")
+        check_features(features)
         self.source = source
         self.features = features
         self.device = torch.device(device)
@@ -56,7 +60,7 @@ class BatchFeatures(BaseNode[dict]):
             raise ValueError(f"device={device!r} but CUDA is not available; use device=None (features in the "
                              "decode workers, on the CPU)")
         self.waveform_key = waveform_key
-        self.features_key = features_key
+        self.features_key = features.batch_key
         self._ahead = self.device.type == "cuda"
         self._stream = torch.cuda.Stream(self.device) if self._ahead else None
         self._pending: tuple[dict[str, Any], Any] | None = None
@@ -95,12 +99,29 @@ class BatchFeatures(BaseNode[dict]):
         out = {name: value.to(self.device, non_blocking=True) if isinstance(value, torch.Tensor) else value
                for name, value in batch.items()}
         waveforms = out.pop(self.waveform_key)
-        features = log_mel_batch(waveforms, self.features)
+        variable = "lengths" in out  # whole utterances
+        features = self._per_utterance(waveforms, out) if variable else features_batch(waveforms, self.features)
         valid = out.get("valid")
         if valid is not None:
             features.mul_(valid.view(-1, *([1] * (features.dim() - 1))))  # padding entries: zeros
         out[self.features_key] = features
         return {name: out[name] for name in (self.features_key, *(n for n in out if n != self.features_key))}
+
+    def _per_utterance(self, waveforms: torch.Tensor, out: dict[str, Any]) -> torch.Tensor:
+        """Features of each utterance of a padded batch, padded again; ``lengths``/``padding_mask`` in frames."""
+        cfg = self.features
+        samples = out["lengths"].tolist()
+        frames = [cfg.num_frames(n) if n >= cfg.min_samples() else 0 for n in samples]
+        shape = list(cfg.feature_shape(max(frames, default=0)))
+        padded = torch.zeros((len(samples), *shape), dtype=torch.float32, device=self.device)
+        for i, n in enumerate(samples):
+            if frames[i]:
+                one = features_batch(waveforms[i:i + 1, :n], cfg)[0]
+                padded[i].narrow(cfg.time_axis, 0, frames[i]).copy_(one)
+        lengths = torch.tensor(frames, dtype=torch.int64, device=self.device)
+        out["lengths"] = lengths
+        out["padding_mask"] = torch.arange(shape[cfg.time_axis], device=self.device) >= lengths[:, None]
+        return padded
 
     def _launch_next(self) -> tuple[dict[str, Any], Any] | None:
         """Start copying and transforming the next batch on the side stream; None at the end."""

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torchdata.nodes import BaseNode
 
-from ..samples import Sample
+from ..samples import BatchEnd, Sample
 from ..stats import LoaderStats
 
 #: ``index`` and ``label`` of a padding entry (eval under DDP, see ``num_batches``).
@@ -51,6 +51,17 @@ class Batcher(BaseNode[dict]):
         features_key: the batch key of the stacked features.
         pin_memory: stack the features straight into page-locked memory (for a fast,
             asynchronous copy to a GPU; needs CUDA).
+        time_axis: for samples of different lengths (whole utterances): the axis
+            of one sample's features that is time. Each batch is then zero-padded
+            to its longest sample along it and carries ``lengths`` int64 ``[B]``
+            (that axis's length per sample: frames, or samples for waveforms) and
+            ``padding_mask`` bool ``[B, T]`` (True where padded). Padding entries
+            have length 0; ``spectrogram_shape`` is then the shape at length 0.
+        follow_markers: batches end at the `BatchEnd` markers of the stream (from a
+            `DurationBucketer`) instead of after ``batch_size`` samples; a batch
+            whose rows were all bad is skipped (in eval, with ``num_batches``, it
+            is a batch of padding, so the count stays). Padding batches then have
+            one entry.
     """
 
     SOURCE_KEY = "source"
@@ -60,7 +71,7 @@ class Batcher(BaseNode[dict]):
                  columns: Sequence[str] | None = None, tensor_columns: Collection[str] | None = None,
                  has_labels: bool | None = None,
                  stats: LoaderStats | None = None, features_key: str = "spectrogram",
-                 pin_memory: bool = False) -> None:
+                 pin_memory: bool = False, time_axis: int | None = None, follow_markers: bool = False) -> None:
         super().__init__()
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
@@ -79,6 +90,8 @@ class Batcher(BaseNode[dict]):
         self.stats = stats
         self.features_key = features_key
         self.pin_memory = bool(pin_memory)
+        self.time_axis = time_axis
+        self.follow_markers = bool(follow_markers)
         self._yielded = 0
         self._exhausted = False
 
@@ -94,12 +107,15 @@ class Batcher(BaseNode[dict]):
     def next(self) -> dict[str, Any]:
         if self.num_batches is not None and self._yielded >= self.num_batches:
             raise StopIteration
-        samples = self._take(self.batch_size)
+        while True:
+            samples, closed = self._take(self.batch_size)
+            if samples or not closed or self.num_batches is not None:
+                break  # else: every row of a planned batch was bad; take the next batch
         if not samples:
             if self.num_batches is None:
                 raise StopIteration
-            batch = self._collate([], pad=self.batch_size)
-        elif len(samples) < self.batch_size and self.drop_last:
+            batch = self._collate([], pad=1 if self.follow_markers else self.batch_size)
+        elif len(samples) < self.batch_size and self.drop_last and not self.follow_markers:
             raise StopIteration
         else:
             batch = self._collate(samples, pad=0)
@@ -109,18 +125,31 @@ class Batcher(BaseNode[dict]):
             self.stats.count("samples", len(samples))
         return batch
 
-    def _take(self, n: int) -> list[Sample]:
+    def _take(self, n: int) -> tuple[list[Sample], bool]:
+        """The next batch's samples, and whether a `BatchEnd` marker closed it."""
         samples: list[Sample] = []
-        while len(samples) < n and not self._exhausted:
+        while (self.follow_markers or len(samples) < n) and not self._exhausted:
             try:
-                samples.append(next(self.source))
+                item = next(self.source)
             except StopIteration:
                 self._exhausted = True
-        return samples
+                break
+            if isinstance(item, BatchEnd):
+                if self.follow_markers:
+                    return samples, True
+                continue
+            samples.append(item)
+        return samples, False
 
     def _collate(self, samples: Sequence[Sample], pad: int) -> dict[str, Any]:
         """Stack ``samples`` and append ``pad`` padding entries."""
-        batch: dict[str, Any] = {self.features_key: self._stack([s.features for s in samples], pad)}
+        batch: dict[str, Any] = {}
+        if self.time_axis is None:
+            batch[self.features_key] = self._stack([s.features for s in samples], pad)
+        else:
+            batch[self.features_key], lengths = self._pad([s.features for s in samples], pad)
+            batch["lengths"] = lengths
+            batch["padding_mask"] = torch.arange(batch[self.features_key].shape[1 + self.time_axis]) >= lengths[:, None]
         labels = [s.label for s in samples]
         has_labels = self.has_labels if self.has_labels is not None else (not samples or labels[0] is not None)
         if has_labels:
@@ -142,6 +171,17 @@ class Batcher(BaseNode[dict]):
         if pad:
             out[len(features):].zero_()
         return out
+
+    def _pad(self, features: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``features`` zero-padded to the longest along ``time_axis``, then ``pad`` empty entries; and the lengths."""
+        axis = self.time_axis
+        lengths = [f.shape[axis] for f in features] + [0] * pad
+        shape = list(features[0].shape if features else self.spectrogram_shape)
+        shape[axis] = max(lengths, default=0)
+        out = torch.zeros((len(lengths), *shape), dtype=torch.float32, pin_memory=self.pin_memory)
+        for i, f in enumerate(features):
+            out[i].narrow(axis, 0, lengths[i]).copy_(f)
+        return out, torch.tensor(lengths, dtype=torch.int64)
 
     def _collate_column(self, name: str, values: list[Any], pad: int) -> Any:
         numeric = (name in self.tensor_columns if self.tensor_columns is not None

@@ -17,7 +17,7 @@ from ..audio import load_clip, probe_seconds
 from ..config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, check_features
 from ..errors import DecodeError, ErrorBudgetExceeded
 from ..features import compute_features, prepare
-from ..samples import BadRow, Key, RawSample, Sample
+from ..samples import BadRow, BatchEnd, Key, RawSample, Sample
 from ..stats import MAX_REPORTED_BAD_ROWS, LoaderStats
 from .parallel_map import BACKENDS, ParallelMap
 
@@ -65,7 +65,9 @@ class SampleDecoder:
         self._min = max(round(length.min_seconds * rate), 0)
         self._stage = {"spectrogram": "mel"}.get(features.batch_key, features.batch_key)  # stats' stage name
 
-    def __call__(self, raw: RawSample) -> Sample | BadRow:
+    def __call__(self, raw: RawSample | BatchEnd) -> Sample | BadRow | BatchEnd:
+        if isinstance(raw, BatchEnd):
+            return raw  # a batch boundary from a DurationBucketer: passed on as is
         key = raw.key
         if raw.problem is not None or raw.audio is None:
             return BadRow(key, raw.file, raw.row, raw.problem or "audio is null")
@@ -297,6 +299,8 @@ class DecodeSpectrogram(BaseNode[Sample]):
         while True:
             self._check_budget()
             item = next(self._mapper)
+            if isinstance(item, BatchEnd):
+                return item
             self._rows_seen += 1
             if isinstance(item, BadRow):
                 self._on_bad_row(item)
