@@ -5,7 +5,7 @@
 """
 
 from .audio_loader import AudioLoader
-from .config import MelSpectrogramConfig
+from .config import FbankConfig, LengthPolicy, MelSpectrogramConfig, WaveformConfig
 from .errors import (
     AudioLoaderError,
     CheckpointMismatchError,
@@ -15,6 +15,7 @@ from .errors import (
     ShardReadError,
 )
 from .loader import Loader
+from .options import Bucketing, Shuffle, Workers
 from .samples import BadRow, Key, RawSample, Sample
 from .shards import ShardDataset, SourceNotFoundError
 from .writer import ShardWriter
@@ -25,10 +26,13 @@ __all__ = [
     "AudioLoader",
     "AudioLoaderError",
     "BadRow",
+    "Bucketing",
     "CheckpointMismatchError",
     "DecodeError",
     "ErrorBudgetExceeded",
+    "FbankConfig",
     "Key",
+    "LengthPolicy",
     "Loader",
     "MelSpectrogramConfig",
     "RawSample",
@@ -37,6 +41,9 @@ __all__ = [
     "ShardDataset",
     "ShardReadError",
     "ShardWriter",
+    "Shuffle",
     "SourceNotFoundError",
+    "WaveformConfig",
+    "Workers",
     "__version__",
 ]

@@ -243,6 +243,8 @@ def _frames(waveform: torch.Tensor, config: FbankConfig) -> torch.Tensor:
         else:
             waveform = torch.cat((waveform[..., -pad:], reversed_), dim=-1)
         return waveform.unfold(-1, size, shift)[..., :m, :]
+    if waveform.shape[-1] < size:  # no whole frame
+        return waveform.new_empty((*waveform.shape[:-1], 0, size))
     return waveform.unfold(-1, size, shift)
 
 

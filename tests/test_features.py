@@ -1,7 +1,8 @@
-"""audioloader.features: log-mel equal to torchaudio, shapes, caching, config validation."""
+"""audioloader.features: log-mel and Kaldi fbank equal to torchaudio, shapes, caching, config validation."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -9,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from audioloader.config import MelSpectrogramConfig
-from audioloader.features import hann_window, log_mel, mel_filterbank
+from audioloader.config import FbankConfig, MelSpectrogramConfig, WaveformConfig
+from audioloader.features import compute_features, features_batch, hann_window, kaldi_fbank, log_mel, mel_filterbank
 
 CONFIGS = {
     "defaults": MelSpectrogramConfig(),
@@ -101,3 +102,90 @@ def test_library_does_not_import_torchaudio():
 def test_config_validation_names_the_field(kwargs, field):
     with pytest.raises(ValueError, match=rf"MelSpectrogramConfig\.{field}="):
         MelSpectrogramConfig(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- Kaldi fbank
+
+FBANK_CONFIGS = {
+    "defaults": FbankConfig(),
+    "40-bins-energy": FbankConfig(num_mel_bins=40, use_energy=True),
+    "hamming-no-snip": FbankConfig(window_type="hamming", snip_edges=False),
+    "plain": FbankConfig(preemphasis_coefficient=0.0, remove_dc_offset=False, round_to_power_of_two=False),
+    "energy-last-windowed": FbankConfig(use_energy=True, htk_compat=True, raw_energy=False, energy_floor=0.0),
+    "8k-blackman-cmn": FbankConfig(sample_rate=8000, low_freq=64.0, high_freq=-400.0, window_type="blackman",
+                                   subtract_mean=True),
+    "linear-magnitude": FbankConfig(use_power=False, use_log_fbank=False, window_type="rectangular"),
+    "int16-range": FbankConfig(input_scale=32768.0),
+}
+
+
+def kaldi_reference(config: FbankConfig, x: torch.Tensor) -> torch.Tensor:
+    torchaudio = pytest.importorskip("torchaudio")
+    arguments = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+                 if f.name not in ("sample_rate", "input_scale")}
+    return torchaudio.compliance.kaldi.fbank((x * config.input_scale).unsqueeze(0),
+                                             sample_frequency=config.sample_rate, **arguments)
+
+
+@pytest.mark.parametrize("name", sorted(FBANK_CONFIGS))
+@pytest.mark.parametrize("samples", [16000, 12345, 400, 401, 3000])
+def test_fbank_equals_torchaudio_kaldi(name, samples):
+    config = FBANK_CONFIGS[name]
+    x = ((torch.rand(samples, generator=torch.Generator().manual_seed(samples)) - 0.5) * 0.6)
+    ours, ref = kaldi_fbank(x, config), kaldi_reference(config, x)
+    assert ours.dtype == torch.float32
+    assert ours.shape == ref.shape == config.feature_shape(config.num_frames(samples))
+    if ref.numel():
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+
+
+def test_fbank_of_a_clip_shorter_than_one_frame_is_empty():
+    config = FbankConfig()
+    assert kaldi_fbank(torch.zeros(config.window_size - 1), config).shape == (0, 80)
+    assert config.num_frames(config.window_size - 1) == 0 and config.min_samples() == config.window_size
+
+
+def test_fbank_dither_is_the_generators_noise():
+    config = FbankConfig(dither=1.0)
+    x = torch.zeros(4000)
+    a = kaldi_fbank(x, config, torch.Generator().manual_seed(7))
+    b = kaldi_fbank(x, config, torch.Generator().manual_seed(7))
+    c = kaldi_fbank(x, config, torch.Generator().manual_seed(8))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert float(a.std()) > 0  # the noise lifts silence off the epsilon floor
+
+
+def test_features_of_every_kind_have_their_shape_and_key():
+    x = np.random.default_rng(0).uniform(-0.5, 0.5, 16000).astype(np.float32)
+    for config, shape in ((MelSpectrogramConfig(sample_rate=16000, n_fft=400, hop_length=160, n_mels=80),
+                           (80, 101)), (FbankConfig(), (98, 80)), (WaveformConfig(), (16000,))):
+        out = compute_features(x, config)
+        assert tuple(out.shape) == shape == config.feature_shape(config.num_frames(16000))
+        assert out.shape[config.time_axis] == config.num_frames(16000)
+    assert [c.batch_key for c in (MelSpectrogramConfig(), FbankConfig(), WaveformConfig())] == \
+        ["spectrogram", "fbank", "waveform"]
+
+
+def test_batched_features_equal_per_clip_features():
+    x = torch.from_numpy(np.random.default_rng(1).uniform(-0.5, 0.5, (3, 8000)).astype(np.float32))
+    for config in (MelSpectrogramConfig(sample_rate=16000, clip_seconds=0.5, n_fft=400, hop_length=160, n_mels=40),
+                   FbankConfig(num_mel_bins=40, subtract_mean=True)):
+        batch = features_batch(x, config)
+        for i in range(3):
+            torch.testing.assert_close(batch[i], compute_features(x[i].numpy(), config), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"num_mel_bins": 3}, "num_mel_bins"), ({"frame_length": 0.05}, "frame_length"),
+    ({"frame_shift": 0.0}, "frame_shift"), ({"window_type": "kaiser"}, "window_type"),
+    ({"low_freq": 9000.0}, "low_freq"), ({"dither": -1.0}, "dither"), ({"input_scale": 0}, "input_scale"),
+    ({"preemphasis_coefficient": 1.5}, "preemphasis_coefficient"), ({"sample_rate": 0}, "sample_rate"),
+])
+def test_fbank_config_validation_names_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=rf"FbankConfig\.{field}"):
+        FbankConfig(**kwargs)
+
+
+def test_waveform_config_validation():
+    with pytest.raises(ValueError, match=r"WaveformConfig\.sample_rate"):
+        WaveformConfig(sample_rate=-1)

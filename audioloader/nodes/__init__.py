@@ -14,9 +14,11 @@ from .batch_features import BatchFeatures
 from .batcher import Batcher
 from .catch_failures import CatchFailures
 from .decode_spectrogram import DecodeSpectrogram
+from .duration_bucketer import DurationBucketer
 from .parallel_map import ParallelMap
 from .prefetcher import Prefetcher
 from .shuffle_buffer import ShuffleBuffer
 
-__all__ = ["ArrowShardReader", "BatchFeatures", "Batcher", "CatchFailures", "DecodeSpectrogram", "ParallelMap",
+__all__ = ["ArrowShardReader", "BatchFeatures", "Batcher", "CatchFailures", "DecodeSpectrogram", "DurationBucketer",
+           "ParallelMap",
            "Prefetcher", "ShuffleBuffer"]
