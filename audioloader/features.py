@@ -253,7 +253,8 @@ def kaldi_fbank(waveform: np.ndarray | torch.Tensor, config: FbankConfig,
     """Kaldi filterbanks of one mono clip, equal to ``torchaudio.compliance.kaldi.fbank``.
 
     Args:
-        waveform: float32 ``[samples]`` at ``config.sample_rate`` Hz (before ``input_scale``).
+        waveform: float32 ``[samples]`` (or a batch ``[..., samples]``) at ``config.sample_rate`` Hz,
+            before ``input_scale``.
         config: the feature parameters.
         generator: the source of the dither noise (``config.dither > 0``); the
             decode stage seeds it from the row's key.
@@ -267,26 +268,32 @@ def kaldi_fbank(waveform: np.ndarray | torch.Tensor, config: FbankConfig,
         x = x * config.input_scale
     frames = _frames(x, config)
     if frames.shape[-2] == 0:
-        return torch.empty((0, config.num_features), dtype=torch.float32)
+        return x.new_empty((*x.shape[:-1], 0, config.num_features))
     if config.dither != 0.0:
-        frames = frames + torch.randn(frames.shape, generator=generator) * config.dither
+        frames = frames + torch.randn(frames.shape, generator=generator).to(frames.device) * config.dither
     if config.remove_dc_offset:
         frames = frames - frames.mean(dim=-1, keepdim=True)
-    energy = _log_energy(frames, config) if config.raw_energy else None
-    if config.preemphasis_coefficient != 0.0:
-        previous = torch.cat((frames[..., :1], frames[..., :-1]), dim=-1)
-        frames = frames - config.preemphasis_coefficient * previous
-    frames = frames * _fbank_tables(config, str(frames.device))[1]
-    if config.padded_window_size != config.window_size:
-        frames = torch.nn.functional.pad(frames, (0, config.padded_window_size - config.window_size))
-    if energy is None:
-        energy = _log_energy(frames, config)
-    spectrum = torch.fft.rfft(frames).abs()
-    if config.use_power:
-        spectrum = spectrum.pow(2.0)
-    out = torch.matmul(spectrum, _fbank_tables(config, str(spectrum.device))[0])
+    energy = _log_energy(frames, config) if config.use_energy and config.raw_energy else None
+    mel_banks, window = _fbank_tables(config, str(frames.device))
+    # Pre-emphasis, window and the FFT's zero padding written into one buffer (torchaudio
+    # makes a copy for each); x[j] - k * x[j - 1], with x[-1] = x[0] as Kaldi does.
+    size = config.window_size
+    buffer = frames.new_zeros((*frames.shape[:-1], config.padded_window_size))
+    k = config.preemphasis_coefficient
+    if k != 0.0:
+        torch.sub(frames[..., 1:], frames[..., :-1], alpha=k, out=buffer[..., 1:size])
+        torch.mul(frames[..., :1], 1.0 - k, out=buffer[..., :1])
+    else:
+        buffer[..., :size] = frames
+    buffer[..., :size] *= window
+    if config.use_energy and energy is None:
+        energy = _log_energy(buffer, config)
+    spectrum = torch.fft.rfft(buffer)
+    # re^2 + im^2, not abs()^2: no square root per bin (equal up to rounding).
+    power = spectrum.real.square().add_(spectrum.imag.square())
+    out = torch.matmul(power if config.use_power else power.sqrt_(), mel_banks)
     if config.use_log_fbank:
-        out = torch.clamp(out, min=_EPSILON).log()
+        out.clamp_(min=_EPSILON).log_()
     if config.use_energy:
         energy = energy.unsqueeze(-1)
         out = torch.cat((out, energy) if config.htk_compat else (energy, out), dim=-1)
