@@ -10,7 +10,8 @@ Inputs:
   relative paths are relative to the CSV file's folder.
 
 Output: ``OUT/shard-00000.arrow`` (or ``.parquet``), ... written with
-``ShardWriter`` (columns ``audio``, ``label``, ``path``) plus ``OUT/labels.json``
+``ShardWriter`` (columns ``audio``, ``label``, ``path``, ``duration``: seconds of
+the stored audio, from its header, for batching by duration) plus ``OUT/labels.json``
 (``{name: id}``). Rows are in sorted input order (or a seeded permutation of it),
 so the same inputs give the same shards, byte for byte.
 
@@ -39,6 +40,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from audioloader.audio import probe_seconds
+from audioloader.errors import DecodeError
 from audioloader.writer import FORMATS, ShardWriter
 
 __all__ = ["AUDIO_EXTENSIONS", "CODECS", "PackItem", "add_arguments", "collect_inputs", "pack", "reencode",
@@ -388,11 +391,11 @@ def _write_shards(items: list[PackItem], out_dir: Path, written: list[Path], *, 
                 writer = None
             if writer is None:
                 path = out_dir / f"shard-{len(written):05d}.{_EXTENSION[fmt]}"
-                writer = ShardWriter(path, fmt, label_names=label_names, extra_columns={"path": pa.string()},
-                                     rows_per_batch=rows_per_batch)
+                writer = ShardWriter(path, fmt, label_names=label_names, rows_per_batch=rows_per_batch,
+                                     extra_columns={"path": pa.string(), "duration": pa.float64()})
                 writer.open()
                 rows = size = 0
-            writer.write(data, item.label, path=item.rel)
+            writer.write(data, item.label, path=item.rel, duration=_seconds(data))
             rows += 1
             size += len(data)
             bar.update()
@@ -404,6 +407,14 @@ def _write_shards(items: list[PackItem], out_dir: Path, written: list[Path], *, 
         if writer is not None:
             writer.abort()
         bar.close()
+
+
+def _seconds(data: bytes) -> float | None:
+    """Duration of encoded audio from its header, or None (null) when it cannot be read."""
+    try:
+        return probe_seconds(data)
+    except DecodeError:
+        return None
 
 
 # -- command line --------------------------------------------------------------------------------------

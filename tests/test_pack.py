@@ -70,6 +70,7 @@ def test_pack_class_folders_stores_original_bytes(tmp_path, tree, fmt):
     assert [r["path"] for r in rows] == sorted(files)
     for r in rows:
         assert r["audio"] == files[r["path"]]  # untouched, byte for byte
+        assert r["duration"] == pytest.approx(sf.info(io.BytesIO(r["audio"])).duration)  # for bucketing
     names = ["bird", "cat", "dog"]  # sorted sub-folder names
     assert [names[r["label"]] for r in rows] == [p.split("/")[0] for p in sorted(files)]
     assert json.loads((tmp_path / "out" / "labels.json").read_text()) == {"bird": 0, "cat": 1, "dog": 2}
