@@ -53,6 +53,17 @@ def test_hf_dataset_save_to_disk_and_parquet():
     assert "save_to_disk and to_parquet give identical eval batches: True" in out
 
 
+
+def test_speech_batches_resume_mid_pass_and_evaluate_each_utterance_once():
+    pytest.importorskip("datasets")
+    out = run_example("speech_batches.py", "--utterances", 24, "--max-duration", 20, "--batches", 3)
+    steps = re.findall(r"train step \d+: fbank \((\d+), (\d+), 80\), ([\d.]+) s of speech, padding efficiency "
+                       r"([\d.]+), first text '[a-z ]+'", out)
+    assert len(steps) == 3, out
+    assert all(float(seconds) <= 20.0 for _, _, seconds, _ in steps), out  # max_duration holds
+    assert "resumed mid-pass: next 3 batches identical: True" in out, out
+    assert "eval: 24 utterances in" in out and "each exactly once: True" in out, out
+
 # -- the code in the documentation ------------------------------------------------------------------
 
 DOCS = ROOT / "docs"
