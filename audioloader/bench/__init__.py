@@ -19,10 +19,13 @@ in the same run, because absolute numbers on a shared machine drift):
   train mode until the shuffle buffer has grown to capacity);
 - first batch: seconds from constructing the loader (after imports) to the
   first batch;
-- peak RSS: the largest sum of resident memory over the contender's process
-  and all its descendants (DataLoader workers included), sampled from /proc
-  every 50 ms; "anon" leaves out file-backed pages (the memory-mapped shards,
-  shared libraries), which the kernel can drop;
+- peak memory: the largest sum over the contender's process and all its
+  descendants (worker processes included), from /proc: PSS (proportional set
+  size, every 0.5 s: a page shared by n processes counts 1/n in each, so the
+  sum is the tree's real footprint; the memory target uses it), RSS (every
+  50 ms: counts pages that forked workers share, such as libtorch and the
+  memory-mapped shards, once per process) and anon RSS (without file-backed
+  pages, which the kernel can drop);
 - checkpoint: bytes of ``torch.save(loader.state_dict())`` with the shuffle
   buffer full, and the seconds from ``load_state_dict`` to the first batch in a
   new process (the resumed batch is checked against the uninterrupted run);
@@ -79,8 +82,9 @@ def _median_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
         chosen["samples_per_s"] = statistics.median(r["samples_per_s"] for r in ok)
         chosen["rounds_samples_per_s"] = [r.get("samples_per_s") if r.get("ok") else None for r in runs]
         chosen["rounds_first_batch_s"] = [r.get("first_batch_s") if r.get("ok") else None for r in runs]
-        for key in ("peak_rss_bytes", "peak_rss_anon_bytes"):
-            chosen[key] = int(statistics.median(r[key] for r in ok))
+        for key in ("peak_rss_bytes", "peak_rss_anon_bytes", "peak_pss_bytes"):
+            if all(r.get(key) is not None for r in ok):
+                chosen[key] = int(statistics.median(r[key] for r in ok))
         if all(r.get("first_batch_s") is not None for r in ok):
             chosen["first_batch_s"] = statistics.median(r["first_batch_s"] for r in ok)
     return chosen

@@ -59,6 +59,7 @@ def ratios_of(out: dict[str, Any]) -> dict[str, float | None]:
     for name in (f"audioloader-train-w{w}", *(n for n in c if n.startswith("audioloader-eval") and "+" not in n),
                  *(n for n in c if n.startswith("audioloader-train") and "+" in n)):
         if name in c:
+            ratios[f"{name} peak PSS / baseline's"] = _ratio(c, name, "baseline-torchaudio", "peak_pss_bytes")
             ratios[f"{name} peak RSS / baseline's"] = _ratio(c, name, "baseline-torchaudio", "peak_rss_bytes")
             ratios[f"{name} peak anon RSS / baseline's"] = _ratio(c, name, "baseline-torchaudio",
                                                                   "peak_rss_anon_bytes")
@@ -78,7 +79,8 @@ def targets_of(out: dict[str, Any]) -> list[dict[str, Any]]:
         "throughput_vs_ceiling": (ratios.get(f"{train} / ceiling"), f"{train} vs ceiling"),
         "first_batch_eval_vs_baseline": (ratios.get(f"{eval_name} first batch / baseline's"),
                                          f"{eval_name} vs baseline-torchaudio"),
-        "peak_rss_vs_baseline": (ratios.get(f"{train} peak RSS / baseline's"), f"{train} vs baseline-torchaudio"),
+        "peak_memory_vs_baseline": (ratios.get(f"{train} peak PSS / baseline's"),
+                                    f"{train} vs baseline-torchaudio (PSS of the process tree)"),
     }
     at_10000 = [r["checkpoint_bytes"] for r in out["resume"].values() if r.get("buffer") == 10000
                 and r.get("checkpoint_bytes") is not None]
@@ -134,7 +136,7 @@ def log_line(name: str, r: dict[str, Any], log) -> None:
         parts.append(f"restore {r['restore_first_batch_s']:.2f} s, exact={r.get('exact')}")
     if r.get("checkpoint_bytes") is not None:
         parts.append(f"checkpoint {r['checkpoint_bytes'] / 1024:.1f} KiB")
-    parts.append(f"peak RSS {_mib(r.get('peak_rss_bytes'))} MiB")
+    parts.append(f"peak PSS {_mib(r.get('peak_pss_bytes'))} MiB, RSS {_mib(r.get('peak_rss_bytes'))} MiB")
     if r.get("others_cores") is not None:
         parts.append(f"others {r['others_cores']:.2f} cores")
     log(f"  {name}: " + ", ".join(parts))
@@ -155,12 +157,12 @@ def format_report(out: dict[str, Any]) -> str:
                      f"{train['shuffle_before_decode']}")
     lines.append("")
     header = ("contender", "samples/s", "x baseline", "x ceiling", "per CPU-s", "first batch s",
-              "peak RSS MiB", "anon MiB", "cores used", "others")
+              "peak PSS MiB", "peak RSS MiB", "anon MiB", "cores used", "others")
     rows = []
     failures = []
     for name, r in c.items():
         if not r.get("ok"):
-            rows.append((name, "FAILED", *[""] * 8))
+            rows.append((name, "FAILED", *[""] * 9))
             failures.append(f"  {name}: {r.get('error')}")
             continue
         ceiling = next((v for k, v in ratios.items() if k.startswith(f"{name} / ceiling")), None)
@@ -170,7 +172,7 @@ def format_report(out: dict[str, Any]) -> str:
             _fmt(ceiling, ".2f", "x"),
             _fmt(r.get("samples_per_cpu_s"), ".1f"),
             _fmt(r.get("first_batch_s"), ".2f"),
-            _mib(r.get("peak_rss_bytes")), _mib(r.get("peak_rss_anon_bytes")),
+            _mib(r.get("peak_pss_bytes")), _mib(r.get("peak_rss_bytes")), _mib(r.get("peak_rss_anon_bytes")),
             _fmt(r.get("cores_used"), ".2f"),
             _fmt(r.get("others_cores"), ".2f") + (" !" if r.get("disturbed") else ""),
         ))
