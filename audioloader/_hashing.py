@@ -18,6 +18,20 @@ SALT_AUGMENT = 0x41554753  # "AUGS"
 SALT_SPLIT_ORDER = 0x53504C54  # "SPLT"
 SALT_SHUFFLE = 0x53485546  # "SHUF"
 SALT_DITHER = 0x44495448  # "DITH"
+# Mixing and augmentation (audioloader.mix, audioloader.augment): one salt per choice.
+SALT_MIX = 0x4D495853  # "MIXS": which source the next draw of a mix takes
+SALT_SOURCE = 0x53524345  # "SRCE": a source's own seed (its split order per pass)
+SALT_APPLY = 0x4150504C  # "APPL": whether an augmentation applies to a sample (its probability p)
+SALT_GAIN = 0x4741494E  # "GAIN"
+SALT_NOISE_ROW = 0x4E524F57  # "NROW": which noise row
+SALT_NOISE_OFFSET = 0x4E4F4646  # "NOFF": where in the noise row
+SALT_NOISE_SNR = 0x4E534E52  # "NSNR"
+SALT_SPEED = 0x53504544  # "SPED"
+SALT_REVERB_ROW = 0x52524F57  # "RROW": which impulse response
+SALT_FREQ_MASK = 0x464D534B  # "FMSK"
+SALT_TIME_MASK = 0x544D534B  # "TMSK"
+SALT_MIXUP = 0x4D495855  # "MIXU": the mixup weight
+SALT_MIXUP_PAIR = 0x4D585052  # "MXPR": the mixup partner
 
 
 def splitmix64(x: int) -> int:
@@ -41,6 +55,20 @@ def uniform_int(n: int, *parts: int) -> int:
     if n <= 0:
         raise ValueError(f"uniform_int needs n > 0, got {n}")
     return mix(*parts) % n
+
+
+def uniform(*parts: int) -> float:
+    """A float in ``[0, 1)`` that is a pure function of ``parts`` (53 random bits)."""
+    return (mix(*parts) >> 11) * (1.0 / (1 << 53))
+
+
+def salt_at(salt: int, position: int) -> int:
+    """``salt`` for the item at ``position`` of a list (e.g. of augmentations).
+
+    Position 0 is ``salt`` itself; the position sits above the 32-bit salts, so
+    two items of one kind in a list draw independently.
+    """
+    return salt | (int(position) << 32)
 
 
 def generator(*parts: int) -> np.random.Generator:

@@ -1,9 +1,10 @@
 """The records that flow between the nodes.
 
 A row's identity is its ``Key``: the global row ``index`` (the file's offset in
-the sorted file list plus the row number in that file) and the ``pass_index``
-(which sweep over the data produced it). Every random choice about a sample is a
-pure function of ``(seed, key)``.
+the sorted file list plus the row number in that file), the ``pass_index``
+(which sweep over the data produced it) and, in a mix of several sources, the
+``source`` (its position in the `audioloader.Mix`). Every random choice about a
+sample is a pure function of ``(seed, key)``.
 """
 
 from __future__ import annotations
@@ -15,10 +16,27 @@ import torch
 
 
 class Key(NamedTuple):
-    """Identity of one sample: global row index and the pass that produced it."""
+    """Identity of one sample: global row index, the pass that produced it, and its source in a mix.
+
+    ``index`` counts rows within the sample's own source; ``source`` is 0 for a
+    single source (and for the first source of a mix).
+    """
 
     index: int
     pass_index: int
+    source: int = 0
+
+    def parts(self) -> tuple[int, ...]:
+        """The integers every random choice about this sample hashes (see `audioloader._hashing`).
+
+        ``(index, pass)`` for source 0, ``(index, pass, source)`` otherwise: a
+        single-source loader draws exactly what it drew before sources existed
+        (same crops, same checkpoints), and the samples of other sources draw
+        independently of it.
+        """
+        if self.source == 0:
+            return (self.index, self.pass_index)
+        return (self.index, self.pass_index, self.source)
 
 
 @dataclass(slots=True)
@@ -57,6 +75,10 @@ class Sample:
             (log when the config's ``log`` is on), or the cropped waveform
             ``[samples]`` when features are computed per batch instead.
         label, extras, file, row: carried over from the ``RawSample``.
+        batch_params: parameters of augmentations that run per batch, after the
+            decode workers (`audioloader.augment`: SpecAugment masks where features
+            are computed per batch, Mixup draws), ``{name: numpy array}``, or None.
+            Drawn in the worker from ``(seed, key)`` like every other random choice.
     """
 
     key: Key
@@ -65,6 +87,7 @@ class Sample:
     extras: dict[str, Any] = field(default_factory=dict)
     file: str = ""
     row: int = -1
+    batch_params: dict[str, Any] | None = None
 
     @property
     def spectrogram(self) -> torch.Tensor:
@@ -89,8 +112,11 @@ class BadRow:
 
     def report(self) -> dict[str, Any]:
         """A plain-dict record for ``loader.stats()`` and error reports."""
-        return {"index": self.key.index, "pass": self.key.pass_index, "file": self.file,
-                "row": self.row, "reason": self.reason}
+        report = {"index": self.key.index, "pass": self.key.pass_index, "file": self.file,
+                  "row": self.row, "reason": self.reason}
+        if self.key.source:
+            report["source"] = self.key.source
+        return report
 
 
 @dataclass(slots=True)

@@ -5,13 +5,83 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from .samples import BadRow
+import numpy as np
+
+from .samples import BadRow, Key
 
 #: How many bad-row records `LoaderStats` keeps for the report (the count is exact regardless).
 MAX_REPORTED_BAD_ROWS = 1000
+
+
+class ShuffleQuality:
+    """Online figures of how well the stream of samples is mixed, and their full-shuffle references.
+
+    - displacement: for each sample leaving a `ShuffleBuffer`, ``|emitted position -
+      arrival position|`` in samples through the buffer (0 without a buffer);
+    - per batch: the number of distinct splits (and, in a mix, sources) its
+      samples come from.
+
+    References are what a uniformly random draw from one pass of this rank's data
+    would give (``configure``): a random permutation of ``N`` rows displaces
+    a row by ``N / 3`` on average; a batch of ``B`` uniform draws touches
+    ``sum_j 1 - (1 - p_j) ** B`` distinct splits (``p_j``: the split's share of
+    the draws). See docs/mixing.md for how to size the buffer from them.
+    """
+
+    def __init__(self) -> None:
+        self.displacement_sum = 0
+        self.displaced = 0
+        self.batches = 0
+        self.splits_sum = 0
+        self.sources_sum = 0
+        self._split_starts: list[np.ndarray] | None = None  # per source: sorted first row index of each split
+        self.references: dict[str, float] = {}
+
+    def configure(self, split_rows: Sequence[Sequence[tuple[int, int]]], weights: Sequence[float],
+                  batch_size: int) -> None:
+        """Enable the per-batch split figure: ``split_rows[s]`` = ``[(first index, rows)]`` of source ``s``'s splits.
+
+        ``weights``: each source's share of the draws; ``batch_size``: for the references.
+        """
+        self._split_starts = [np.sort(np.array([start for start, _ in splits], dtype=np.int64))
+                              for splits in split_rows]
+        rows = [sum(n for _, n in splits) for splits in split_rows]
+        shares = [w * n / r for w, splits, r in zip(weights, split_rows, rows, strict=True) if r for _, n in splits]
+        self.references = {
+            "full_shuffle_displacement": sum(rows) / 3,
+            "full_shuffle_splits_per_batch": float(sum(1 - (1 - p) ** batch_size for p in shares)),
+        }
+        if len(weights) > 1:
+            self.references["full_shuffle_sources_per_batch"] = float(
+                sum(1 - (1 - w) ** batch_size for w in weights))
+
+    def add_batch(self, keys: Sequence[Key]) -> None:
+        sources = np.fromiter((k.source for k in keys), np.int64, len(keys))
+        self.batches += 1
+        self.sources_sum += len(np.unique(sources))
+        if self._split_starts is None:
+            return
+        indices = np.fromiter((k.index for k in keys), np.int64, len(keys))
+        splits = np.empty(len(keys), np.int64)
+        for source in np.unique(sources).tolist():
+            here = sources == source
+            splits[here] = np.searchsorted(self._split_starts[source], indices[here], side="right")
+        self.splits_sum += len(np.unique(sources << 40 | splits))
+
+    def summary(self, mixed: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {"displaced_samples": self.displaced, "batches": self.batches}
+        if self.displaced:
+            out["mean_displacement"] = self.displacement_sum / self.displaced
+        if self.batches and self._split_starts is not None:
+            out["splits_per_batch"] = self.splits_sum / self.batches
+        if self.batches and mixed:
+            out["sources_per_batch"] = self.sources_sum / self.batches
+        out.update(self.references)
+        return out
 
 
 class LoaderStats:
@@ -22,6 +92,9 @@ class LoaderStats:
     ``mel``, ``wait``), summed over threads, so they can exceed elapsed time.
     ``bad_rows``: the most recent `MAX_REPORTED_BAD_ROWS` reports of rows that could
     not be decoded; ``skipped_rows``: of rows the length policy left out.
+    ``shuffle``: the `ShuffleQuality` figures. ``sources``: per source of a mix
+    (`describe_sources`), its weight and counters (``samples`` batched,
+    ``rows_read``, ``passes`` started).
     """
 
     def __init__(self) -> None:
@@ -31,6 +104,38 @@ class LoaderStats:
         self.gauges: dict[str, Any] = {}
         self.bad_rows: deque[dict[str, Any]] = deque(maxlen=MAX_REPORTED_BAD_ROWS)
         self.skipped_rows: deque[dict[str, Any]] = deque(maxlen=MAX_REPORTED_BAD_ROWS)
+        self.shuffle = ShuffleQuality()
+        self.source_names: list[str] = []
+        self.source_weights: list[float] = []
+        self.source_counters: list[dict[str, int]] = []
+
+    def describe_sources(self, names: Sequence[str], weights: Sequence[float]) -> None:
+        """Name the sources of a mix (in key order) and their weights: ``stats()`` then reports per source."""
+        self.source_names = list(names)
+        self.source_weights = [float(w) for w in weights]
+        self.source_counters = [defaultdict(int) for _ in names]
+
+    def count_source(self, source: int, name: str, n: int = 1) -> None:
+        """Add ``n`` to counter ``name`` of source ``source`` (a no-op outside a mix)."""
+        if self.source_counters:
+            with self._lock:
+                self.source_counters[source][name] += n
+
+    def record_displacement(self, displacement: int) -> None:
+        """One sample left the shuffle buffer ``displacement`` positions from where it arrived."""
+        with self._lock:
+            self.shuffle.displacement_sum += displacement
+            self.shuffle.displaced += 1
+
+    def record_batch(self, keys: Sequence[Key]) -> None:
+        """The keys of one batch's real samples: splits and sources per batch, samples per source."""
+        if not keys:
+            return
+        with self._lock:
+            self.shuffle.add_batch(keys)
+            if self.source_counters:
+                for key in keys:
+                    self.source_counters[key.source]["samples"] += 1
 
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -88,12 +193,24 @@ class LoaderStats:
         return (LoaderStats, ())
 
     def snapshot(self) -> dict[str, Any]:
-        """A plain-dict copy: ``{"counters", "seconds", "gauges", "bad_rows", "skipped_rows"}``."""
+        """A plain-dict copy: ``{"counters", "seconds", "gauges", "bad_rows", "skipped_rows", "shuffle"}``,
+        and ``"sources"`` for a mix: ``{name: {"weight", "share", "samples", "rows_read", "passes"}}``
+        (``share``: the fraction of the batched samples that came from the source)."""
         with self._lock:
-            return {
+            out = {
                 "counters": dict(self.counters),
                 "seconds": dict(self.seconds),
                 "gauges": dict(self.gauges),
                 "bad_rows": list(self.bad_rows),
                 "skipped_rows": list(self.skipped_rows),
+                "shuffle": self.shuffle.summary(mixed=bool(self.source_names)),
             }
+            if self.source_names:
+                total = sum(c["samples"] for c in self.source_counters)
+                out["sources"] = {
+                    name: {"weight": weight, "share": counters["samples"] / total if total else 0.0,
+                           "samples": counters["samples"], "rows_read": counters["rows_read"],
+                           "passes": counters["passes"]}
+                    for name, weight, counters in zip(self.source_names, self.source_weights,
+                                                      self.source_counters, strict=True)}
+            return out

@@ -6,15 +6,20 @@ import numbers
 from collections.abc import Collection, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
 from ..samples import BatchEnd, Sample
 from ..stats import LoaderStats
 
-#: ``index`` and ``label`` of a padding entry (eval under DDP, see ``num_batches``).
+#: ``index``, ``label`` and ``source`` of a padding entry (eval under DDP, see ``num_batches``).
 PAD_INDEX = -1
 PAD_LABEL = -1
+PAD_SOURCE = -1
+
+#: Batch key of the per-batch augmentation parameters (`Sample.batch_params`), consumed by `BatchAugment`.
+BATCH_PARAMS_KEY = "batch_params"
 
 
 class Batcher(BaseNode[dict]):
@@ -25,7 +30,8 @@ class Batcher(BaseNode[dict]):
     * ``spectrogram`` (or ``features_key``): the samples' ``features`` stacked,
       float32 ``[B, n_mels, frames]`` (``[B, samples]`` for waveforms)
     * ``label``: int64 ``[B]`` (absent when the samples carry no label)
-    * ``index``: int64 ``[B]``, the global row index of each sample
+    * ``index``: int64 ``[B]``, the global row index of each sample (within its source)
+    * ``source``: int64 ``[B]``, only with ``sources=True`` (a mix): each sample's source
     * ``valid``: bool ``[B]``, only when ``num_batches`` is set (eval): false for padding
     * one entry per extra column: a tensor when the column is numeric (listed in
       ``tensor_columns``, or, when that is ``None``, when every value in the batch
@@ -62,6 +68,12 @@ class Batcher(BaseNode[dict]):
             whose rows were all bad is skipped (in eval, with ``num_batches``, it
             is a batch of padding, so the count stays). Padding batches then have
             one entry.
+        sources: add ``source`` (``Key.source`` of each sample; -1 for padding).
+
+    Samples with ``batch_params`` (augmentations that run per batch) give the batch
+    ``batch_params``: ``{name: tensor [B, ...]}`` (zeros for padding), for `BatchAugment`.
+    With ``stats``, every batch's keys go to `LoaderStats.record_batch` (shuffle quality,
+    per-source counts).
     """
 
     SOURCE_KEY = "source"
@@ -71,7 +83,8 @@ class Batcher(BaseNode[dict]):
                  columns: Sequence[str] | None = None, tensor_columns: Collection[str] | None = None,
                  has_labels: bool | None = None,
                  stats: LoaderStats | None = None, features_key: str = "spectrogram",
-                 pin_memory: bool = False, time_axis: int | None = None, follow_markers: bool = False) -> None:
+                 pin_memory: bool = False, time_axis: int | None = None, follow_markers: bool = False,
+                 sources: bool = False) -> None:
         super().__init__()
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
@@ -92,6 +105,7 @@ class Batcher(BaseNode[dict]):
         self.pin_memory = bool(pin_memory)
         self.time_axis = time_axis
         self.follow_markers = bool(follow_markers)
+        self.sources = bool(sources)
         self._yielded = 0
         self._exhausted = False
 
@@ -123,6 +137,7 @@ class Batcher(BaseNode[dict]):
         if self.stats is not None:
             self.stats.count("batches")
             self.stats.count("samples", len(samples))
+            self.stats.record_batch([s.key for s in samples])
         return batch
 
     def _take(self, n: int) -> tuple[list[Sample], bool]:
@@ -155,11 +170,15 @@ class Batcher(BaseNode[dict]):
         if has_labels:
             batch["label"] = torch.tensor([*labels, *[PAD_LABEL] * pad], dtype=torch.int64)
         batch["index"] = torch.tensor([*(s.key.index for s in samples), *[PAD_INDEX] * pad], dtype=torch.int64)
+        if self.sources:
+            batch["source"] = torch.tensor([*(s.key.source for s in samples), *[PAD_SOURCE] * pad], dtype=torch.int64)
         if self.num_batches is not None:
             batch["valid"] = torch.tensor([True] * len(samples) + [False] * pad, dtype=torch.bool)
         names = self.columns if self.columns is not None else (samples[0].extras if samples else ())
         for name in names:
             batch[name] = self._collate_column(name, [s.extras.get(name) for s in samples], pad)
+        if samples and samples[0].batch_params is not None:
+            batch[BATCH_PARAMS_KEY] = _stack_params([s.batch_params for s in samples], pad)
         return batch
 
     def _stack(self, features: list[torch.Tensor], pad: int) -> torch.Tensor:
@@ -193,3 +212,12 @@ class Batcher(BaseNode[dict]):
     def get_state(self) -> dict[str, Any]:
         return {self.SOURCE_KEY: self.source.state_dict(), "yielded": self._yielded,
                 "exhausted": self._exhausted}
+
+
+def _stack_params(params: list[dict[str, np.ndarray]], pad: int) -> dict[str, torch.Tensor]:
+    """``{name: [B + pad, ...]}`` of the samples' per-batch augmentation parameters, zeros for padding."""
+    out = {}
+    for name in params[0]:
+        values = [p[name] for p in params]
+        out[name] = torch.from_numpy(np.stack([*values, *[np.zeros_like(values[0])] * pad]))
+    return out

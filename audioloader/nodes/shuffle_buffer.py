@@ -40,11 +40,17 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
       removed by swapping with the last item (O(1)).
 
     State holds the keys of the held items (two lists of ints: about 7 bytes an
-    item once pickled), the draw counter and the source's state, never the items
+    item once pickled; a third, ``sources``, only while items of a mix's other
+    sources are held), the draw counter and the source's state, never the items
     themselves, when a ``restore`` callable is given: ``reset(state)`` rebuilds
     the items through ``restore(keys)``. Without ``restore``, the state holds the
     items (fine only for small items). ``get_state()`` is cheap: a ParallelMapper
     above this node calls it after every item.
+
+    Shuffle quality: each emitted item's displacement, ``|emitted position -
+    arrival position|`` counted in items through this buffer, goes to ``stats``
+    (`LoaderStats.record_displacement`); items restored from a checkpoint have
+    no arrival position and are not counted.
 
     Args:
         source: upstream node.
@@ -84,6 +90,10 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         # a ParallelMapper above calls get_state() after every item).
         self._indices: list[int] = []
         self._passes: list[int] = []
+        self._sources: list[int] = []
+        self._other_sources = 0  # held items whose source is not 0: the state lists sources only then
+        self._arrivals: list[int] = []  # position of each held item in the arrival order (-1: restored)
+        self._pulled = self._emitted = 0  # items in and out since the last reset: the displacement's clock
         self._draws = 0
         self._exhausted = False
         self._primed = False
@@ -97,7 +107,7 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         items = self._restore_items(initial_state)
         self.source.reset(initial_state[self.SOURCE_KEY])
         for item in items:
-            self._append(item)
+            self._append(item, arrival=-1)
         self._draws = initial_state["draws"]
         self._exhausted = initial_state["exhausted"]
         self._primed = initial_state["primed"]
@@ -108,7 +118,8 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         if self.restore is None:
             raise ValueError("this ShuffleBuffer state holds keys only; build the buffer with the same "
                              "restore= callable as the one that saved it")
-        keys = [Key(i, p) for i, p in zip(state["indices"], state["passes"], strict=True)]
+        sources = state.get("sources") or [0] * len(state["indices"])
+        keys = [Key(i, p, s) for i, p, s in zip(state["indices"], state["passes"], sources, strict=True)]
         items = list(self.restore(keys))
         got = [self.key_fn(item) for item in items]
         if got != keys:
@@ -116,10 +127,14 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
                                "the data changed since the checkpoint was taken")
         return items
 
-    def _append(self, item: Any) -> None:
-        index, pass_index = self.key_fn(item)
+    def _append(self, item: Any, arrival: int) -> None:
+        index, pass_index, *source = self.key_fn(item)  # a Key, or a plain (index, pass) tuple
+        source = int(source[0]) if source else 0
         self._indices.append(int(index))
         self._passes.append(int(pass_index))
+        self._sources.append(source)
+        self._other_sources += source != 0
+        self._arrivals.append(arrival)
         self._items.append(item)
 
     def _pull(self) -> None:
@@ -128,7 +143,8 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         except StopIteration:
             self._exhausted = True
             return
-        self._append(item)
+        self._append(item, self._pulled)
+        self._pulled += 1
 
     def next(self) -> T:
         if not self._primed:
@@ -146,17 +162,18 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
             raise StopIteration
         pick = uniform_int(n, self.seed, SALT_SHUFFLE, self.rank, self._draws)
         self._draws += 1
+        arrival = self._arrivals[pick]
+        if self.stats is not None and arrival >= 0:
+            self.stats.record_displacement(abs(self._emitted - arrival))
+        self._emitted += 1
         return self._swap_remove(pick)
 
     def _swap_remove(self, pick: int) -> Any:
-        last = len(self._items) - 1
         item = self._items[pick]
-        self._items[pick] = self._items[last]
-        self._indices[pick] = self._indices[last]
-        self._passes[pick] = self._passes[last]
-        self._items.pop()
-        self._indices.pop()
-        self._passes.pop()
+        self._other_sources -= self._sources[pick] != 0
+        for column in (self._items, self._indices, self._passes, self._sources, self._arrivals):
+            column[pick] = column[-1]
+            column.pop()
         return item
 
     def get_state(self) -> dict[str, Any]:
@@ -170,6 +187,8 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
             # Lists of ints, not bytes or arrays: `torch.load(weights_only=True)` accepts them.
             state["indices"] = list(self._indices)
             state["passes"] = list(self._passes)
+            if self._other_sources:
+                state["sources"] = list(self._sources)
         else:
             state["items"] = list(self._items)
         return state
