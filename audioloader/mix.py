@@ -1,0 +1,172 @@
+"""Several sources mixed at weights: `Source` (one source's shards and columns) and `Mix` (sources at weights).
+
+``AudioLoader(al.Mix({"speech": ("librispeech/", 0.7), "noisy": (al.Source("noisy/", audio_column="wav"), 0.3)}))``
+reads each source with its own `ArrowShardReader` and interleaves them with a
+`WeightedMix` node. A sample's key gains its source's position in the mix
+(``Key(index, pass, source)``), so every random choice about it (crop,
+augmentation) is a pure function of ``(seed, source, index, pass)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torchdata.nodes import StopCriteria
+
+from .config import LengthPolicy
+from .nodes.arrow_shard_reader import fetch_rows
+from .samples import Key, RawSample
+from .shards import ShardDataset
+
+#: When a mix ends (see `Mix`).
+STOP_CRITERIA = ("cycle", "first_exhausted", "all_exhausted")
+
+#: torchdata's names (``torchdata.nodes.StopCriteria``) for the same criteria, accepted too.
+TORCHDATA_STOP_CRITERIA = {
+    StopCriteria.CYCLE_FOREVER: "cycle",
+    StopCriteria.FIRST_DATASET_EXHAUSTED: "first_exhausted",
+    StopCriteria.ALL_DATASETS_EXHAUSTED: "all_exhausted",
+}
+
+
+def stop_criterion(stop: Any) -> str:
+    """``stop`` as one of `STOP_CRITERIA` (torchdata's names accepted); ``ValueError`` naming the choices."""
+    if stop in STOP_CRITERIA:
+        return stop
+    if stop in TORCHDATA_STOP_CRITERIA:
+        return TORCHDATA_STOP_CRITERIA[stop]
+    raise ValueError(f"stop={stop!r}: must be one of {STOP_CRITERIA} (or torchdata's StopCriteria "
+                     f"{sorted(TORCHDATA_STOP_CRITERIA)}); CYCLE_UNTIL_ALL_DATASETS_EXHAUSTED is not supported: "
+                     "use 'cycle' for training or 'all_exhausted' to read every source once")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One source of a `Mix`: its shards and the columns to read.
+
+    Attributes:
+        data: a folder, glob, file, URL or a list of them, or a `ShardDataset`.
+        audio_column: the encoded audio column of these shards.
+        label_column: their integer label column, or None (then every source of the mix must be unlabeled).
+        length: this source's `LengthPolicy` (None: the loader's ``length=``). Sources
+            may differ in crop mode, ``min_seconds``, ``max_seconds`` and ``too_long``, but
+            batches must stack: all fixed-length crops of the same length, or all whole utterances.
+        filesystem: a ``pyarrow.fs.FileSystem`` for ``data``'s paths.
+
+    The loader's ``columns=`` are read from every source.
+    """
+
+    data: Any
+    audio_column: str = "audio"
+    label_column: str | None = "label"
+    length: LengthPolicy | None = None
+    filesystem: Any = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data, Source):
+            raise TypeError("Source(data=...) takes shards (a path, a list of paths or a ShardDataset), not a Source")
+        if self.length is not None and not isinstance(self.length, LengthPolicy):
+            raise TypeError(f"Source.length must be an audioloader.LengthPolicy or None, got "
+                            f"{type(self.length).__name__}")
+
+
+@dataclass(frozen=True)
+class MixEntry:
+    """One source of a `Mix`, resolved: its name, `Source` and weight (normalised: the weights sum to 1)."""
+
+    name: str
+    source: Source
+    weight: float
+
+
+@dataclass(frozen=True)
+class Mix:
+    """Several sources interleaved at weights: ``Mix({name: (source, weight), ...}, stop=None)``.
+
+    Each draw takes the next row of one source, chosen with probability
+    proportional to its weight; draw ``d`` of epoch ``e`` on rank ``r`` is a pure
+    function of ``(seed, r, e, d)``, so the interleaving, like everything else,
+    does not depend on workers, timing or resumes. A source is a path (or list,
+    or `ShardDataset`) read with the loader's columns, or a `Source` with its own.
+
+    ``stop`` says what happens when a source has given all its rows (the end of
+    its pass):
+
+    - ``"cycle"`` (training default): it starts its next pass (a new split order,
+      new keys, so new crops and augmentations); the mix never ends, and the
+      realised proportions follow the weights however small a source is.
+    - ``"all_exhausted"`` (evaluation, the only choice there): it drops out and the
+      others go on at their relative weights; the mix ends when every source has
+      given every row once. In evaluation that is each row of each source exactly
+      once across all ranks; the weights then only set the interleaving.
+    - ``"first_exhausted"``: the mix ends when the first source runs out (the
+      others' remaining rows of that pass are not read).
+
+    With ``infinite`` (the training default) a mix that ends starts again, every
+    source at its next pass. torchdata's ``StopCriteria`` names are accepted for
+    the same three.
+
+    Attributes:
+        sources: ``{name: (source, weight)}``, in key order (a source's position is
+            its id: ``batch["source"]``, ``Key.source``). Weights are positive numbers.
+        stop: one of `STOP_CRITERIA`, or None for the mode's default.
+        entries: the resolved `MixEntry` list (weights normalised to sum to 1).
+    """
+
+    sources: Mapping[str, tuple[Any, float]]
+    stop: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sources, Mapping) or not self.sources:
+            raise TypeError("Mix(sources) takes a non-empty dict {name: (source, weight)}, got "
+                            f"{type(self.sources).__name__}")
+        if self.stop is not None:
+            object.__setattr__(self, "stop", stop_criterion(self.stop))
+        entries = [_entry(name, value) for name, value in self.sources.items()]
+        total = math.fsum(e.weight for e in entries)
+        object.__setattr__(self, "entries", tuple(MixEntry(e.name, e.source, e.weight / total) for e in entries))
+        object.__setattr__(self, "sources", dict(self.sources))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(e.name for e in self.entries)
+
+    @property
+    def weights(self) -> tuple[float, ...]:
+        return tuple(e.weight for e in self.entries)
+
+
+def _entry(name: Any, value: Any) -> MixEntry:
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"Mix source names must be non-empty strings, got {name!r}")
+    if not (isinstance(value, tuple) and len(value) == 2):
+        raise TypeError(f"Mix source {name!r}: expected a (source, weight) pair, got {value!r}; e.g. "
+                        f"Mix({{{name!r}: ('shards/', 0.5), ...}})")
+    data, weight = value
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
+        raise ValueError(f"Mix source {name!r}: weight={weight!r} must be a positive finite number")
+    source = data if isinstance(data, Source) else Source(data)
+    return MixEntry(name, source, float(weight))
+
+
+def fetch_mixed(datasets: Sequence[ShardDataset], keys: Sequence[Key]) -> list[RawSample]:
+    """The rows of ``keys`` (of any sources of a mix) as `RawSample` s, in the same order.
+
+    ``datasets[s]`` is source ``s``'s dataset; each source's rows are read in one
+    random-access call. Picklable with `functools.partial` (worker processes read
+    rows themselves).
+    """
+    keys = [k if isinstance(k, Key) else Key(*k) for k in keys]
+    out: list[RawSample | None] = [None] * len(keys)
+    by_source: dict[int, list[int]] = {}
+    for position, key in enumerate(keys):
+        by_source.setdefault(key.source, []).append(position)
+    for source, positions in by_source.items():
+        if not 0 <= source < len(datasets):
+            raise IndexError(f"key {keys[positions[0]]} names source {source}; this mix has {len(datasets)}")
+        for position, row in zip(positions, fetch_rows(datasets[source], [keys[p] for p in positions]), strict=True):
+            out[position] = row
+    return out  # type: ignore[return-value]
