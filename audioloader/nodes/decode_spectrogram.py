@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,15 +15,14 @@ from torchdata.nodes import BaseNode
 
 from .. import _hashing, _memory
 from .._threads import pin_worker_to_one_thread
-from ..audio import load_clip, probe_seconds
+from ..audio import fit, load_clip, probe_seconds
+from ..augment import Augmentations, change_speed
 from ..config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, check_features
 from ..errors import DecodeError, ErrorBudgetExceeded
 from ..features import compute_features, prepare
 from ..samples import BadRow, BatchEnd, Key, RawSample, Sample
 from ..stats import MAX_REPORTED_BAD_ROWS, LoaderStats
 from .parallel_map import BACKENDS, ParallelMap
-
-Augment = Callable[[np.ndarray, np.random.Generator], np.ndarray]
 
 #: ``fetch(keys) -> [RawSample]``: random access to rows by key (see `ArrowShardReader.fetch`).
 Fetch = Callable[[Sequence[Key]], Sequence[RawSample]]
@@ -35,6 +36,34 @@ DEFAULT_FEATURES = MelSpectrogramConfig()
 DEFAULT_LENGTH = LengthPolicy()
 
 
+@dataclass(frozen=True)
+class _LengthRule:
+    """A `LengthPolicy` resolved for one feature config and mode, in samples."""
+
+    policy: LengthPolicy
+    random: bool  # random crop (else centre)
+    clip: int | None  # fixed crop length, or None for whole utterances
+    max: int | None  # whole utterances: the longest kept
+    min: int
+
+    @classmethod
+    def of(cls, policy: LengthPolicy, features: FeatureConfig, train: bool) -> _LengthRule:
+        rate = features.sample_rate
+        return cls(policy, policy.random_crop(train),
+                   None if policy.variable_length else policy.clip_samples(features),
+                   None if policy.max_seconds is None else round(policy.max_seconds * rate),
+                   max(round(policy.min_seconds * rate), 0))
+
+
+def _augmentations(augment: Any, seed: int, features: FeatureConfig, compute_features: bool) -> Augmentations | None:
+    """``augment`` (a function, a list, or `Augmentations`) bound to the seed; None for none."""
+    if augment is None or isinstance(augment, Augmentations):
+        return augment
+    if isinstance(augment, (list, tuple)) and not augment:
+        return None
+    return Augmentations(augment, seed, features, per_batch_features=not compute_features)
+
+
 class SampleDecoder:
     """The per-row function of `DecodeSpectrogram`: ``RawSample -> Sample | BadRow``.
 
@@ -44,11 +73,15 @@ class SampleDecoder:
     ``fetch``: when given, a row sent to a worker process travels as its key
     and the worker reads it itself (``prepare``): for memory-mapped shards that
     is a zero-copy read there instead of a copy of the encoded audio here.
+
+    ``length``: one `LengthPolicy`, or one per source of a mix (indexed by ``key.source``).
+    ``augment``: `Augmentations` (or None): speed while cutting, then the waveform
+    augmentations, SpecAugment on the features, and the draws of the per-batch stage.
     """
 
     def __init__(self, features: FeatureConfig, *, seed: int, train: bool, window: bool,
-                 augment: Augment | None, stats: LoaderStats, fetch: Fetch | None = None,
-                 compute_features: bool = True, length: LengthPolicy = DEFAULT_LENGTH) -> None:
+                 augment: Augmentations | None, stats: LoaderStats, fetch: Fetch | None = None,
+                 compute_features: bool = True, length: LengthPolicy | Sequence[LengthPolicy] = DEFAULT_LENGTH) -> None:
         self.features = features
         self.seed = seed
         self.train = train
@@ -57,13 +90,17 @@ class SampleDecoder:
         self.stats = stats
         self.fetch = fetch
         self.compute_features = compute_features
-        self.length = length
-        rate = features.sample_rate
-        self._random = length.random_crop(train)
-        self._clip = None if length.variable_length else length.clip_samples(features)
-        self._max = None if length.max_seconds is None else round(length.max_seconds * rate)
-        self._min = max(round(length.min_seconds * rate), 0)
+        policies = [length] if isinstance(length, LengthPolicy) else list(length)
+        self._rules = [_LengthRule.of(policy, features, train) for policy in policies]
         self._stage = {"spectrogram": "mel"}.get(features.batch_key, features.batch_key)  # stats' stage name
+
+    def _rule(self, key: Key) -> _LengthRule:
+        if len(self._rules) == 1:
+            return self._rules[0]
+        if key.source >= len(self._rules):
+            raise ValueError(f"row {key} is of source {key.source}, but the decoder has length policies for "
+                             f"{len(self._rules)} sources; give one LengthPolicy, or one per source")
+        return self._rules[key.source]
 
     def __call__(self, raw: RawSample | BatchEnd) -> Sample | BadRow | BatchEnd:
         if isinstance(raw, BatchEnd):
@@ -71,51 +108,75 @@ class SampleDecoder:
         key = raw.key
         if raw.problem is not None or raw.audio is None:
             return BadRow(key, raw.file, raw.row, raw.problem or "audio is null")
-
-        def draw(n: int) -> int:
-            return _hashing.uniform_int(n, self.seed, _hashing.SALT_CROP, key.index, key.pass_index)
-
+        rule = self._rule(key)
+        speed = self.augment.speed_factor(key) if self.augment is not None else 1.0
         try:
-            skip = self._skip_by_header(raw)
+            skip = self._skip_by_header(raw, rule, speed)
             if skip is not None:
                 return BadRow(key, raw.file, raw.row, skip, skipped=True)
-            clip = load_clip(raw.audio, self.features.sample_rate, self._clip if self._clip else self._max,
-                             train=self._random, draw=draw, window=self.window, timer=self.stats.add_seconds,
-                             pad=self._clip is not None)
+            clip = self._cut(raw, rule, speed)
+            skip = self._skip_by_length(len(clip), rule)
+            if skip is not None:
+                return BadRow(key, raw.file, raw.row, skip, skipped=True)
+            if self.augment is not None:
+                start = time.perf_counter()
+                clip = self.augment.waveform(clip, key)  # a noise or IR row that cannot be read: DecodeError
+                self.stats.add_seconds("augment", time.perf_counter() - start)
         except DecodeError as error:
             return BadRow(key, raw.file, raw.row, error.reason or str(error))
-        skip = self._skip_by_length(len(clip))
-        if skip is not None:
-            return BadRow(key, raw.file, raw.row, skip, skipped=True)
-        if self.augment is not None:
-            start = time.perf_counter()
-            clip = self._augmented(clip, key)
-            self.stats.add_seconds("augment", time.perf_counter() - start)
+        params = None
         if self.compute_features:
             start = time.perf_counter()
             features = compute_features(clip, self.features, self._dither(key))
             self.stats.add_seconds(self._stage, time.perf_counter() - start)
+            if self.augment is not None:
+                features = self.augment.on_features(features, key)
         else:
             features = torch.from_numpy(clip)
+        if self.augment is not None:
+            params = self.augment.batch_params(key, len(clip))
         _memory.after_decode()
-        return Sample(key, features, raw.label, raw.extras, raw.file, raw.row)
+        return Sample(key, features, raw.label, raw.extras, raw.file, raw.row, params)
+
+    def _cut(self, raw: RawSample, rule: _LengthRule, speed: float) -> np.ndarray:
+        """Decode, resample and cut the row's clip: float32 ``[samples]``, ``speed`` times faster."""
+        key = raw.key
+
+        def draw(n: int) -> int:
+            return _hashing.uniform_int(n, self.seed, _hashing.SALT_CROP, *key.parts())
+
+        rate = self.features.sample_rate
+        wanted = rule.clip if rule.clip else rule.max
+        if speed == 1.0:
+            return load_clip(raw.audio, rate, wanted, train=rule.random, draw=draw, window=self.window,
+                             timer=self.stats.add_seconds, pad=rule.clip is not None)
+        # Cut `speed` times as much source, play it `speed` times faster: the crop's length again.
+        source = None if wanted is None else math.ceil(wanted * speed)
+        clip = load_clip(raw.audio, rate, source, train=rule.random, draw=draw, window=self.window,
+                         timer=self.stats.add_seconds, pad=False)
+        start = time.perf_counter()
+        clip = change_speed(clip, speed, rate)
+        self.stats.add_seconds("augment", time.perf_counter() - start)
+        if rule.clip is not None:
+            return fit(clip, rule.clip, 0, train=rule.random)
+        return clip[:rule.max] if rule.max is not None else clip
 
     # -- the length policy -----------------------------------------------------------------
 
-    def _skip_by_header(self, raw: RawSample) -> str | None:
+    def _skip_by_header(self, raw: RawSample, rule: _LengthRule, speed: float = 1.0) -> str | None:
         """Why the row is left out, judged from its header before decoding, or None."""
-        too_long_skips = self._max is not None and self.length.too_long == "skip" and self._clip is None
-        if self._min == 0 and not too_long_skips:
+        too_long_skips = rule.max is not None and rule.policy.too_long == "skip" and rule.clip is None
+        if rule.min == 0 and not too_long_skips:
             return None
-        seconds = probe_seconds(raw.audio)
-        return self._length_reason(seconds, too_long_skips)
+        seconds = probe_seconds(raw.audio) / speed
+        return self._length_reason(seconds, too_long_skips, rule.policy)
 
-    def _skip_by_length(self, samples: int) -> str | None:
+    def _skip_by_length(self, samples: int, rule: _LengthRule) -> str | None:
         """Why a decoded clip of ``samples`` samples is left out (headers can be approximate), or None."""
         rate = self.features.sample_rate
-        if self._clip is None:
-            too_long_skips = self._max is not None and self.length.too_long == "skip"
-            reason = self._length_reason(samples / rate, too_long_skips)
+        if rule.clip is None:
+            too_long_skips = rule.max is not None and rule.policy.too_long == "skip"
+            reason = self._length_reason(samples / rate, too_long_skips, rule.policy)
             if reason is not None:
                 return reason
         if samples < self.features.min_samples():
@@ -123,8 +184,8 @@ class SampleDecoder:
                     f"{type(self.features).__name__} needs at least {self.features.min_samples()}")
         return None
 
-    def _length_reason(self, seconds: float, too_long_skips: bool) -> str | None:
-        length = self.length
+    @staticmethod
+    def _length_reason(seconds: float, too_long_skips: bool, length: LengthPolicy) -> str | None:
         if seconds < length.min_seconds:
             return f"too short: {seconds:.3f} s < min_seconds={length.min_seconds}"
         if too_long_skips and seconds > length.max_seconds:
@@ -136,18 +197,8 @@ class SampleDecoder:
         if not getattr(self.features, "dither", 0.0):
             return None
         generator = torch.Generator()
-        generator.manual_seed(_hashing.mix(self.seed, _hashing.SALT_DITHER, key.index, key.pass_index) >> 1)
+        generator.manual_seed(_hashing.mix(self.seed, _hashing.SALT_DITHER, *key.parts()) >> 1)
         return generator
-
-    def _augmented(self, clip: np.ndarray, key: Key) -> np.ndarray:
-        rng = _hashing.generator(self.seed, _hashing.SALT_AUGMENT, key.index, key.pass_index)
-        out = np.asarray(self.augment(clip, rng), dtype=np.float32)
-        if out.shape != clip.shape:
-            raise ValueError(f"augment returned shape {out.shape}, expected {clip.shape}: "
-                             "it must return a waveform of the same length as its input")
-        if not (out.flags.c_contiguous and out.flags.writeable):  # torch.from_numpy needs both
-            out = out.copy()
-        return out
 
     # -- hooks of the process pool (see audioloader._pool) -------------------------------------
 
@@ -189,6 +240,9 @@ class DecodeSpectrogram(BaseNode[Sample]):
             reach the caller with their type and attributes (from a thread, with the
             original traceback; from a process, with its text as ``__cause__``).
             With ``worker_type="process"`` it must be importable (a module-level function).
+            Or a list of augmentations (`audioloader.augment`) and such functions;
+            the per-batch ones (`Mixup`, and `SpecAugment` when ``compute_features``
+            is False) are only drawn here, into ``Sample.batch_params``, and applied by `BatchAugment`.
         on_error: ``"skip"``: bad rows are counted, reported in ``stats`` and
             dropped, within the error budget; ``"raise"``: `DecodeError` at the first.
         max_error_fraction: with ``"skip"``, raise `ErrorBudgetExceeded` once more
@@ -212,6 +266,7 @@ class DecodeSpectrogram(BaseNode[Sample]):
         start_method: process start method (default: a fork server, see `audioloader._pool`).
         chunk_size: rows per task handed to a worker (default 8 for processes, 4 for threads).
         compute_features: False yields the cropped waveform instead of the log-mel.
+        length: one `LengthPolicy`, or one per source of a mix (indexed by ``Key.source``).
 
     State: ``{"mapper": <ParallelMap state>, "rows_seen": n, "bad_rows": k}``;
     the same for every ``num_workers`` and ``worker_type``.
@@ -222,14 +277,14 @@ class DecodeSpectrogram(BaseNode[Sample]):
     BAD_ROWS_KEY = "bad_rows"
 
     def __init__(self, source: BaseNode[RawSample], features: FeatureConfig = DEFAULT_FEATURES, *,
-                 seed: int = 0, train: bool = True, num_workers: int = 4, augment: Augment | None = None,
+                 seed: int = 0, train: bool = True, num_workers: int = 4, augment: Any = None,
                  on_error: str = "skip", max_error_fraction: float = 0.01, error_budget_min_rows: int = 100,
                  stats: LoaderStats | None = None, snapshot_frequency: int = 1, window: bool = True,
                  worker_type: str = "thread", fetch: Fetch | None = None, start_method: str | None = None,
                  chunk_size: int | None = None, compute_features: bool = True,
-                 length: LengthPolicy = DEFAULT_LENGTH) -> None:
+                 length: LengthPolicy | Sequence[LengthPolicy] = DEFAULT_LENGTH) -> None:
         super().__init__()
-        _validate(source, features, seed, num_workers, augment, on_error, max_error_fraction,
+        _validate(source, features, seed, num_workers, on_error, max_error_fraction,
                   error_budget_min_rows, stats, snapshot_frequency, worker_type, fetch)
         self.source = source
         self.features = features
@@ -237,19 +292,20 @@ class DecodeSpectrogram(BaseNode[Sample]):
         self.train = bool(train)
         self.num_workers = int(num_workers)
         self.worker_type = worker_type
-        self.augment = augment
+        self.augment = _augmentations(augment, int(seed), features, compute_features)
         self.on_error = on_error
         self.max_error_fraction = float(max_error_fraction)
         self.error_budget_min_rows = int(error_budget_min_rows)
         self.stats = stats if stats is not None else LoaderStats()
         self.window = bool(window)
         self._user_threads = torch.get_num_threads()
-        if not isinstance(length, LengthPolicy):
-            raise TypeError(f"length must be a LengthPolicy, got {type(length).__name__}")
+        policies = [length] if isinstance(length, LengthPolicy) else list(length)
+        if not policies or not all(isinstance(p, LengthPolicy) for p in policies):
+            raise TypeError(f"length must be a LengthPolicy or a list of them (one per source), got {length!r}")
         self.length = length
         prepare(features)  # build the cached filterbanks once, here, not in every thread
         self._decoder = SampleDecoder(features, seed=self.seed, train=self.train, window=self.window,
-                                      augment=augment, stats=self.stats, fetch=fetch,
+                                      augment=self.augment, stats=self.stats, fetch=fetch,
                                       compute_features=compute_features, length=length)
         self._mapper = ParallelMap(source, self._decoder, num_workers=self.num_workers, backend=worker_type,
                                    chunk_size=chunk_size, start_method=start_method, stats=self.stats,
@@ -347,7 +403,7 @@ class DecodeSpectrogram(BaseNode[Sample]):
             report=list(self._reports))
 
 
-def _validate(source: Any, features: Any, seed: Any, num_workers: Any, augment: Any, on_error: Any,
+def _validate(source: Any, features: Any, seed: Any, num_workers: Any, on_error: Any,
               max_error_fraction: Any, error_budget_min_rows: Any, stats: Any, snapshot_frequency: Any,
               worker_type: Any, fetch: Any) -> None:
     """Argument checks; each error names the argument."""
@@ -361,8 +417,6 @@ def _validate(source: Any, features: Any, seed: Any, num_workers: Any, augment: 
         raise TypeError(f"seed must be an integer, got {seed!r}")
     if not is_int(num_workers) or num_workers < 0:
         raise ValueError(f"num_workers={num_workers!r}: must be an integer >= 0 (0 decodes inline)")
-    if augment is not None and not callable(augment):
-        raise TypeError(f"augment must be callable(waveform, rng) or None, got {type(augment).__name__}")
     if on_error not in ON_ERROR_CHOICES:
         raise ValueError(f"on_error={on_error!r}: must be one of {ON_ERROR_CHOICES}")
     if (isinstance(max_error_fraction, bool) or not isinstance(max_error_fraction, (int, float))
