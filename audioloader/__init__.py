@@ -5,6 +5,7 @@
 """
 
 from .audio_loader import AudioLoader
+from .augment import AddNoise, Gain, Mixup, Reverb, SpecAugment, SpeedPerturb, mixup_targets
 from .config import FbankConfig, LengthPolicy, MelSpectrogramConfig, WaveformConfig
 from .errors import (
     AudioLoaderError,
@@ -15,6 +16,7 @@ from .errors import (
     ShardReadError,
 )
 from .loader import Loader
+from .mix import Mix, Source
 from .options import Bucketing, Shuffle, Workers
 from .samples import BadRow, Key, RawSample, Sample
 from .shards import ShardDataset, SourceNotFoundError
@@ -23,6 +25,7 @@ from .writer import ShardWriter
 __version__ = "0.1.0"
 
 __all__ = [
+    "AddNoise",
     "AudioLoader",
     "AudioLoaderError",
     "BadRow",
@@ -31,19 +34,27 @@ __all__ = [
     "DecodeError",
     "ErrorBudgetExceeded",
     "FbankConfig",
+    "Gain",
     "Key",
     "LengthPolicy",
     "Loader",
     "MelSpectrogramConfig",
+    "Mix",
+    "Mixup",
     "RawSample",
+    "Reverb",
     "Sample",
     "SchemaError",
     "ShardDataset",
     "ShardReadError",
     "ShardWriter",
     "Shuffle",
+    "Source",
     "SourceNotFoundError",
+    "SpecAugment",
+    "SpeedPerturb",
     "WaveformConfig",
     "Workers",
     "__version__",
+    "mixup_targets",
 ]

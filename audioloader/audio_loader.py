@@ -21,11 +21,15 @@ import pyarrow as pa
 import torch
 from torchdata.nodes import BaseNode, PinMemory
 
+from . import _hashing
+from .augment import Augmentations
 from .config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, check_features
 from .distributed import resolve_rank
 from .errors import CheckpointMismatchError
 from .loader import Loader
+from .mix import Mix, fetch_mixed
 from .nodes.arrow_shard_reader import ArrowShardReader
+from .nodes.batch_augment import BatchAugment
 from .nodes.batch_features import BatchFeatures
 from .nodes.batcher import Batcher
 from .nodes.catch_failures import CatchFailures
@@ -33,6 +37,7 @@ from .nodes.decode_spectrogram import DecodeSpectrogram
 from .nodes.duration_bucketer import DurationBucketer, estimate_boundaries, plan, row_seconds
 from .nodes.prefetcher import Prefetcher
 from .nodes.shuffle_buffer import ShuffleBuffer
+from .nodes.weighted_mix import WeightedMix
 from .options import Bucketing, Shuffle, Workers, merge
 from .samples import BadRow, Key, RawSample, Sample
 from .shards import ShardDataset, Split
@@ -45,7 +50,7 @@ STATE_FORMAT = "audioloader.AudioLoader/1"
 #: threads 754 samples/s on PCM16, even on FLAC; on 16 cores threads stop scaling at 5-10 busy cores.
 AUTO_PROCESS_MIN_CORES = 2
 
-Source = str | Path | Sequence[str | Path]
+Shards = str | Path | Sequence[str | Path]
 
 
 @dataclass(frozen=True)
@@ -82,10 +87,16 @@ class AudioLoader:
     ``label`` int64 ``[B]`` (unless ``label_column=None``), ``index`` int64
     ``[B]`` (global row index), in eval ``valid`` bool ``[B]`` (false for the
     padding that keeps ranks at equal batch counts), and each of ``columns``
-    (numbers -> tensors, others -> lists).
+    (numbers -> tensors, others -> lists). A `Mix` adds ``source`` int64 ``[B]``
+    (the position of each sample's source in the mix; names in ``source_names``);
+    `Mixup` adds ``mixup_weights``, ``mixup_partner`` and ``mixup_labels``.
 
     Args:
-        source: directory, glob, file, or a list of them; local path or URL.
+        source: directory, glob, file, or a list of them; local path or URL. Or a
+            `Mix` of several sources at weights (see docs/mixing.md): each source has
+            its own shards, columns and optionally length policy; keys gain the
+            source; ``stats()["sources"]`` counts per source. In eval a mix reads
+            every row of every source exactly once across ranks.
         batch_size: samples per batch.
         train: preset. True: infinite passes, random crop, buffer 10000 with
             min fill 8000, 8 decode threads. False: one pass, each sample exactly
@@ -95,6 +106,9 @@ class AudioLoader:
         num_workers, shuffle_buffer_size, shuffle_min_size, infinite: override the preset.
         augment: optional ``augment(waveform: np.ndarray float32 [clip_samples],
             rng: np.random.Generator) -> np.ndarray``; ``rng`` is seeded from (seed, key).
+            Or a list of augmentations (`Gain`, `AddNoise`, `Reverb`, `SpeedPerturb`,
+            `SpecAugment`, `Mixup`; see `audioloader.augment`) and such functions, in
+            that order of stages: each a pure function of (seed, key).
         audio_column: binary column, or a struct with a ``bytes`` field (HF ``Audio``).
         label_column: integer column, or None for unlabeled data.
         columns: extra columns carried into each batch.
@@ -126,7 +140,7 @@ class AudioLoader:
 
     def __init__(
         self,
-        source: Source,
+        source: Shards | Mix,
         batch_size: int = 64,
         train: bool = True,
         seed: int = 0,
@@ -135,7 +149,7 @@ class AudioLoader:
         shuffle_buffer_size: int | None = None,
         shuffle_min_size: int | None = None,
         infinite: bool | None = None,
-        augment: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
+        augment: Callable[[np.ndarray, np.random.Generator], np.ndarray] | Sequence[Any] | None = None,
         audio_column: str = "audio",
         label_column: str | None = "label",
         columns: Sequence[str] = (),
@@ -178,6 +192,14 @@ class AudioLoader:
                                     kind=worker_type, start_method=start_method,
                                     prefetch_batches=prefetch_batches), preset, augment)
         self.device = _feature_device(device, self.features, self.length)
+        self.augmentations = _augmentations(augment, self.seed, self.features, per_batch=self.device is not None)
+        if self.augmentations is not None and self.augmentations.mixup is not None:
+            if not self.train:
+                raise ValueError("Mixup with train=False: an evaluation pass should see each sample as it is; "
+                                 "leave Mixup out of augment= for evaluation")
+            if self.length.variable_length:
+                raise ValueError("Mixup mixes equal-length crops; with whole utterances (LengthPolicy(crop=None)) "
+                                 "leave Mixup out")
         shuffle = merge(_group("shuffle", shuffle, Shuffle), buffer_size=shuffle_buffer_size,
                         min_size=shuffle_min_size, before_decode=shuffle_before_decode)
         self._resolve_shuffle(shuffle, preset)
@@ -189,18 +211,31 @@ class AudioLoader:
         self.label_column = label_column
         self.audio_column = audio_column
 
-        self.reader = ArrowShardReader(
-            source, audio_column=audio_column, label_column=label_column,
-            columns=self._reader_columns(source, audio_column, label_column, split_rows, filesystem),
-            seed=self.seed, rank=self.rank, world_size=self.world_size, shuffle=self.train,
-            infinite=self.infinite, split_rows=split_rows, filesystem=filesystem, stats=self.stats_counters)
-        self.shuffle_before_decode = (_raw_rows_are_free(self.reader) if shuffle.before_decode is None
-                                      else bool(shuffle.before_decode))
+        self.mix = source if isinstance(source, Mix) else None
+        if self.mix is None:
+            self.reader: ArrowShardReader | None = ArrowShardReader(
+                source, audio_column=audio_column, label_column=label_column,
+                columns=self._reader_columns(source, audio_column, label_column, split_rows, filesystem),
+                seed=self.seed, rank=self.rank, world_size=self.world_size, shuffle=self.train,
+                infinite=self.infinite, split_rows=split_rows, filesystem=filesystem, stats=self.stats_counters)
+            self.readers, self.lengths, self.source_names = [self.reader], [self.length], ()
+            self.rows: BaseNode = self.reader
+            self._has_labels = label_column is not None
+        else:
+            self.reader = None
+            self._build_mix(split_rows, filesystem)
+        self.shuffle_before_decode = (all(_raw_rows_are_free(r) for r in self.readers)
+                                      if shuffle.before_decode is None else bool(shuffle.before_decode))
         self._boundaries = self._bucket_boundaries() if self.batching is not None else None
         self.num_batches = self._count_batches() if not self.train else None
-        root = self._build_chain(augment, on_error, max_error_fraction)
+        self.stats_counters.shuffle.configure(
+            [_split_rows_of(reader) for reader in self.readers],
+            self.mix.weights if self.mix is not None else [1.0], self.batch_size)
+        root = self._build_chain(on_error, max_error_fraction)
         if self.device is not None:
             root = BatchFeatures(root, self.features, self.device)
+            if self.augmentations is not None and self.augmentations.per_batch:
+                root = BatchAugment(root, self.augmentations, self.features.batch_key)
         elif pin_memory and not torch.cuda.is_available():
             warnings.warn("pin_memory=True but CUDA is not available; batches are not pinned", stacklevel=2)
         elif pin_memory:
@@ -248,19 +283,73 @@ class AudioLoader:
             return (*self.columns, wanted)
         return self.columns
 
+    # ----------------------------------------------------------------- mix
+
+    def _build_mix(self, split_rows: int, filesystem: Any) -> None:
+        """One reader per source of the `Mix`, interleaved by a `WeightedMix` node (``self.rows``)."""
+        mix = self.mix
+        if self.batching is not None:
+            raise ValueError("batching=Bucketing(...) does not take a Mix yet: bucket one source, or mix "
+                             "fixed-size batches (batch_size=)")
+        stop = mix.stop or ("cycle" if self.infinite else "all_exhausted")
+        if not self.train and stop != "all_exhausted":
+            raise ValueError(f"Mix(stop={stop!r}) with train=False: evaluation reads every row of every source "
+                             "exactly once (stop='all_exhausted', the default there); the weights then only set "
+                             "the interleaving. Leave stop out, or evaluate the sources one by one")
+        if stop == "cycle" and not self.infinite:
+            raise ValueError("Mix(stop='cycle') never ends, but infinite=False asks for passes that end: use "
+                             "stop='all_exhausted' (every row of every source once) or 'first_exhausted'")
+        labelled = {e.name: e.source.label_column is not None for e in mix.entries}
+        if len(set(labelled.values())) > 1:
+            raise ValueError(f"Mix sources disagree on labels {labelled}: batches have a label for every sample "
+                             "or for none; give every Source a label_column, or label_column=None to all")
+        self._has_labels = all(labelled.values())
+        self.lengths = [e.source.length or self.length for e in mix.entries]
+        # The loader's own length= is checked with them: it sets the batches' shape.
+        _check_mixed_lengths(["length= of the loader", *mix.names], [self.length, *self.lengths], self.features)
+        self.readers = [self._mix_reader(s, e, split_rows, filesystem) for s, e in enumerate(mix.entries)]
+        _check_mixed_columns(mix.names, self.readers, self.columns)
+        self.source_names = mix.names
+        self.stats_counters.describe_sources(mix.names, mix.weights)
+        self.rows = WeightedMix(dict(zip(mix.names, self.readers, strict=True)), dict(zip(mix.names, mix.weights,
+                                strict=True)), stop=stop, infinite=self.infinite, seed=self.seed, rank=self.rank,
+                                stats=self.stats_counters)
+
+    def _mix_reader(self, position: int, entry: Any, split_rows: int, filesystem: Any) -> ArrowShardReader:
+        source = entry.source
+        try:
+            return ArrowShardReader(
+                source.data, audio_column=source.audio_column, label_column=source.label_column,
+                columns=self.columns, seed=_source_seed(self.seed, position), rank=self.rank,
+                world_size=self.world_size, shuffle=self.train, infinite=False, split_rows=split_rows,
+                filesystem=source.filesystem if source.filesystem is not None else filesystem,
+                stats=self.stats_counters)
+        except Exception as error:
+            if hasattr(error, "add_note"):  # Python 3.11+
+                error.add_note(f"(in Mix source {entry.name!r})")
+            raise
+
+    def _fetch_rows(self) -> Callable[[Sequence[Key]], list[RawSample]]:
+        """Random access to rows by key, picklable and not holding this loader (restore, worker processes)."""
+        if self.mix is None:
+            return self.reader.fetcher
+        return functools.partial(fetch_mixed, [reader.dataset for reader in self.readers])
+
     # ----------------------------------------------------------------- chain
 
-    def _build_chain(self, augment, on_error: str, max_error_fraction: float) -> BaseNode:
+    def _build_chain(self, on_error: str, max_error_fraction: float) -> BaseNode:
+        fetch_rows = self._fetch_rows()
         # Memory-mapped shards: a worker process reads its rows itself (zero-copy there)
         # rather than getting the encoded audio copied over from here.
-        fetch = self.reader.fetcher if _raw_rows_are_free(self.reader) else None
+        fetch = fetch_rows if all(_raw_rows_are_free(r) for r in self.readers) else None
+        length = self.lengths[0] if len(set(self.lengths)) == 1 else self.lengths
 
         def make_decoder(source: BaseNode) -> DecodeSpectrogram:
             return DecodeSpectrogram(
                 source, self.features, seed=self.seed, train=self.train, num_workers=self.num_workers,
-                augment=augment, on_error=on_error, max_error_fraction=max_error_fraction,
+                augment=self.augmentations, on_error=on_error, max_error_fraction=max_error_fraction,
                 stats=self.stats_counters, worker_type=self.worker_type, fetch=fetch,
-                start_method=self.start_method, compute_features=self.device is None, length=self.length)
+                start_method=self.start_method, compute_features=self.device is None, length=length)
 
         def make_buffer(source: BaseNode, restore) -> ShuffleBuffer:
             return ShuffleBuffer(source, self.shuffle_buffer_size, self.shuffle_min_size, seed=self.seed,
@@ -278,15 +367,18 @@ class AudioLoader:
             self.decoder = make_decoder(planned)
             tail: BaseNode = self.decoder
         elif self.shuffle_before_decode:
-            buffer = make_buffer(self.reader, self.reader.fetch)
+            buffer = make_buffer(self.rows, fetch_rows)
             self.decoder = make_decoder(buffer)
             tail = self.decoder
         else:
-            self.decoder = make_decoder(self.reader)
+            self.decoder = make_decoder(self.rows)
             # A partial of a module function, not a bound method: the chain must not
             # point back at this AudioLoader, or dropping it would need gc to stop threads.
-            tail = make_buffer(self.decoder, functools.partial(_restore_decoded, self.reader, self.decoder))
-        return Prefetcher(CatchFailures(self._make_batcher(tail)), prefetch_factor=self.prefetch_batches)
+            tail = make_buffer(self.decoder, functools.partial(_restore_decoded, fetch_rows, self.decoder))
+        batches: BaseNode = self._make_batcher(tail)
+        if self.device is None and self.augmentations is not None and self.augmentations.per_batch:
+            batches = BatchAugment(batches, self.augmentations, self.features.batch_key)
+        return Prefetcher(CatchFailures(batches), prefetch_factor=self.prefetch_batches)
 
     def _make_batcher(self, tail: BaseNode) -> Batcher:
         # With a feature device the batcher stacks waveforms (in page-locked memory for a
@@ -300,8 +392,8 @@ class AudioLoader:
             shape, time_axis = ((0,) if variable else (self._clip_samples,)), 0
         return Batcher(
             tail, self.batch_size, self.drop_last, num_batches=self.num_batches, spectrogram_shape=shape,
-            columns=self.columns, tensor_columns=_numeric_columns(self.reader.dataset.schema, self.columns),
-            has_labels=self.label_column is not None, stats=self.stats_counters,
+            columns=self.columns, tensor_columns=_numeric_columns(self.readers[0].dataset.schema, self.columns),
+            has_labels=self._has_labels, stats=self.stats_counters, sources=self.mix is not None,
             features_key=self.features.batch_key if per_sample else "waveform",
             pin_memory=not per_sample and self.device.type == "cuda",
             time_axis=time_axis if variable else None, follow_markers=self.batching is not None)
@@ -326,7 +418,7 @@ class AudioLoader:
                                 self._boundaries, self.batching.max_duration, self.batching.max_batch_size,
                                 self.drop_last))
                        for splits in self.reader.assignment())
-        rows = self.reader.rows_per_rank()
+        rows = [sum(counts) for counts in zip(*(reader.rows_per_rank() for reader in self.readers), strict=True)]
         if self.drop_last:
             return min(rows) // self.batch_size
         return math.ceil(max(rows) / self.batch_size)
@@ -397,14 +489,18 @@ class AudioLoader:
                             "wrapping it.)")
         if self.num_batches is not None:
             return self.num_batches
-        rows = sum(split.num_rows for split in self.reader.splits_for_pass(0))
+        if self.mix is not None and self.rows.stop == "first_exhausted":
+            raise TypeError("len() of a Mix(stop='first_exhausted') is not known before it runs (it ends when a "
+                            "random draw first exhausts a source); use stop='all_exhausted' for a known length")
+        rows = sum(split.num_rows for reader in self.readers for split in reader.splits_for_pass(0))
         return rows // self.batch_size if self.drop_last else math.ceil(rows / self.batch_size)
 
     # ----------------------------------------------------------------- state
 
     def _make_fingerprint(self, split_rows: int) -> dict[str, Any]:
         return {
-            "files": _portable_files(self.reader.dataset.fingerprint()["files"]),
+            "files": (_files_of(self.reader) if self.mix is None
+                      else {name: _files_of(r) for name, r in zip(self.source_names, self.readers, strict=True)}),
             "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
             "features": self.features.to_dict(), "batch_size": self.batch_size,
             "shuffle_buffer_size": self.shuffle_buffer_size, "shuffle_min_size": self.shuffle_min_size,
@@ -425,6 +521,15 @@ class AudioLoader:
         if self.batching is not None:
             extra["batching"] = {**self.batching.to_dict(), "boundaries": self._boundaries,
                                  "duration_column": self._duration_column}
+        if self.mix is not None:
+            # world_size here too: resuming a mix on another number of ranks is refused by name
+            # (elastic resume redistributes one source's rows; a mix's draws are per rank).
+            extra["mix"] = {"sources": [[e.name, e.weight, e.source.audio_column, e.source.label_column,
+                                         None if e.source.length is None else e.source.length.to_dict()]
+                                        for e in self.mix.entries],
+                            "stop": self.rows.stop, "world_size": self.world_size}
+        if self.augmentations is not None and self.augmentations.builtin:
+            extra["augment"] = self.augmentations.describe()
         return extra
 
     def state_dict(self) -> dict[str, Any]:
@@ -522,14 +627,20 @@ def _rows_of(reader: ArrowShardReader, splits: Sequence[Split]):
                 yield RawSample(Key(-1, 0), audio, None, {name: values[i] for name, values in columns.extras})
 
 
-def _restore_decoded(reader: ArrowShardReader, decoder: DecodeSpectrogram, keys: Sequence[Key]) -> list[Sample]:
+def _restore_decoded(fetch: Callable[[Sequence[Key]], list[RawSample]], decoder: DecodeSpectrogram,
+                     keys: Sequence[Key]) -> list[Sample]:
     """Rebuild decoded buffer items on resume: random-access read, same decode, same per-key seeds."""
-    decoded = decoder.decode_many(reader.fetch(keys))
+    decoded = decoder.decode_many(fetch(keys))
     bad = [item for item in decoded if isinstance(item, BadRow)]
     if bad:
         raise RuntimeError(f"resuming: {len(bad)} buffered rows no longer decode (first: {bad[0].report()}); "
                            "the data changed since the checkpoint was taken")
     return list(decoded)
+
+
+def _files_of(reader: ArrowShardReader) -> list[list[Any]]:
+    """What identifies a reader's data in a checkpoint fingerprint."""
+    return _portable_files(reader.dataset.fingerprint()["files"])
 
 
 def _portable_files(files: list[list[Any]]) -> list[list[Any]]:
@@ -544,6 +655,49 @@ def _portable_files(files: list[list[Any]]) -> list[list[Any]]:
     prefix = prefix[: prefix.rfind("/") + 1]  # a whole folder, never part of a name
     names = [path[len(prefix):] for path in paths]
     return [[name, *entry[1:]] for name, entry in zip(names, files, strict=True)]
+
+
+def _source_seed(seed: int, position: int) -> int:
+    """The seed of a mix's source ``position`` (its split order per pass): its own, unless it is the first."""
+    return seed if position == 0 else _hashing.mix(seed, _hashing.SALT_SOURCE, position) >> 1
+
+
+def _split_rows_of(reader: ArrowShardReader) -> list[tuple[int, int]]:
+    """``(first global index, rows)`` of each split this rank reads in pass 0 (for the shuffle-quality figures)."""
+    files = reader.dataset.files
+    return [(files[s.file_id].index_offset + s.start, s.num_rows) for s in reader.splits_for_pass(0)]
+
+
+def _check_mixed_lengths(names: Sequence[str], lengths: Sequence[LengthPolicy], features: FeatureConfig) -> None:
+    """Sources may differ in length policy only where their samples still stack into one batch."""
+    variable = {name: length.variable_length for name, length in zip(names, lengths, strict=True)}
+    if len(set(variable.values())) > 1:
+        raise ValueError(f"Mix sources mix fixed crops and whole utterances (crop=None per source: {variable}); "
+                         "a batch holds one or the other: give every source the same kind of LengthPolicy")
+    if not any(variable.values()):
+        clips = {name: length.clip_samples(features) for name, length in zip(names, lengths, strict=True)}
+        if len(set(clips.values())) > 1:
+            raise ValueError(f"Mix sources crop to different lengths (samples per source: {clips}); a batch "
+                             "stacks equal crops: give every source the same clip_seconds")
+
+
+def _check_mixed_columns(names: Sequence[str], readers: Sequence[ArrowShardReader], columns: Sequence[str]) -> None:
+    """The extra columns must have one type across sources (a batch holds one tensor or list per column)."""
+    first = readers[0].dataset.schema
+    for name, reader in zip(names[1:], readers[1:], strict=True):
+        schema = reader.dataset.schema
+        for column in columns:
+            if schema.field(column).type != first.field(column).type:
+                raise ValueError(f"column {column!r} is {first.field(column).type} in Mix source {names[0]!r} but "
+                                 f"{schema.field(column).type} in {name!r}; one column must have one type in every "
+                                 "source")
+
+
+def _augmentations(augment: Any, seed: int, features: FeatureConfig, per_batch: bool) -> Augmentations | None:
+    """The ``augment=`` argument bound to the seed (None for none)."""
+    if augment is None or (isinstance(augment, (list, tuple)) and not augment):
+        return None
+    return Augmentations(augment, seed, features, per_batch_features=per_batch)
 
 
 def _raw_rows_are_free(reader: ArrowShardReader) -> bool:

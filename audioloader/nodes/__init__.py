@@ -10,6 +10,7 @@ Build the default chain by hand (or reorder it, or add your own nodes)::
 """
 
 from .arrow_shard_reader import ArrowShardReader
+from .batch_augment import BatchAugment
 from .batch_features import BatchFeatures
 from .batcher import Batcher
 from .catch_failures import CatchFailures
@@ -18,7 +19,7 @@ from .duration_bucketer import DurationBucketer
 from .parallel_map import ParallelMap
 from .prefetcher import Prefetcher
 from .shuffle_buffer import ShuffleBuffer
+from .weighted_mix import WeightedMix
 
-__all__ = ["ArrowShardReader", "BatchFeatures", "Batcher", "CatchFailures", "DecodeSpectrogram", "DurationBucketer",
-           "ParallelMap",
-           "Prefetcher", "ShuffleBuffer"]
+__all__ = ["ArrowShardReader", "BatchAugment", "BatchFeatures", "Batcher", "CatchFailures", "DecodeSpectrogram",
+           "DurationBucketer", "ParallelMap", "Prefetcher", "ShuffleBuffer", "WeightedMix"]
