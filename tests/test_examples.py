@@ -36,6 +36,16 @@ def test_resume_in_a_new_process_is_bit_identical():
     assert "resume: all batches identical" in out
 
 
+def test_mix_and_augment_trains_and_resumes_bit_exactly():
+    out = run_example("mix_and_augment.py", "--steps", 12, "--batch-size", 8)
+    assert re.search(r"checkpoint after step \d+", out), out
+    assert re.search(r"resumed batches identical to the uninterrupted run: True \(\d+ batches\)", out), out
+    assert "resumed model ends with the same weights: True" in out, out
+    for name in ("studio", "field", "rare"):
+        assert re.search(rf"{name} +0\.\d\d +0\.\d\d +\d+", out), out
+    assert re.search(r"shuffle: [\d.]+ splits per batch \(full shuffle [\d.]+\)", out), out
+
+
 def test_compose_nodes_both_orders_and_resume():
     out = run_example("compose_nodes.py", "--clips-per-class", 2, "--batches", 4, "--batch-size", 4)
     assert "decode then shuffle: 4 batches" in out and "shuffle then decode: 4 batches" in out
