@@ -18,8 +18,8 @@ worker runs), once without augmentation and once with each augmentation alone:
   per batch divided by 64.
 
 Variants run interleaved, ``--repeats`` rounds; the table shows the median ms
-per sample and the median of the per-round ratios to no augmentation. On a
-shared machine only the ratios are meaningful.
+per sample, and the medians of the per-round extra ms and ratios to no
+augmentation. On a shared machine only the ratios are meaningful.
 """
 
 from __future__ import annotations
@@ -148,13 +148,11 @@ def main() -> None:
           f"median of {args.repeats} interleaved rounds")
     print(f"{'augmentation':34} {'ms/sample':>10} {'extra ms':>9} {'ratio to none':>14}")
     for name, values in times.items():
-        ms = statistics.median(values)
-        if "per batch" in name:
-            extra, ratio = ms, statistics.median((n + v) / n for n, v in zip(none, values, strict=True))
-        else:
-            extra, ratio = ms - statistics.median(none), statistics.median(
-                v / n for n, v in zip(none, values, strict=True))
-        print(f"{name:34} {ms:10.3f} {extra:9.3f} {ratio:14.3f}")
+        # Per round: the variant against "none" of the same round; then the median over rounds.
+        per_batch = "per batch" in name
+        extra = statistics.median(v if per_batch else v - n for n, v in zip(none, values, strict=True))
+        ratio = statistics.median((n + v if per_batch else v) / n for n, v in zip(none, values, strict=True))
+        print(f"{name:34} {statistics.median(values):10.3f} {extra:9.3f} {ratio:14.3f}")
     print("(per-batch rows: the cost per sample of the batch operation alone; the ratio adds it to the "
           "decode of one sample)")
     print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores: > ~0.3 "
