@@ -286,18 +286,28 @@ def test_masks_on_a_padded_batch_leave_the_padding_alone():
     assert out[1, 1, :3].tolist() == [0.0] * 3 and out[1, 1, 3:].tolist() == [2.0] * 3  # padding untouched
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                  reason="needs a CUDA device"))]
+
+
+def on_cpu(batch: dict) -> dict:
+    return {name: value.cpu() if isinstance(value, torch.Tensor) else value for name, value in batch.items()}
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("train", [True, False])
-def test_masks_per_batch_on_a_device_equal_the_per_sample_path(tmp_path, train):
+def test_masks_per_batch_on_a_device_equal_the_per_sample_path(tmp_path, train, device):
     make_shards(tmp_path, [10, 7], batch_rows=4, seconds=0.6)
-    spec = [al.SpecAugment(max_freq_width=10, max_time_width=12)]
+    spec = [al.SpecAugment(max_freq_width=10, max_time_width=12)] + ([al.Mixup()] if train else [])
     kwargs = {"batch_size": 4, "features": MEL, "seed": 2, "split_rows": 4, "num_workers": 2, "train": train,
               "augment": spec}
     if train:
         kwargs.update(shuffle_buffer_size=8, shuffle_min_size=4)
     unmasked = {**kwargs, "augment": None}
-    loaders = [al.AudioLoader(tmp_path, **kwargs), al.AudioLoader(tmp_path, device="cpu", **kwargs),
-               al.AudioLoader(tmp_path, **unmasked), al.AudioLoader(tmp_path, device="cpu", **unmasked)]
-    a, b, clean_a, clean_b = [take(loader, 4) if train else list(loader) for loader in loaders]
+    loaders = [al.AudioLoader(tmp_path, **kwargs), al.AudioLoader(tmp_path, device=device, **kwargs),
+               al.AudioLoader(tmp_path, **unmasked), al.AudioLoader(tmp_path, device=device, **unmasked)]
+    a, b, clean_a, clean_b = [[on_cpu(batch) for batch in (take(loader, 4) if train else list(loader))]
+                              for loader in loaders]
     for loader in loaders:
         loader.shutdown()
     assert len(a) == len(b)
@@ -305,8 +315,12 @@ def test_masks_per_batch_on_a_device_equal_the_per_sample_path(tmp_path, train):
         assert x.keys() == y.keys()
         assert torch.equal(x["index"], y["index"])
         assert torch.allclose(x["spectrogram"], y["spectrogram"], rtol=1e-4, atol=1e-4)
-        masked = x["spectrogram"] != x0["spectrogram"]  # the same cells masked on both paths
-        assert masked.any() and torch.equal(masked, y["spectrogram"] != y0["spectrogram"])
+        if train:
+            assert torch.equal(x["mixup_partner"], y["mixup_partner"])
+            assert torch.equal(x["mixup_weights"], y["mixup_weights"])
+        else:
+            masked = x["spectrogram"] != x0["spectrogram"]  # the same cells masked on both paths
+            assert masked.any() and torch.equal(masked, y["spectrogram"] != y0["spectrogram"])
 
 
 def test_masks_on_whole_utterances_per_batch_equal_the_per_sample_path(tmp_path):
