@@ -499,8 +499,8 @@ class AudioLoader:
 
     def _make_fingerprint(self, split_rows: int) -> dict[str, Any]:
         return {
-            "files": (_files_of(self.reader) if self.mix is None
-                      else {name: _files_of(r) for name, r in zip(self.source_names, self.readers, strict=True)}),
+            "files": (_files_of(self.reader.dataset) if self.mix is None else
+                      {name: _files_of(r.dataset) for name, r in zip(self.source_names, self.readers, strict=True)}),
             "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
             "features": self.features.to_dict(), "batch_size": self.batch_size,
             "shuffle_buffer_size": self.shuffle_buffer_size, "shuffle_min_size": self.shuffle_min_size,
@@ -529,7 +529,9 @@ class AudioLoader:
                                         for e in self.mix.entries],
                             "stop": self.rows.stop, "world_size": self.world_size}
         if self.augmentations is not None and self.augmentations.builtin:
-            extra["augment"] = self.augmentations.describe()
+            extra["augment"] = [{**described, "files": _files_of(dataset)} if dataset is not None else described
+                                for described, dataset in zip(self.augmentations.describe(),
+                                                              self.augmentations.datasets(), strict=True)]
         return extra
 
     def state_dict(self) -> dict[str, Any]:
@@ -638,9 +640,9 @@ def _restore_decoded(fetch: Callable[[Sequence[Key]], list[RawSample]], decoder:
     return list(decoded)
 
 
-def _files_of(reader: ArrowShardReader) -> list[list[Any]]:
-    """What identifies a reader's data in a checkpoint fingerprint."""
-    return _portable_files(reader.dataset.fingerprint()["files"])
+def _files_of(dataset: ShardDataset) -> list[list[Any]]:
+    """What identifies a dataset's rows in a checkpoint fingerprint (a source's, a noise source's)."""
+    return _portable_files(dataset.fingerprint()["files"])
 
 
 def _portable_files(files: list[list[Any]]) -> list[list[Any]]:

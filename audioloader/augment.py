@@ -298,10 +298,10 @@ class _RowOp(_Op):
             raise DecodeError(reason, reason=reason) from error
 
     def describe(self) -> dict[str, Any]:
+        # Without the source's location: what the draws depend on is its rows (the loader
+        # adds the files' identity, as it does for the sources it reads).
         fields = {f.name: getattr(self.config, f.name) for f in dataclasses.fields(self.config) if f.name != "source"}
-        # What the draws depend on is the rows, not where the files are: names, sizes, row counts.
-        files = [[path.rsplit("/", 1)[-1], size, rows] for path, size, rows in self.dataset.fingerprint()["files"]]
-        return {"type": type(self.config).__name__, "files": files, **fields}
+        return {"type": type(self.config).__name__, **fields}
 
 
 class _AddNoise(_RowOp):
@@ -441,7 +441,12 @@ class Augmentations:
         return self.mixup is not None or (self.spec is not None and self.per_batch_features)
 
     def describe(self) -> list[dict[str, Any]]:
+        """Plain data identifying each augmentation (without the files of noise/impulse-response sources)."""
         return [op.describe() for op in self.ops]
+
+    def datasets(self) -> list[ShardDataset | None]:
+        """Per augmentation, the shards it reads rows from (`AddNoise`, `Reverb`), else None."""
+        return [getattr(op, "dataset", None) for op in self.ops]
 
     def draws(self, key: Key, frames: int = 0) -> list[dict[str, Any]]:
         """Every augmentation's parameters for ``key``, in list order (for inspection and tests)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import pickle
 import random
 from collections import Counter
 from pathlib import Path
@@ -213,6 +214,18 @@ def test_a_mix_checkpoint_refuses_another_world_size(root):
         other.load_state_dict(state)
     assert "world_size" in info.value.fields and "mix" in info.value.fields
     assert "world_size" in str(info.value)
+
+
+def test_a_pickled_mix_loader_goes_on_where_it_was(root):
+    augment = [al.Gain(), al.AddNoise(str(root / "noise")), al.Mixup()]
+    with mix_loader(root, augment=augment) as loader:
+        it = iter(loader)
+        [next(it) for _ in range(3)]
+        copy = pickle.loads(pickle.dumps(loader))
+        expected = [next(it) for _ in range(3)]
+        it.close()
+    with copy:
+        assert_same_batches(take(copy, 3), expected)
 
 
 @pytest.mark.parametrize("change", ["weights", "order", "stop"])
