@@ -21,13 +21,12 @@ import pyarrow as pa
 import torch
 from torchdata.nodes import BaseNode, PinMemory
 
-from . import _hashing
 from .augment import Augmentations
 from .config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, check_features
 from .distributed import resolve_rank
 from .errors import CheckpointMismatchError
 from .loader import Loader
-from .mix import Mix, fetch_mixed
+from .mix import Mix, check_columns, check_lengths, fetch_mixed, source_seed
 from .nodes.arrow_shard_reader import ArrowShardReader
 from .nodes.batch_augment import BatchAugment
 from .nodes.batch_features import BatchFeatures
@@ -192,7 +191,8 @@ class AudioLoader:
                                     kind=worker_type, start_method=start_method,
                                     prefetch_batches=prefetch_batches), preset, augment)
         self.device = _feature_device(device, self.features, self.length)
-        self.augmentations = _augmentations(augment, self.seed, self.features, per_batch=self.device is not None)
+        self.augmentations = Augmentations.of(augment, self.seed, self.features,
+                                              per_batch_features=self.device is not None)
         if self.augmentations is not None and self.augmentations.mixup is not None:
             if not self.train:
                 raise ValueError("Mixup with train=False: an evaluation pass should see each sample as it is; "
@@ -306,9 +306,9 @@ class AudioLoader:
         self._has_labels = all(labelled.values())
         self.lengths = [e.source.length or self.length for e in mix.entries]
         # The loader's own length= is checked with them: it sets the batches' shape.
-        _check_mixed_lengths(["length= of the loader", *mix.names], [self.length, *self.lengths], self.features)
+        check_lengths(["length= of the loader", *mix.names], [self.length, *self.lengths], self.features)
         self.readers = [self._mix_reader(s, e, split_rows, filesystem) for s, e in enumerate(mix.entries)]
-        _check_mixed_columns(mix.names, self.readers, self.columns)
+        check_columns(mix.names, [r.dataset.schema for r in self.readers], self.columns)
         self.source_names = mix.names
         self.stats_counters.describe_sources(mix.names, mix.weights)
         self.rows = WeightedMix(dict(zip(mix.names, self.readers, strict=True)), dict(zip(mix.names, mix.weights,
@@ -320,7 +320,7 @@ class AudioLoader:
         try:
             return ArrowShardReader(
                 source.data, audio_column=source.audio_column, label_column=source.label_column,
-                columns=self.columns, seed=_source_seed(self.seed, position), rank=self.rank,
+                columns=self.columns, seed=source_seed(self.seed, position), rank=self.rank,
                 world_size=self.world_size, shuffle=self.train, infinite=False, split_rows=split_rows,
                 filesystem=source.filesystem if source.filesystem is not None else filesystem,
                 stats=self.stats_counters)
@@ -659,47 +659,10 @@ def _portable_files(files: list[list[Any]]) -> list[list[Any]]:
     return [[name, *entry[1:]] for name, entry in zip(names, files, strict=True)]
 
 
-def _source_seed(seed: int, position: int) -> int:
-    """The seed of a mix's source ``position`` (its split order per pass): its own, unless it is the first."""
-    return seed if position == 0 else _hashing.mix(seed, _hashing.SALT_SOURCE, position) >> 1
-
-
 def _split_rows_of(reader: ArrowShardReader) -> list[tuple[int, int]]:
     """``(first global index, rows)`` of each split this rank reads in pass 0 (for the shuffle-quality figures)."""
     files = reader.dataset.files
     return [(files[s.file_id].index_offset + s.start, s.num_rows) for s in reader.splits_for_pass(0)]
-
-
-def _check_mixed_lengths(names: Sequence[str], lengths: Sequence[LengthPolicy], features: FeatureConfig) -> None:
-    """Sources may differ in length policy only where their samples still stack into one batch."""
-    variable = {name: length.variable_length for name, length in zip(names, lengths, strict=True)}
-    if len(set(variable.values())) > 1:
-        raise ValueError(f"Mix sources mix fixed crops and whole utterances (crop=None per source: {variable}); "
-                         "a batch holds one or the other: give every source the same kind of LengthPolicy")
-    if not any(variable.values()):
-        clips = {name: length.clip_samples(features) for name, length in zip(names, lengths, strict=True)}
-        if len(set(clips.values())) > 1:
-            raise ValueError(f"Mix sources crop to different lengths (samples per source: {clips}); a batch "
-                             "stacks equal crops: give every source the same clip_seconds")
-
-
-def _check_mixed_columns(names: Sequence[str], readers: Sequence[ArrowShardReader], columns: Sequence[str]) -> None:
-    """The extra columns must have one type across sources (a batch holds one tensor or list per column)."""
-    first = readers[0].dataset.schema
-    for name, reader in zip(names[1:], readers[1:], strict=True):
-        schema = reader.dataset.schema
-        for column in columns:
-            if schema.field(column).type != first.field(column).type:
-                raise ValueError(f"column {column!r} is {first.field(column).type} in Mix source {names[0]!r} but "
-                                 f"{schema.field(column).type} in {name!r}; one column must have one type in every "
-                                 "source")
-
-
-def _augmentations(augment: Any, seed: int, features: FeatureConfig, per_batch: bool) -> Augmentations | None:
-    """The ``augment=`` argument bound to the seed (None for none)."""
-    if augment is None or (isinstance(augment, (list, tuple)) and not augment):
-        return None
-    return Augmentations(augment, seed, features, per_batch_features=per_batch)
 
 
 def _raw_rows_are_free(reader: ArrowShardReader) -> bool:

@@ -415,6 +415,15 @@ class Augmentations:
             masks are then drawn in the workers and applied per batch.
     """
 
+    @classmethod
+    def of(cls, augment: Any, seed: int, features: Any, *, per_batch_features: bool = False) -> Augmentations | None:
+        """``augment=`` as given (a function, a list, or already `Augmentations`) bound to the seed; None for none."""
+        if augment is None or isinstance(augment, Augmentations):
+            return augment
+        if isinstance(augment, (list, tuple)) and not augment:
+            return None
+        return cls(augment, seed, features, per_batch_features=per_batch_features)
+
     def __init__(self, items: Any, seed: int, features: Any, *, per_batch_features: bool = False) -> None:
         items = list(items) if isinstance(items, (list, tuple)) else [items]
         self.seed = int(seed)

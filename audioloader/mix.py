@@ -14,9 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 from torchdata.nodes import StopCriteria
 
-from .config import LengthPolicy
+from . import _hashing
+from .config import FeatureConfig, LengthPolicy
 from .nodes.arrow_shard_reader import fetch_rows
 from .samples import Key, RawSample
 from .shards import ShardDataset
@@ -170,3 +172,32 @@ def fetch_mixed(datasets: Sequence[ShardDataset], keys: Sequence[Key]) -> list[R
         for position, row in zip(positions, fetch_rows(datasets[source], [keys[p] for p in positions]), strict=True):
             out[position] = row
     return out  # type: ignore[return-value]
+
+
+def source_seed(seed: int, position: int) -> int:
+    """The seed of a mix's source ``position`` (its split order per pass): its own, unless it is the first."""
+    return seed if position == 0 else _hashing.mix(seed, _hashing.SALT_SOURCE, position) >> 1
+
+
+def check_lengths(names: Sequence[str], lengths: Sequence[LengthPolicy], features: FeatureConfig) -> None:
+    """Sources may differ in length policy only where their samples still stack into one batch."""
+    variable = {name: length.variable_length for name, length in zip(names, lengths, strict=True)}
+    if len(set(variable.values())) > 1:
+        raise ValueError(f"Mix sources mix fixed crops and whole utterances (crop=None per source: {variable}); "
+                         "a batch holds one or the other: give every source the same kind of LengthPolicy")
+    if not any(variable.values()):
+        clips = {name: length.clip_samples(features) for name, length in zip(names, lengths, strict=True)}
+        if len(set(clips.values())) > 1:
+            raise ValueError(f"Mix sources crop to different lengths (samples per source: {clips}); a batch "
+                             "stacks equal crops: give every source the same clip_seconds")
+
+
+def check_columns(names: Sequence[str], schemas: Sequence[pa.Schema], columns: Sequence[str]) -> None:
+    """The extra columns must have one type across sources (a batch holds one tensor or list per column)."""
+    first = schemas[0]
+    for name, schema in zip(names[1:], schemas[1:], strict=True):
+        for column in columns:
+            if schema.field(column).type != first.field(column).type:
+                raise ValueError(f"column {column!r} is {first.field(column).type} in Mix source {names[0]!r} but "
+                                 f"{schema.field(column).type} in {name!r}; one column must have one type in every "
+                                 "source")

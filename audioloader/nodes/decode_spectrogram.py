@@ -55,15 +55,6 @@ class _LengthRule:
                    max(round(policy.min_seconds * rate), 0))
 
 
-def _augmentations(augment: Any, seed: int, features: FeatureConfig, compute_features: bool) -> Augmentations | None:
-    """``augment`` (a function, a list, or `Augmentations`) bound to the seed; None for none."""
-    if augment is None or isinstance(augment, Augmentations):
-        return augment
-    if isinstance(augment, (list, tuple)) and not augment:
-        return None
-    return Augmentations(augment, seed, features, per_batch_features=not compute_features)
-
-
 class SampleDecoder:
     """The per-row function of `DecodeSpectrogram`: ``RawSample -> Sample | BadRow``.
 
@@ -292,7 +283,7 @@ class DecodeSpectrogram(BaseNode[Sample]):
         self.train = bool(train)
         self.num_workers = int(num_workers)
         self.worker_type = worker_type
-        self.augment = _augmentations(augment, int(seed), features, compute_features)
+        self.augment = Augmentations.of(augment, int(seed), features, per_batch_features=not compute_features)
         self.on_error = on_error
         self.max_error_fraction = float(max_error_fraction)
         self.error_budget_min_rows = int(error_budget_min_rows)
