@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from torchdata.nodes import BaseNode
 
 import audioloader as al
 from audioloader.nodes import ShuffleBuffer
@@ -14,38 +13,13 @@ from audioloader.stats import LoaderStats, ShuffleQuality
 from tests.helpers import make_shards
 from tests.test_audio_loader import take
 from tests.test_mixing import SMALL
-
-
-class Counting(BaseNode):
-    """Items keyed by their arrival order: Key(i, 0) for i < n."""
-
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.n = n
-
-    def reset(self, initial_state=None):
-        super().reset(initial_state)
-        self.i = 0 if initial_state is None else initial_state["i"]
-
-    def next(self):
-        if self.i >= self.n:
-            raise StopIteration
-        self.i += 1
-        return _Item(Key(self.i - 1, 0))
-
-    def get_state(self):
-        return {"i": self.i}
-
-
-class _Item:
-    def __init__(self, key: Key) -> None:
-        self.key = key
+from tests.test_shuffle_batch import CountingSource, Item
 
 
 @pytest.mark.parametrize(("capacity", "min_size"), [(1, 0), (7, 3), (50, 50)])
 def test_displacement_is_the_distance_between_arrival_and_emission(capacity, min_size):
     stats = LoaderStats()
-    buffer = ShuffleBuffer(Counting(300), capacity, min_size, seed=4, stats=stats)
+    buffer = ShuffleBuffer(CountingSource(300), capacity, min_size, seed=4, stats=stats)
     emitted = [item.key.index for item in buffer]
     expected = sum(abs(position - index) for position, index in enumerate(emitted)) / len(emitted)
     figures = stats.snapshot()["shuffle"]
@@ -57,10 +31,10 @@ def test_displacement_is_the_distance_between_arrival_and_emission(capacity, min
 
 def test_items_restored_from_a_checkpoint_are_not_counted():
     stats = LoaderStats()
-    first = ShuffleBuffer(Counting(100), 10, 10, seed=4, restore=lambda keys: [_Item(k) for k in keys])
+    first = ShuffleBuffer(CountingSource(100), 10, 10, seed=4, restore=lambda keys: [Item(k) for k in keys])
     for _ in range(30):
         next(first)
-    resumed = ShuffleBuffer(Counting(100), 10, 10, seed=4, restore=lambda keys: [_Item(k) for k in keys],
+    resumed = ShuffleBuffer(CountingSource(100), 10, 10, seed=4, restore=lambda keys: [Item(k) for k in keys],
                             stats=stats)
     state = first.state_dict()
     restored = len(state["indices"])
