@@ -456,25 +456,34 @@ class AudioLoader:
         # It holds `_iterating` from the first line of __iter__ to its end or close().
         try:
             while True:
-                if os.getpid() != self._pid:
-                    raise RuntimeError(_FORKED_MESSAGE.format(pid=self._pid))
-                start = time.perf_counter()
                 try:
-                    batch = next(it)
-                except StopIteration as end:
-                    # torchdata re-raises a StopIteration object made in its thread and kept
-                    # in its frames; with this frame in its traceback, `self` would sit in a
-                    # reference cycle and the loader's threads would wait for gc to stop.
-                    end.__traceback__ = None
+                    batch = self._next_batch(it)
+                except StopIteration:
                     return
                 except KeyboardInterrupt:
+                    # Wherever in this frame Ctrl-C lands (in next() or between its lines), the
+                    # loader stops every thread and worker before the interrupt goes on.
                     self.shutdown()
                     raise
-                self.stats_counters.add_seconds("wait", time.perf_counter() - start)
                 yield batch
         finally:
             if os.getpid() == self._pid:
                 self._iterating.release()
+
+    def _next_batch(self, it: Iterator[dict[str, Any]]) -> dict[str, Any]:
+        if os.getpid() != self._pid:
+            raise RuntimeError(_FORKED_MESSAGE.format(pid=self._pid))
+        start = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration as end:
+            # torchdata re-raises a StopIteration object made in its thread and kept
+            # in its frames; with this frame in its traceback, `self` would sit in a
+            # reference cycle and the loader's threads would wait for gc to stop.
+            end.__traceback__ = None
+            raise StopIteration from None
+        self.stats_counters.add_seconds("wait", time.perf_counter() - start)
+        return batch
 
     def __getitem__(self, index: Any) -> Any:
         raise TypeError("an AudioLoader is a data loader, not a dataset: iterate it directly (for batch in loader) "

@@ -405,7 +405,8 @@ def test_shutdown_stops_threads():
     before = set(threading.enumerate())
     node = node_over(rows(20), num_workers=4)
     next(node)
-    assert len(set(threading.enumerate()) - before) >= 4
+    # Threads were started (how many depends on timing: the pool reuses a thread that is idle).
+    assert set(threading.enumerate()) - before
     node.shutdown()
     assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
 
