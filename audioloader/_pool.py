@@ -25,11 +25,14 @@ crash in a decoder) is reported with its exit status instead of a hang.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import os
 import pickle
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
@@ -66,6 +69,42 @@ def choose_start_method() -> str:
     if sys.platform.startswith("linux") and threading.active_count() == 1:
         return "fork"
     return DEFAULT_START_METHOD
+
+#: Seconds between a worker's checks that its consumer process is still alive.
+PARENT_CHECK_SECONDS = 1.0
+
+
+def free_mkl_buffers() -> bool:
+    """Free MKL's cached memory (its "fast memory manager") in this process; False where torch has no MKL.
+
+    Called right before worker processes are forked. MKL keeps per-thread
+    buffer accounting that a forked child inherits in an inconsistent state when
+    MKL was used in another thread before the fork (e.g. an earlier loader's
+    decode thread): the child's first FFT (``torch.stft`` -> ``DftiCreateDescriptor``)
+    then spins forever in ``mm_account_ptr_by_tid``. Measured: 4 of 12 fresh
+    processes that decoded in a thread and then forked workers hung; 0 of 15
+    after freeing the buffers before the fork. torch's x86 wheels link MKL
+    statically and export this service function; elsewhere there is nothing to free.
+    """
+    function = _mkl_free_buffers_function()
+    if function is None:
+        return False
+    function()
+    return True
+
+
+@functools.cache
+def _mkl_free_buffers_function() -> Any:
+    import torch
+
+    if not torch.backends.mkl.is_available():
+        return None
+    library = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+    try:
+        return getattr(ctypes.CDLL(library), "mkl_serv_free_buffers", None)
+    except OSError:  # not Linux, or another layout: no statically linked MKL to look into
+        return None
+
 
 #: Modules the fork server imports once, so each worker starts in milliseconds.
 _PRELOAD = ["audioloader._worker_preload"]
@@ -293,6 +332,8 @@ class ProcessPool:
         context = multiprocessing.get_context(method)
         if method == "forkserver":
             context.set_forkserver_preload(_PRELOAD)
+        if method == "fork":
+            free_mkl_buffers()  # see there: a child could otherwise hang in its first FFT
         try:
             for index in range(self.num_workers):
                 self._workers.append(self._launch(context, index))
@@ -306,7 +347,7 @@ class ProcessPool:
 
     def _launch(self, context: Any, index: int) -> _Worker:
         ours, theirs = context.Pipe(duplex=True)
-        process = context.Process(target=worker_main, args=(theirs, self._job_bytes, self.depth),
+        process = context.Process(target=worker_main, args=(theirs, self._job_bytes, self.depth, os.getpid()),
                                   name=f"audioloader-{self.what.replace(' ', '-')}-{index}", daemon=True)
         try:
             with _main_module_hidden(context.get_start_method() != "fork" and b"__main__" not in self._job_bytes):
@@ -472,9 +513,52 @@ def _start_failed_message(what: str, error: BaseException) -> str:
 # ---------------------------------------------------------------------------------------- the worker side
 
 
-def worker_main(conn: Any, job_bytes: bytes, depth: int) -> None:
-    """A worker process: read chunks from ``conn``, answer with results, until told to stop or the socket closes."""
+def _process_identity(pid: int) -> Any:
+    """Something that stays the same while process ``pid`` runs, or None once it has exited.
+
+    On Linux its start time (so a reused pid is not taken for it) unless it is a
+    zombie; elsewhere whether a signal can be sent to it.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return None if fields[0] in ("Z", "X") else fields[19]
+    except FileNotFoundError:
+        return None
+    except OSError:  # no /proc
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return True
+
+
+def _exit_with_consumer(consumer: int) -> None:
+    """Exit this worker once the consumer process (the one that uses its results) is gone.
+
+    A worker normally exits when its socket closes, but one stuck in native
+    code (a decoder that never returns) never reads the socket and would outlive
+    a killed training job. Its parent is no guide: a fork server's children keep
+    the fork server alive. The check runs in a thread of its own; torch and the
+    decoders release the GIL while they work, so it runs even then.
+    """
+    identity = _process_identity(consumer)
+
+    def watch() -> None:
+        while _process_identity(consumer) == identity:
+            time.sleep(PARENT_CHECK_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="audioloader-consumer-watch", daemon=True).start()
+
+
+def worker_main(conn: Any, job_bytes: bytes, depth: int, consumer: int) -> None:
+    """A worker process: read chunks from ``conn``, answer with results, until told to stop, the socket
+    closes, or the ``consumer`` process exits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the consumer; it stops us
+    _exit_with_consumer(consumer)
     import torch
 
     torch.set_num_threads(1)

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import os
 import random
+import signal
+import subprocess
 import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torchdata.nodes import BaseNode, Loader
 
+from audioloader import _pool
 from audioloader._pool import ProcessPool, WorkerError
 from audioloader.nodes.parallel_map import ParallelMap
 from audioloader.stats import LoaderStats
@@ -42,6 +47,11 @@ def boom_at_7(i: int) -> int:
 def die_at_5(i: int) -> int:
     if i == 5:
         os._exit(3)
+    return i
+
+
+def sleep_an_hour(i: int) -> int:
+    time.sleep(3600)
     return i
 
 
@@ -235,6 +245,55 @@ def test_shutdown_leaves_no_process_or_thread_behind():
         node.shutdown()
     assert children() == before
     assert not [t for t in set(threading.enumerate()) - before_threads if t.is_alive()]
+
+
+def test_forking_workers_frees_mkl_buffers_first(monkeypatch):
+    calls = []
+    monkeypatch.setattr(_pool, "free_mkl_buffers", lambda: calls.append(os.getpid()) or True)
+    assert drain(mapper(slow_square, 4, 2, "process", start_method="fork")) == [0, 1, 4, 9]
+    assert calls == [os.getpid()]  # once, in the consumer, before its workers were forked
+
+
+def test_mkl_buffers_can_be_freed_where_torch_has_mkl():
+    assert _pool.free_mkl_buffers() == (torch.backends.mkl.is_available() and sys.platform.startswith("linux"))
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting to be reaped has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_workers_stuck_in_a_job_exit_when_the_consumer_is_killed(method):
+    # A worker stuck in native code never reads its socket; killed with SIGKILL, the
+    # consumer cannot stop it. It must not outlive the consumer as an orphan.
+    script = textwrap.dedent(f"""
+        import multiprocessing, time
+        from tests.test_parallel_map import Items, sleep_an_hour
+        from audioloader.nodes.parallel_map import ParallelMap
+        node = ParallelMap(Items(8), sleep_an_hour, num_workers=2, backend="process", start_method={method!r})
+        node.reset()
+        print(*[p.pid for p in multiprocessing.active_children() if p.name.startswith("audioloader")], flush=True)
+        next(node)
+    """)
+    consumer = subprocess.Popen([sys.executable, "-c", script], text=True,
+                                stdout=subprocess.PIPE, cwd=Path(__file__).parent.parent, start_new_session=True)
+    workers = [int(pid) for pid in consumer.stdout.readline().split()]
+    assert len(workers) == 2 and all(_alive(pid) for pid in workers)
+    os.kill(consumer.pid, signal.SIGKILL)
+    consumer.wait()
+    deadline = time.monotonic() + 30  # the check runs every PARENT_CHECK_SECONDS; generous on a busy machine
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in workers if _alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"worker processes {left} outlived their consumer"
 
 
 def test_shutdown_from_another_thread_ends_a_waiting_consumer():
