@@ -84,6 +84,9 @@ class SampleDecoder:
                              pad=self._clip is not None)
         except DecodeError as error:
             return BadRow(key, raw.file, raw.row, error.reason or str(error))
+        non_finite = _non_finite_reason(clip)
+        if non_finite is not None:
+            return BadRow(key, raw.file, raw.row, non_finite)
         skip = self._skip_by_length(len(clip))
         if skip is not None:
             return BadRow(key, raw.file, raw.row, skip, skipped=True)
@@ -345,6 +348,27 @@ class DecodeSpectrogram(BaseNode[Sample]):
             "expected, raise the budget (max_error_fraction=..., error_budget_min_rows=...); "
             "see stats.bad_rows for every reason.",
             report=list(self._reports))
+
+
+def _non_finite_reason(clip: np.ndarray) -> str | None:
+    """Why a decoded clip (float32 ``[samples]``) is unusable because of NaN/inf samples, or None.
+
+    One sum is the hot-path test: NaN and inf propagate through it, so a finite
+    sum means every sample is finite (measured: 27 us for a 5 s clip at 32 kHz,
+    ~3 % of the fastest decode, PCM16 at the target rate, under 1 % of a FLAC one;
+    benchmarks/bench_non_finite.py). Only a non-finite sum pays for the
+    count, which can also come from huge finite samples whose sum overflows:
+    those are let through (the count is 0).
+    """
+    if np.isfinite(np.add.reduce(clip)):
+        return None
+    bad = ~np.isfinite(clip)
+    count = int(np.count_nonzero(bad))
+    if count == 0:
+        return None
+    first = int(np.argmax(bad))
+    return (f"audio has {count} non-finite samples (NaN or inf) of {len(clip)} in the clip, the first at sample "
+            f"{first}: a float WAV/FLAC written from bad data")
 
 
 def _validate(source: Any, features: Any, seed: Any, num_workers: Any, augment: Any, on_error: Any,
