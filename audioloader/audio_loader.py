@@ -260,7 +260,8 @@ class AudioLoader:
                 source, self.features, seed=self.seed, train=self.train, num_workers=self.num_workers,
                 augment=augment, on_error=on_error, max_error_fraction=max_error_fraction,
                 stats=self.stats_counters, worker_type=self.worker_type, fetch=fetch,
-                start_method=self.start_method, compute_features=self.device is None, length=self.length)
+                start_method=self.start_method, compute_features=self.device is None, length=self.length,
+                guard=self.reader.dataset.file_guard())
 
         def make_buffer(source: BaseNode, restore) -> ShuffleBuffer:
             return ShuffleBuffer(source, self.shuffle_buffer_size, self.shuffle_min_size, seed=self.seed,

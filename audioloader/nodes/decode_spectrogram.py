@@ -169,6 +169,31 @@ class SampleDecoder:
         return [next(fetched) if isinstance(item, Key) else item for item in items]
 
 
+class _Guarded:
+    """A `SampleDecoder` that first runs ``guard(raw.file)`` on each row with audio (same pool hooks).
+
+    The guard (`ShardDataset.file_guard`) raises `ShardReadError` when the row's
+    memory-mapped shard changed since it was read, before the decoder touches the
+    row's bytes (touching the missing pages of a truncated map is a SIGBUS).
+    """
+
+    def __init__(self, decoder: SampleDecoder, guard: Callable[[str], None]) -> None:
+        self.decoder = decoder
+        self.guard = guard
+        self.stats = decoder.stats  # a worker process drains it after each chunk
+
+    def __call__(self, raw: RawSample | BatchEnd) -> Sample | BadRow | BatchEnd:
+        if isinstance(raw, RawSample) and raw.audio is not None:
+            self.guard(raw.file)
+        return self.decoder(raw)
+
+    def encode(self, raw: RawSample) -> RawSample | Key:
+        return self.decoder.encode(raw)
+
+    def prepare(self, items: list[RawSample | Key]) -> list[RawSample]:
+        return self.decoder.prepare(items)
+
+
 class DecodeSpectrogram(BaseNode[Sample]):
     """Decode, resample, crop/pad and log-mel each `RawSample` in ``num_workers`` threads or processes.
 
@@ -215,6 +240,8 @@ class DecodeSpectrogram(BaseNode[Sample]):
         start_method: process start method (default: a fork server, see `audioloader._pool`).
         chunk_size: rows per task handed to a worker (default 8 for processes, 4 for threads).
         compute_features: False yields the cropped waveform instead of the log-mel.
+        guard: ``guard(path)``, run before a row's audio is touched; raises when the
+            shard changed under the reader (`ShardDataset.file_guard`).
 
     State: ``{"mapper": <ParallelMap state>, "rows_seen": n, "bad_rows": k}``;
     the same for every ``num_workers`` and ``worker_type``.
@@ -230,7 +257,7 @@ class DecodeSpectrogram(BaseNode[Sample]):
                  stats: LoaderStats | None = None, snapshot_frequency: int = 1, window: bool = True,
                  worker_type: str = "thread", fetch: Fetch | None = None, start_method: str | None = None,
                  chunk_size: int | None = None, compute_features: bool = True,
-                 length: LengthPolicy = DEFAULT_LENGTH) -> None:
+                 length: LengthPolicy = DEFAULT_LENGTH, guard: Callable[[str], None] | None = None) -> None:
         super().__init__()
         _validate(source, features, seed, num_workers, augment, on_error, max_error_fraction,
                   error_budget_min_rows, stats, snapshot_frequency, worker_type, fetch)
@@ -254,7 +281,8 @@ class DecodeSpectrogram(BaseNode[Sample]):
         self._decoder = SampleDecoder(features, seed=self.seed, train=self.train, window=self.window,
                                       augment=augment, stats=self.stats, fetch=fetch,
                                       compute_features=compute_features, length=length)
-        self._mapper = ParallelMap(source, self._decoder, num_workers=self.num_workers, backend=worker_type,
+        self._job = self._decoder if guard is None else _Guarded(self._decoder, guard)
+        self._mapper = ParallelMap(source, self._job, num_workers=self.num_workers, backend=worker_type,
                                    chunk_size=chunk_size, start_method=start_method, stats=self.stats,
                                    thread_initializer=self._pin_thread, what="decode worker")
         self._rows_seen = 0
@@ -272,7 +300,7 @@ class DecodeSpectrogram(BaseNode[Sample]):
         Pure function of ``raw`` and the constructor's arguments; safe in any
         thread. Exceptions other than bad audio (e.g. from ``augment``) propagate.
         """
-        return self._decoder(raw)
+        return self._job(raw)
 
     def decode_many(self, raws: Sequence[RawSample]) -> list[Sample | BadRow]:
         """`decode` each row on this node's workers; results in input order.

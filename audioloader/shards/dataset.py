@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import operator
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -17,12 +18,16 @@ import pyarrow.fs as pafs
 from ..errors import SchemaError, ShardReadError
 from .formats import _FileMeta, _open_random, _scan_all
 from .readers import _audio_values, _IpcFileHandle, _IpcStreamHandle, _ParquetHandle
+from .retry import DEFAULT_RETRY, Retry, with_retries
 from .schema import _check_schema, _label_names
 from .sources import resolve_source
 from .splits import Split, _file_splits, _numbered
 
 # Open file handles kept per thread (memory maps are cheap; this bounds open fds).
 _HANDLES_PER_THREAD = 16
+# Remote handles hold no descriptor, only a parsed footer: keep more, so a pass in random
+# split order does not read the footers again.
+_REMOTE_HANDLES_PER_THREAD = 256
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,7 @@ class ShardDataset:
         columns: extra columns carried with each row (any type, converted to Python values).
         split_rows: target rows per split (batches / row groups are merged up to this).
         filesystem: a ``pyarrow.fs.FileSystem`` in which the source paths are resolved.
+        retry: how remote reads are retried (`Retry`); local reads are never retried.
 
     Attributes:
         files: the `ShardFile` list, sorted by path.
@@ -113,12 +119,14 @@ class ShardDataset:
     """
 
     def __init__(self, source: Any, *, audio_column: str = "audio", label_column: str | None = "label",
-                 columns: Sequence[str] = (), split_rows: int = 512, filesystem: Any = None):
+                 columns: Sequence[str] = (), split_rows: int = 512, filesystem: Any = None,
+                 retry: Retry | None = None):
         self.audio_column, self.label_column = audio_column, label_column
         self.columns = self._check_arguments(audio_column, label_column, columns, split_rows, filesystem)
         self.split_rows = split_rows
-        self._locations = resolve_source(source, filesystem)
-        metas = _scan_all(self._locations)
+        self.retry = _check_retry(retry)
+        self._locations = resolve_source(source, filesystem, self.retry)
+        metas = _scan_all(self._locations, self.retry)
         self._check_schemas(metas)
         self._metas = metas
         self.files = self._make_files(metas)
@@ -198,6 +206,33 @@ class ShardDataset:
             "split_rows": self.split_rows,
         }
 
+    def identity(self) -> dict[str, list[Any]]:
+        """What tells each file's content apart beyond its name, size and rows (plain data, per file).
+
+        ``digests``: a hash of the metadata read at construction: the IPC file footer
+        (schema with its metadata, every record batch's offset and sizes), every
+        IPC stream message header, or the Parquet footer (schema, row groups, column
+        chunk sizes and statistics). ``mtimes``: modification times in ns (None where
+        the storage has none). Computed from bytes read anyway: costs no extra read.
+        """
+        return {"digests": [m.digest for m in self._metas], "mtimes": [m.mtime_ns for m in self._metas]}
+
+    def check_unchanged(self, file_id: int) -> None:
+        """Raise `ShardReadError` naming the file if a local shard's size or modification time changed.
+
+        Called before each record batch / row group of a local file is read: a
+        memory-mapped file truncated under the reader would otherwise kill the
+        process with SIGBUS when the missing pages are touched.
+        """
+        loc, meta = self._locations[file_id], self._metas[file_id]
+        if loc.fs is None:
+            _check_local(loc.path, meta.size, meta.mtime_ns)
+
+    def file_guard(self) -> _LocalFileGuard:
+        """A picklable ``guard(path)`` that runs `check_unchanged` for a local shard by path (see `_LocalFileGuard`)."""
+        return _LocalFileGuard({loc.path: (meta.size, meta.mtime_ns)
+                                for loc, meta in zip(self._locations, self._metas, strict=True) if loc.fs is None})
+
     def locate(self, index: int) -> tuple[int, int]:
         """``(file_id, row in file)`` of a global row index; IndexError when out of range."""
         try:
@@ -223,30 +258,50 @@ class ShardDataset:
             return handle
         handle = self._open_handle(file_id)
         cache[file_id] = handle
-        if len(cache) > _HANDLES_PER_THREAD:
+        local = self._locations[file_id].fs is None
+        if len(cache) > (_HANDLES_PER_THREAD if local else _REMOTE_HANDLES_PER_THREAD):
             cache.popitem(last=False)[1].close()
         return handle
+
+    def _drop_handle(self, file_id: int) -> None:
+        """Close this thread's handle of a file (after a failed remote read: its connection may be broken)."""
+        cache = getattr(self._tls, "handles", None)
+        handle = cache.pop(file_id, None) if cache is not None else None
+        if handle is not None:
+            handle.close()
 
     def _open_handle(self, file_id: int) -> Any:
         loc, meta = self._locations[file_id], self._metas[file_id]
         f = _open_random(loc)
         try:
+            if f.size() != meta.size:
+                raise ShardReadError(f"shard {loc.path} changed after the loader was built: it has {f.size()} "
+                                     f"bytes, {meta.size} when it was scanned. Do not rewrite shards while a loader "
+                                     "reads them; build the loader again to read the new content")
             if meta.format == "ipc_file":
                 return _IpcFileHandle(f, meta.schema, self.used_columns, loc.fs is None)
             if meta.format == "ipc_stream":
                 return _IpcStreamHandle(f, meta.schema, meta.offsets or (), self.used_columns)
-            return _ParquetHandle(f, self.used_columns)
+            return _ParquetHandle(f, self.used_columns, meta.parquet_metadata)
         except (OSError, pa.ArrowException) as error:
             f.close()
+            if isinstance(error, ShardReadError):
+                raise
             raise ShardReadError(f"cannot open shard {loc.path}: {error}") from error
 
     def _read_unit(self, file_id: int, unit: int) -> list[pa.RecordBatch]:
+        """One record batch / row group; remote reads are retried (`with_retries`), local files checked first."""
+        path = self.files[file_id].path
+        if self._locations[file_id].fs is not None:
+            return with_retries(lambda: self._handle(file_id).unit(unit),
+                                what=f"batch/row group {unit} of shard {path}", retry=self.retry,
+                                on_failure=lambda: self._drop_handle(file_id))
+        self.check_unchanged(file_id)
         try:
             return self._handle(file_id).unit(unit)
         except ShardReadError:
             raise
         except (OSError, EOFError, pa.ArrowException) as error:
-            path = self.files[file_id].path
             raise ShardReadError(f"cannot read batch/row group {unit} of shard {path}: {error}. "
                                  "Was the file changed or truncated after the loader was built?") from error
 
@@ -330,6 +385,51 @@ class ShardDataset:
         formats = sorted({f.format for f in self.files})
         return (f"ShardDataset({len(self.files)} files ({', '.join(formats)}), {self.num_rows} rows, "
                 f"{len(self.splits)} splits, audio={self.audio_column!r}, label={self.label_column!r})")
+
+
+def _check_retry(retry: Any) -> Retry:
+    if retry is None:
+        return DEFAULT_RETRY
+    if not isinstance(retry, Retry):
+        raise TypeError(f"retry must be an audioloader.Retry, got {type(retry).__name__}")
+    return retry
+
+
+def _check_local(path: str, size: int, mtime_ns: int | None) -> None:
+    """`ShardReadError` naming ``path`` and what changed, when its size or modification time differ."""
+    try:
+        now = os.stat(path)
+    except OSError as error:
+        raise ShardReadError(f"shard {path} cannot be read any more ({error}); it was removed or replaced "
+                             "after the loader was built") from error
+    changes = []
+    if now.st_size != size:
+        changes.append(f"size {size} -> {now.st_size} bytes")
+    if mtime_ns is not None and now.st_mtime_ns != mtime_ns:
+        changes.append(f"modification time {mtime_ns} -> {now.st_mtime_ns} ns")
+    if changes:
+        raise ShardReadError(f"shard {path} changed while it was being read ({', '.join(changes)}). A shard must not "
+                             "be rewritten or truncated while a loader reads it (a memory-mapped read of a "
+                             "truncated file would crash the process); build the loader again to read the new content")
+
+
+class _LocalFileGuard:
+    """``guard(path)``: `ShardReadError` if the local shard at ``path`` changed since it was scanned.
+
+    The decode stage runs it just before it touches a row's audio, which for a
+    memory-mapped shard is a view of the file: a row held in a shuffle buffer
+    while its file was truncated would otherwise crash the process (SIGBUS).
+    Paths it does not know (remote files: their rows are copies) pass. One
+    ``stat`` per row (about a microsecond).
+    """
+
+    def __init__(self, expected: dict[str, tuple[int, int | None]]) -> None:
+        self.expected = expected
+
+    def __call__(self, path: str) -> None:
+        expected = self.expected.get(path)
+        if expected is not None:
+            _check_local(path, *expected)
 
 
 def _batch_at(batches: Sequence[pa.RecordBatch], row: int) -> tuple[pa.RecordBatch, int]:

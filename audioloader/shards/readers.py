@@ -48,9 +48,9 @@ class _IpcStreamHandle:
 class _ParquetHandle:
     """One Parquet file: a unit is a row group, read whole (Parquet cannot seek inside one)."""
 
-    def __init__(self, f: Any, columns: Sequence[str]):
+    def __init__(self, f: Any, columns: Sequence[str], metadata: Any = None):
         self._file = f
-        self._parquet = pq.ParquetFile(f)
+        self._parquet = pq.ParquetFile(f, metadata=metadata)  # the footer parsed at construction: not read again
         self._columns = list(columns)
 
     def unit(self, i: int) -> list[pa.RecordBatch]:
