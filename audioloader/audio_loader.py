@@ -404,8 +404,10 @@ class AudioLoader:
     # ----------------------------------------------------------------- state
 
     def _make_fingerprint(self, split_rows: int) -> dict[str, Any]:
+        dataset = self.reader.dataset
         return {
-            "files": _portable_files(self.reader.dataset.fingerprint()["files"]),
+            "files": _portable_files(dataset.fingerprint()["files"]),
+            "file_identity": {"location": _common_folder([f.path for f in dataset.files]), **dataset.identity()},
             "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
             "features": self.features.to_dict(), "batch_size": self.batch_size,
             "shuffle_buffer_size": self.shuffle_buffer_size, "shuffle_min_size": self.shuffle_min_size,
@@ -445,13 +447,41 @@ class AudioLoader:
                 {"format": (state_dict.get("format") if isinstance(state_dict, dict) else None, STATE_FORMAT)})
         theirs, ours = state_dict["fingerprint"], self._fingerprint
         differ = {k: (theirs.get(k), ours.get(k)) for k in sorted(set(theirs) | set(ours))
-                  if theirs.get(k) != ours.get(k)}
+                  if theirs.get(k) != ours.get(k) and k != "file_identity"}
         if differ:
             lines = [f"  {k}: checkpoint has {_short(a)}, this loader has {_short(b)}" for k, (a, b) in differ.items()]
             raise CheckpointMismatchError(
                 "this state dict was saved by an AudioLoader built with different arguments; build the "
                 "loader with the checkpoint's values for these fields:\n" + "\n".join(lines), differ)
+        self._check_file_identity(theirs.get("file_identity"))
         self._loader.load_state_dict(state_dict["loader"])
+
+    def _check_file_identity(self, theirs: dict[str, Any] | None) -> None:
+        """`CheckpointMismatchError` naming each file whose content changed since the checkpoint.
+
+        Same name, size and rows are not enough: the metadata digest must match,
+        and where the data is still at the same location (not copied elsewhere,
+        which resets modification times) so must the modification time.
+        """
+        if theirs is None:  # a checkpoint from before file identities: names, sizes and rows were checked
+            return
+        ours = self._fingerprint["file_identity"]
+        in_place = theirs.get("location") == ours["location"]
+        changed = []
+        for f, digest, mtime, their_digest, their_mtime in zip(
+                self.reader.dataset.files, ours["digests"], ours["mtimes"], theirs["digests"], theirs["mtimes"],
+                strict=True):
+            if digest != their_digest:
+                changed.append(f"  {f.path}: its metadata differs (footer / schema / batch layout digest "
+                               f"{their_digest} -> {digest}) with the same name, size and rows")
+            elif in_place and mtime != their_mtime and None not in (mtime, their_mtime):
+                changed.append(f"  {f.path}: rewritten in place (modification time {_when(their_mtime)} -> "
+                               f"{_when(mtime)}) with the same name, size and rows")
+        if changed:
+            raise CheckpointMismatchError(
+                f"{len(changed)} shard file(s) changed since the checkpoint was taken, so it would resume on other "
+                "data:\n" + "\n".join(changed) + "\nResume on the data the checkpoint was taken on, or start "
+                "a new run on the new data", {"file_identity": (theirs, ours)})
 
     # ------------------------------------------------------------ pickling
 
@@ -528,23 +558,35 @@ def _restore_decoded(reader: ArrowShardReader, decoder: DecodeSpectrogram, keys:
     decoded = decoder.decode_many(reader.fetch(keys))
     bad = [item for item in decoded if isinstance(item, BadRow)]
     if bad:
-        raise RuntimeError(f"resuming: {len(bad)} buffered rows no longer decode (first: {bad[0].report()}); "
-                           "the data changed since the checkpoint was taken")
+        raise CheckpointMismatchError(
+            f"resuming: {len(bad)} buffered rows no longer decode (first: {bad[0].file} row {bad[0].row}: "
+            f"{bad[0].reason}); the data changed since the checkpoint was taken",
+            {"rows": ([b.key.index for b in bad], None)})
     return list(decoded)
+
+
+def _common_folder(paths: list[str]) -> str:
+    """The longest folder (ending in "/") that holds every path or URL."""
+    # String prefix on purpose (URLs are not OS paths), then cut back to a "/".
+    prefix = os.path.commonprefix([path.rsplit("/", 1)[0] + "/" for path in paths])  # noqa: RUF071
+    return prefix[: prefix.rfind("/") + 1]  # a whole folder, never part of a name
 
 
 def _portable_files(files: list[list[Any]]) -> list[list[Any]]:
     """``[[path, size, rows], ...]`` with paths made relative to the files' common folder.
 
     A checkpoint must survive the data moving to another mount point or bucket
-    prefix; what identifies the data is the files' names, sizes and row counts.
+    prefix; the files' names, sizes, row counts and metadata digests identify the
+    data (their modification times only while it stays where it was).
     """
-    paths = [str(entry[0]) for entry in files]
-    # String prefix on purpose (URLs are not OS paths), then cut back to a "/".
-    prefix = os.path.commonprefix([path.rsplit("/", 1)[0] + "/" for path in paths])  # noqa: RUF071
-    prefix = prefix[: prefix.rfind("/") + 1]  # a whole folder, never part of a name
-    names = [path[len(prefix):] for path in paths]
-    return [[name, *entry[1:]] for name, entry in zip(names, files, strict=True)]
+    prefix = _common_folder([str(entry[0]) for entry in files])
+    return [[str(entry[0])[len(prefix):], *entry[1:]] for entry in files]
+
+
+def _when(mtime_ns: int | None) -> str:
+    if mtime_ns is None:
+        return "unknown"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(mtime_ns / 1e9)) + f".{mtime_ns % 10**9:09d} UTC"
 
 
 def _raw_rows_are_free(reader: ArrowShardReader) -> bool:

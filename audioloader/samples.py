@@ -57,6 +57,8 @@ class Sample:
             (log when the config's ``log`` is on), or the cropped waveform
             ``[samples]`` when features are computed per batch instead.
         label, extras, file, row: carried over from the ``RawSample``.
+        checksum: `audio_checksum` of the row's encoded audio (0: not computed), so a
+            buffer of decoded samples can verify the rows it reads back on resume.
     """
 
     key: Key
@@ -65,6 +67,7 @@ class Sample:
     extras: dict[str, Any] = field(default_factory=dict)
     file: str = ""
     row: int = -1
+    checksum: int = 0
 
     @property
     def spectrogram(self) -> torch.Tensor:

@@ -7,7 +7,8 @@ from typing import Any, Generic, TypeVar
 
 from torchdata.nodes import BaseNode
 
-from .._hashing import SALT_SHUFFLE, uniform_int
+from .._hashing import SALT_SHUFFLE, item_checksum, uniform_int
+from ..errors import CheckpointMismatchError
 from ..samples import Key
 from ..stats import LoaderStats
 
@@ -20,6 +21,27 @@ RestoreFn = Callable[[Sequence[Key]], Sequence[Any]]
 
 def _item_key(item: Any) -> Key:
     return item.key
+
+
+def verify_checksums(items: Sequence[Any], expected: Sequence[int] | None, checksum_fn: Callable[[Any], int],
+                     what: str) -> None:
+    """`CheckpointMismatchError` naming the file and row of each item whose checksum differs from the checkpoint's.
+
+    ``expected`` None (a checkpoint from before checksums) checks nothing.
+    """
+    if expected is None:
+        return
+    changed = [(item, want, got) for item, want in zip(items, expected, strict=True)
+               if (got := checksum_fn(item)) != want]
+    if not changed:
+        return
+    lines = [f"  {getattr(item, 'file', '?')} row {getattr(item, 'row', '?')} (index {item.key.index}): "
+             f"checksum {want:#010x} in the checkpoint, {got:#010x} now" for item, want, got in changed[:5]]
+    raise CheckpointMismatchError(
+        f"resuming: {len(changed)} of the {len(items)} rows held in the {what} read back different audio than "
+        "when the checkpoint was taken; their shards changed:\n" + "\n".join(lines)
+        + "\nResume on the data the checkpoint was taken on, or start a new run on the new data",
+        {"rows": ([want for _, want, _ in changed], [got for _, _, got in changed])})
 
 
 class ShuffleBuffer(BaseNode[T], Generic[T]):
@@ -54,6 +76,7 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         rank: this process's rank (only seeds the picks).
         restore: see above.
         key_fn: item -> ``Key``; default ``item.key``.
+        checksum_fn: item -> 32-bit int identifying its content; default `item_checksum`.
         stats: optional `LoaderStats`; the fill level goes to gauge ``shuffle_buffer_fill``.
     """
 
@@ -61,7 +84,7 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
 
     def __init__(self, source: BaseNode, capacity: int, min_size: int = 0, *, seed: int = 0, rank: int = 0,
                  restore: RestoreFn | None = None, key_fn: Callable[[Any], Key] = _item_key,
-                 stats: LoaderStats | None = None) -> None:
+                 checksum_fn: Callable[[Any], int] = item_checksum, stats: LoaderStats | None = None) -> None:
         super().__init__()
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"ShuffleBuffer capacity={capacity!r} must be an integer >= 1")
@@ -74,6 +97,7 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         self.rank = rank
         self.restore = restore
         self.key_fn = key_fn
+        self.checksum_fn = checksum_fn
         self.stats = stats
         self._clear()
 
@@ -84,6 +108,7 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         # a ParallelMapper above calls get_state() after every item).
         self._indices: list[int] = []
         self._passes: list[int] = []
+        self._checksums: list[int] = []
         self._draws = 0
         self._exhausted = False
         self._primed = False
@@ -114,12 +139,15 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         if got != keys:
             raise RuntimeError("ShuffleBuffer restore returned items whose keys differ from the checkpoint's; "
                                "the data changed since the checkpoint was taken")
+        verify_checksums(items, state.get("checksums"), self.checksum_fn, "shuffle buffer")
         return items
 
     def _append(self, item: Any) -> None:
         index, pass_index = self.key_fn(item)
         self._indices.append(int(index))
         self._passes.append(int(pass_index))
+        if self.restore is not None:
+            self._checksums.append(self.checksum_fn(item))
         self._items.append(item)
 
     def _pull(self) -> None:
@@ -157,6 +185,9 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         self._items.pop()
         self._indices.pop()
         self._passes.pop()
+        if self._checksums:
+            self._checksums[pick] = self._checksums[last]
+            self._checksums.pop()
         return item
 
     def get_state(self) -> dict[str, Any]:
@@ -170,6 +201,7 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
             # Lists of ints, not bytes or arrays: `torch.load(weights_only=True)` accepts them.
             state["indices"] = list(self._indices)
             state["passes"] = list(self._passes)
+            state["checksums"] = list(self._checksums)
         else:
             state["items"] = list(self._items)
         return state
