@@ -17,7 +17,7 @@ from .errors import (
 from .loader import Loader
 from .options import Bucketing, Shuffle, Workers
 from .samples import BadRow, Key, RawSample, Sample
-from .shards import ShardDataset, SourceNotFoundError
+from .shards import Retry, ShardDataset, SourceNotFoundError
 from .writer import ShardWriter
 
 __version__ = "0.1.0"
@@ -36,6 +36,7 @@ __all__ = [
     "Loader",
     "MelSpectrogramConfig",
     "RawSample",
+    "Retry",
     "Sample",
     "SchemaError",
     "ShardDataset",

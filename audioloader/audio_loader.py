@@ -35,7 +35,7 @@ from .nodes.prefetcher import Prefetcher
 from .nodes.shuffle_buffer import ShuffleBuffer
 from .options import Bucketing, Shuffle, Workers, merge
 from .samples import BadRow, Key, RawSample, Sample
-from .shards import ShardDataset, Split
+from .shards import Retry, ShardDataset, Split
 from .stats import LoaderStats
 
 STATE_FORMAT = "audioloader.AudioLoader/1"
@@ -108,6 +108,7 @@ class AudioLoader:
             chooses: True for local Arrow IPC shards, else False.
         max_error_fraction: error budget of ``on_error="skip"``.
         filesystem: a ``pyarrow.fs.FileSystem`` for the source paths.
+        retry: how remote reads are retried and timed out (`Retry`; docs/storage.md).
         worker_type: ``"thread"``, ``"process"`` or ``"auto"`` (processes on machines
             with `AUTO_PROCESS_MIN_CORES` cores or more). Threads start instantly and
             need nothing picklable; processes scale past the GIL with the cores and
@@ -153,6 +154,7 @@ class AudioLoader:
         split_rows: int = 512,
         max_error_fraction: float = 0.01,
         filesystem: Any = None,
+        retry: Retry | None = None,
         prefetch_batches: int | None = None,
         shuffle_before_decode: bool | None = None,
         worker_type: str | None = None,
@@ -191,9 +193,10 @@ class AudioLoader:
 
         self.reader = ArrowShardReader(
             source, audio_column=audio_column, label_column=label_column,
-            columns=self._reader_columns(source, audio_column, label_column, split_rows, filesystem),
+            columns=self._reader_columns(source, audio_column, label_column, split_rows, filesystem, retry),
             seed=self.seed, rank=self.rank, world_size=self.world_size, shuffle=self.train,
-            infinite=self.infinite, split_rows=split_rows, filesystem=filesystem, stats=self.stats_counters)
+            infinite=self.infinite, split_rows=split_rows, filesystem=filesystem, stats=self.stats_counters,
+            retry=retry)
         self.shuffle_before_decode = (_raw_rows_are_free(self.reader) if shuffle.before_decode is None
                                       else bool(shuffle.before_decode))
         self._boundaries = self._bucket_boundaries() if self.batching is not None else None
@@ -234,7 +237,7 @@ class AudioLoader:
                              f"shuffle_buffer_size={self.shuffle_buffer_size}")
 
     def _reader_columns(self, source: Any, audio: str, label: str | None, split_rows: int,
-                        filesystem: Any) -> tuple[str, ...]:
+                        filesystem: Any, retry: Retry | None) -> tuple[str, ...]:
         """The user's extra columns, plus the bucketing's duration column when the shards have it."""
         self._duration_column = None
         wanted = self.batching.duration_column if self.batching is not None else None
@@ -242,7 +245,7 @@ class AudioLoader:
             self._duration_column = wanted if wanted in self.columns else None
             return self.columns
         schema = ShardDataset(source, audio_column=audio, label_column=label, split_rows=split_rows,
-                              filesystem=filesystem).schema
+                              filesystem=filesystem, retry=retry).schema
         if wanted in schema.names:
             self._duration_column = wanted
             return (*self.columns, wanted)

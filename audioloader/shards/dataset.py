@@ -279,25 +279,25 @@ class ShardDataset:
                                      f"bytes, {meta.size} when it was scanned. Do not rewrite shards while a loader "
                                      "reads them; build the loader again to read the new content")
             if meta.format == "ipc_file":
-                return _IpcFileHandle(f, meta.schema, self.used_columns, loc.fs is None)
+                return _IpcFileHandle(f, meta.schema, self.used_columns, loc.fs is None, meta.tail)
             if meta.format == "ipc_stream":
                 return _IpcStreamHandle(f, meta.schema, meta.offsets or (), self.used_columns)
             return _ParquetHandle(f, self.used_columns, meta.parquet_metadata)
         except (OSError, pa.ArrowException) as error:
             f.close()
-            if isinstance(error, ShardReadError):
+            if isinstance(error, ShardReadError) or loc.fs is not None:  # remote: for with_retries to judge
                 raise
             raise ShardReadError(f"cannot open shard {loc.path}: {error}") from error
 
     def _read_unit(self, file_id: int, unit: int) -> list[pa.RecordBatch]:
         """One record batch / row group; remote reads are retried (`with_retries`), local files checked first."""
         path = self.files[file_id].path
-        if self._locations[file_id].fs is not None:
-            return with_retries(lambda: self._handle(file_id).unit(unit),
-                                what=f"batch/row group {unit} of shard {path}", retry=self.retry,
-                                on_failure=lambda: self._drop_handle(file_id))
-        self.check_unchanged(file_id)
         try:
+            if self._locations[file_id].fs is not None:
+                return with_retries(lambda: self._handle(file_id).unit(unit),
+                                    what=f"batch/row group {unit} of shard {path}", retry=self.retry,
+                                    on_failure=lambda: self._drop_handle(file_id))
+            self.check_unchanged(file_id)
             return self._handle(file_id).unit(unit)
         except ShardReadError:
             raise

@@ -26,11 +26,14 @@ _MSG_SCHEMA, _MSG_DICTIONARY, _MSG_RECORD_BATCH = 1, 2, 3
 
 
 def _open_random(loc: _Location) -> Any:
-    """A random-access pyarrow file: a memory map for local files."""
-    try:
-        if loc.fs is None:
-            return pa.memory_map(loc.fs_path, "r")
+    """A random-access pyarrow file: a memory map for local files.
+
+    A remote file's errors are raised as they are, for `with_retries` to judge.
+    """
+    if loc.fs is not None:
         return loc.fs.open_input_file(loc.fs_path)
+    try:
+        return pa.memory_map(loc.fs_path, "r")
     except (OSError, pa.ArrowException) as error:
         raise ShardReadError(f"cannot open shard {loc.path}: {error}") from error
 
@@ -144,6 +147,8 @@ class _FileMeta:
     digest: str = ""
     # Parquet: the footer, parsed once here and handed to every reader of the file.
     parquet_metadata: Any = None
+    # Remote IPC file: its last bytes (footer, length, magic), read once here and served to every reader.
+    tail: bytes | None = None
 
 
 def _hasher() -> Any:
@@ -159,21 +164,21 @@ def _footer(f: Any) -> bytes:
     return _read_at(f, footer_length, size - 10 - footer_length)
 
 
-def _scan_ipc_file(f: Any, local: bool, digest: Any) -> tuple[pa.Schema, tuple[int, ...]]:
+def _scan_ipc_file(f: Any, local: bool, digest: Any) -> tuple[pa.Schema, tuple[int, ...], bytes]:
+    """Schema, rows per record batch, and the file's tail (footer + length + magic)."""
     footer = _footer(f)
     digest.update(footer)
-    reader = pa.ipc.open_file(f)
-    n = reader.num_record_batches
+    tail = footer + _read_at(f, 10, f.size() - 10)
     if local:  # zero-copy: touches only message headers
-        return reader.schema, tuple(reader.get_batch(i).num_rows for i in range(n))
-    # Remote: read headers only, never bodies (the footer gives their count).
+        reader = pa.ipc.open_file(f)
+        return reader.schema, tuple(reader.get_batch(i).num_rows for i in range(reader.num_record_batches)), tail
+    # Remote: message headers only, never bodies, and the footer only once (above).
     messages = _scan_messages(f, 8, f.size() - 10 - len(footer))
-    rows = tuple(r for _, t, r in messages if t == _MSG_RECORD_BATCH)
-    if len(rows) != n:  # an unusual writer: fall back to the footer's blocks
-        included = pa.ipc.IpcReadOptions(included_fields=[0])
-        reader = pa.ipc.open_file(f, options=included)
-        rows = tuple(reader.get_batch(i).num_rows for i in range(n))
-    return reader.schema, rows
+    if not messages or messages[0][1] != _MSG_SCHEMA:
+        raise ValueError("the file does not start with a schema message")
+    first_batch = next((pos for pos, t, _ in messages if t != _MSG_SCHEMA), f.size() - 10 - len(footer))
+    schema = pa.ipc.read_schema(pa.py_buffer(_read_at(f, first_batch - 8, 8)))
+    return schema, tuple(r for _, t, r in messages if t == _MSG_RECORD_BATCH), tail
 
 
 def _scan_ipc_stream(f: Any, size: int, digest: Any) -> tuple[pa.Schema, tuple[int, ...], tuple[int, ...]]:
@@ -200,10 +205,11 @@ def _scan_opened(loc: _Location, f: Any) -> _FileMeta:
     """`_scan_file` on an open file: format, schema, units, and the content digest."""
     size = f.size()
     fmt = _sniff(loc, f, size)
-    offsets = parquet_metadata = None
+    offsets = parquet_metadata = tail = None
     digest = _hasher()
     if fmt == "ipc_file":
-        schema, rows = _scan_ipc_file(f, loc.fs is None, digest)
+        schema, rows, tail = _scan_ipc_file(f, loc.fs is None, digest)
+        tail = None if loc.fs is None else tail
     elif fmt == "ipc_stream":
         schema, rows, offsets = _scan_ipc_stream(f, size, digest)
     else:
@@ -214,7 +220,7 @@ def _scan_opened(loc: _Location, f: Any) -> _FileMeta:
         parquet_metadata.write_metadata_file(serialized)  # the footer: schema, row groups, sizes, statistics
         digest.update(serialized.getvalue())
     return _FileMeta(fmt, size, schema, rows, offsets, digest=digest.hexdigest(),
-                     parquet_metadata=parquet_metadata)
+                     parquet_metadata=parquet_metadata, tail=tail)
 
 
 def _scan_once(loc: _Location) -> _FileMeta:
