@@ -97,8 +97,9 @@ def audio_checksum(audio: Any) -> int:
 
 
 def item_checksum(item: Any) -> int:
-    """`audio_checksum` of a raw row's audio, or the one a decoded `Sample` carries from its row."""
-    audio = getattr(item, "audio", None)
-    if audio is not None:
-        return audio_checksum(audio)
-    return int(getattr(item, "checksum", 0))
+    """The `audio_checksum` an item carries (a raw row's, taken when it was read; a decoded sample's,
+    from its row), else the checksum of its ``audio``."""
+    checksum = getattr(item, "checksum", 0)
+    if checksum:
+        return int(checksum)
+    return audio_checksum(getattr(item, "audio", None))

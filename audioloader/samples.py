@@ -36,6 +36,8 @@ class RawSample:
         problem: why this row is bad as read (e.g. "audio is null", "label is null"),
             or ``None``. The reader never raises for one row's data; the decode
             stage turns a problem into a counted, reported `BadRow`.
+        checksum: `audio_checksum` of ``audio``, taken by the reader right after the
+            read (0: not taken; `item_checksum` then computes it).
     """
 
     key: Key
@@ -45,6 +47,7 @@ class RawSample:
     file: str = ""
     row: int = -1
     problem: str | None = None
+    checksum: int = 0
 
 
 @dataclass(slots=True)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from .._hashing import SALT_SPLIT_ORDER, permutation
+from .._hashing import SALT_SPLIT_ORDER, audio_checksum, permutation
 from ..distributed import resolve_rank
 from ..errors import CheckpointMismatchError
 from ..samples import Key, RawSample
@@ -42,7 +42,7 @@ def fetch_rows(dataset: ShardDataset, keys: Sequence[Key]) -> list[RawSample]:
     """The rows of ``keys`` as `RawSample`s, in the same order (random access, each record batch read once)."""
     keys = [k if isinstance(k, Key) else Key(*k) for k in keys]
     rows = dataset.read_rows([k.index for k in keys])
-    return [RawSample(key, row.audio, row.label, row.extras, row.file, row.row, row.problem)
+    return [RawSample(key, row.audio, row.label, row.extras, row.file, row.row, row.problem, audio_checksum(row.audio))
             for key, row in zip(keys, rows, strict=True)]
 
 
@@ -229,6 +229,7 @@ class ArrowShardReader(BaseNode[RawSample]):
             self._path,
             self._base_row + i,
             problems[i] if problems is not None else None,
+            self._checksums[i],
         )
 
     # ----------------------------------------------------------------- reading
@@ -277,6 +278,8 @@ class ArrowShardReader(BaseNode[RawSample]):
     def _load(self, batch: Any) -> None:
         cols = self.dataset.columns_of(batch)
         self._audio, self._labels, self._extras, self._problems = cols
+        # Now, right after the read checked the file: a row's bytes are not touched again until it is decoded.
+        self._checksums = [audio_checksum(audio) for audio in cols.audio]
         self._path = self._file.path
         self._base_row = self._cursor
         self._base_index = self._file.index_offset + self._cursor

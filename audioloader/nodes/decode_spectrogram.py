@@ -101,7 +101,7 @@ class SampleDecoder:
         else:
             features = torch.from_numpy(clip)
         _memory.after_decode()
-        return Sample(key, features, raw.label, raw.extras, raw.file, raw.row, _hashing.audio_checksum(raw.audio))
+        return Sample(key, features, raw.label, raw.extras, raw.file, raw.row, _hashing.item_checksum(raw))
 
     # -- the length policy -----------------------------------------------------------------
 
