@@ -21,6 +21,7 @@ import pyarrow as pa
 import torch
 from torchdata.nodes import BaseNode, PinMemory
 
+from . import elastic
 from .config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, check_features
 from .distributed import resolve_rank
 from .errors import CheckpointMismatchError
@@ -302,13 +303,14 @@ class AudioLoader:
             time_axis = self.features.time_axis
         else:
             shape, time_axis = ((0,) if variable else (self._clip_samples,)), 0
-        return Batcher(
+        self._batcher = Batcher(
             tail, self.batch_size, self.drop_last, num_batches=self.num_batches, spectrogram_shape=shape,
             columns=self.columns, tensor_columns=_numeric_columns(self.reader.dataset.schema, self.columns),
             has_labels=self.label_column is not None, stats=self.stats_counters,
             features_key=self.features.batch_key if per_sample else "waveform",
             pin_memory=not per_sample and self.device.type == "cuda",
             time_axis=time_axis if variable else None, follow_markers=self.batching is not None)
+        return self._batcher
 
     @property
     def _clip_samples(self) -> int:
@@ -322,6 +324,20 @@ class AudioLoader:
         picks = np.unique(np.linspace(0, n - 1, min(n, self.batching.estimate_rows)).round().astype(np.int64))
         rows = self.reader.fetch([Key(int(i), 0) for i in picks])
         return estimate_boundaries((row_seconds(r, self._duration_column) for r in rows), self.batching.num_buckets)
+
+    def _resumed_batches(self, start: elastic.Plan, chain_states: list[dict[str, Any]]) -> int:
+        """Eval, after an elastic resume: batches every new rank yields in the rest of the pass (equal on all)."""
+        if self.batching is None:
+            rows = start.rows_per_rank
+            return min(rows) // self.batch_size if self.drop_last else math.ceil(max(rows) / self.batch_size)
+        counts = []
+        for rank in range(self.world_size):  # plan each new rank's batches from its rows' durations
+            rows = ArrowShardReader(self.reader.dataset, seed=self.seed, rank=rank, world_size=self.world_size,
+                                    shuffle=self.train, infinite=False)
+            rows.start_from(elastic.plan(self._loader.root, rows, chain_states).reader_state)
+            counts.append(len(plan((row_seconds(r, self._duration_column) for r in rows), self._boundaries,
+                                   self.batching.max_duration, self.batching.max_batch_size, self.drop_last)))
+        return max(counts)
 
     def _count_batches(self) -> int:
         """Eval: batches every rank yields (equal across ranks, see Batcher.num_batches)."""
@@ -400,7 +416,7 @@ class AudioLoader:
                             "torch.utils.data.DataLoader asked: iterate the AudioLoader directly instead of "
                             "wrapping it.)")
         if self.num_batches is not None:
-            return self.num_batches
+            return self._batcher.batches_this_pass
         rows = sum(split.num_rows for split in self.reader.splits_for_pass(0))
         return rows // self.batch_size if self.drop_last else math.ceil(rows / self.batch_size)
 
@@ -437,27 +453,58 @@ class AudioLoader:
         """A small plain dict (no tensors) to resume from; call between batches, in the iterating thread."""
         return {"format": STATE_FORMAT, "fingerprint": self._fingerprint, "loader": self._loader.state_dict()}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
         """The next iteration continues exactly where ``state_dict`` was taken.
 
+        ``state_dict``: this rank's state, or the states of **every** rank of the
+        run that saved them (a list, any order; e.g. gathered with
+        ``torch.distributed.all_gather_object``). From a list, a loader with the
+        saving run's world size takes its own rank's state (the same as passing
+        it alone); with another world size it resumes *elastically*: the rows the
+        old ranks had left of their pass (unread splits, the rest of partial ones,
+        rows held in shuffle buffers, bucketers and decode in flight) are spread
+        evenly over the new ranks, so that every row of that pass is delivered
+        exactly once across the two runs; later passes use the new layout (see
+        `audioloader.elastic` and docs/storage.md).
+
         Raises `CheckpointMismatchError` naming every field that differs
-        between the checkpoint's loader and this one.
+        between the checkpoint's loader and this one (and, for a list, a rank
+        that is missing or given twice).
         """
-        if not isinstance(state_dict, dict) or state_dict.get("format") != STATE_FORMAT:
-            raise CheckpointMismatchError(
-                f"not an AudioLoader state dict (expected format {STATE_FORMAT!r}, "
-                f"got {state_dict.get('format') if isinstance(state_dict, dict) else type(state_dict).__name__!r})",
-                {"format": (state_dict.get("format") if isinstance(state_dict, dict) else None, STATE_FORMAT)})
-        theirs, ours = state_dict["fingerprint"], self._fingerprint
+        if isinstance(state_dict, (list, tuple)):
+            self._load_states_of_all_ranks(list(state_dict))
+            return
+        _check_format(state_dict)
+        self._check_fingerprint(state_dict["fingerprint"])
+        self._loader.load_state_dict(state_dict["loader"])
+
+    def _check_fingerprint(self, theirs: dict[str, Any], ignore: Sequence[str] = ()) -> None:
+        ours = self._fingerprint
+        skip = {"file_identity", *ignore}
         differ = {k: (theirs.get(k), ours.get(k)) for k in sorted(set(theirs) | set(ours))
-                  if theirs.get(k) != ours.get(k) and k != "file_identity"}
+                  if theirs.get(k) != ours.get(k) and k not in skip}
         if differ:
             lines = [f"  {k}: checkpoint has {_short(a)}, this loader has {_short(b)}" for k, (a, b) in differ.items()]
             raise CheckpointMismatchError(
                 "this state dict was saved by an AudioLoader built with different arguments; build the "
                 "loader with the checkpoint's values for these fields:\n" + "\n".join(lines), differ)
         self._check_file_identity(theirs.get("file_identity"))
-        self._loader.load_state_dict(state_dict["loader"])
+
+    def _load_states_of_all_ranks(self, states: list[dict[str, Any]]) -> None:
+        """`load_state_dict` of a list: the states of ranks 0..W-1 of one run."""
+        for state in states:
+            _check_format(state)
+        by_rank = _states_by_rank(states)
+        if len(by_rank) == self.world_size:
+            self.load_state_dict(by_rank[self.rank])
+            return
+        self._check_fingerprint(by_rank[0]["fingerprint"], ignore=("rank", "world_size"))
+        chain_states = [state["loader"]["root"] for state in by_rank]
+        start = elastic.plan(self._loader.root, self.reader, chain_states)
+        self.reader.start_from(start.reader_state)
+        if self.num_batches is not None:
+            self._batcher.start_pass_with(self._resumed_batches(start, chain_states))
+        self._loader.start_fresh()  # the next iteration starts the chain anew, at the reader's carry
 
     def _check_file_identity(self, theirs: dict[str, Any] | None) -> None:
         """`CheckpointMismatchError` naming each file whose content changed since the checkpoint.
@@ -528,6 +575,38 @@ class AudioLoader:
 
 _FORKED_MESSAGE = ("this AudioLoader was started in process {pid}; a forked child cannot use its threads or worker "
                    "processes (it would wait forever): build the loader in the process that iterates it")
+
+
+def _check_format(state: Any) -> None:
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        got = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise CheckpointMismatchError(f"not an AudioLoader state dict (expected format {STATE_FORMAT!r}, got {got!r})",
+                                      {"format": (got, STATE_FORMAT)})
+
+
+def _states_by_rank(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The states of one run in rank order; `CheckpointMismatchError` unless they are ranks 0..W-1 once each."""
+    if not states:
+        raise CheckpointMismatchError("an empty list of states: pass the states of every rank of the run",
+                                      {"rank": ([], None)})
+    worlds = sorted({s["fingerprint"]["world_size"] for s in states})
+    ranks = sorted(s["fingerprint"]["rank"] for s in states)
+    if len(worlds) != 1 or ranks != list(range(worlds[0])):
+        raise CheckpointMismatchError(
+            f"the list must hold the state of every rank of one run exactly once; it has ranks {ranks} of world "
+            f"size(s) {worlds}. Gather all ranks' states (torch.distributed.all_gather_object) or list every "
+            "rank's saved state", {"rank": (ranks, list(range(worlds[0])))})
+    by_rank = sorted(states, key=lambda s: s["fingerprint"]["rank"])
+    first = {k: v for k, v in by_rank[0]["fingerprint"].items() if k != "rank"}
+    for state in by_rank[1:]:
+        other = {k: v for k, v in state["fingerprint"].items() if k != "rank"}
+        if other != first:
+            fields = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
+            raise CheckpointMismatchError(
+                f"the states of rank 0 and rank {state['fingerprint']['rank']} come from loaders built with "
+                f"different {', '.join(fields)}: they are not one run's checkpoint",
+                {k: (first.get(k), other.get(k)) for k in fields})
+    return by_rank
 
 
 def _rebuild_audio_loader(arguments: dict[str, Any], state: dict[str, Any] | None) -> AudioLoader:

@@ -141,6 +141,7 @@ class ShardDataset:
         self.schema = metas[0].schema
         self.label_names = _label_names(self.schema, label_column)
         self._tls = threading.local()
+        self._kept: list[np.ndarray | None] = [None] * len(self.files)  # file rows a filter keeps (None: all)
 
     # ----------------------------------------------------------------- construction helpers
 
@@ -321,8 +322,71 @@ class ShardDataset:
                 begin = starts[unit + 1]
             unit += 1
 
-    def columns_of(self, batch: pa.RecordBatch) -> BatchColumns:
-        """The used columns of a batch as per-row Python values (one conversion per batch)."""
+    def kept_count(self, file_id: int, start: int, stop: int) -> int:
+        """Rows of ``[start, stop)`` of a file that the filter keeps (all of them without a filter)."""
+        kept = self._kept[file_id]
+        if kept is None:
+            return stop - start
+        return int(np.searchsorted(kept, stop) - np.searchsorted(kept, start))
+
+    def kept_start(self, file_id: int, start: int, stop: int, skip: int) -> int:
+        """The file row where the rows of ``[start, stop)`` that are kept, less the first ``skip``, begin.
+
+        ``[kept_start(...), stop)`` holds exactly the kept rows after the first ``skip`` (``stop`` when none).
+        """
+        kept = self._kept[file_id]
+        if kept is None:
+            return min(start + skip, stop)
+        first = int(np.searchsorted(kept, start)) + skip
+        return int(kept[first]) if first < len(kept) and kept[first] < stop else stop
+
+    def read_kept(self, file_id: int, start: int, stop: int,
+                  skip: int = 0) -> Iterator[tuple[pa.RecordBatch, list[int], list[int] | None]]:
+        """``(batch, file rows, picks)`` for the kept rows of ``[start, stop)`` after the first ``skip`` of them.
+
+        ``picks``: the positions in ``batch`` of the rows in ``file rows`` (None: every row
+        of the batch). Without a filter this is `read_split`; with one, a record batch /
+        row group without kept rows is never read, and the filter's columns were read
+        at construction, so an unkept row's audio is never touched.
+        """
+        kept = self._kept[file_id]
+        if kept is None:
+            pos = start + skip
+            for batch in self.read_split(Split(-1, file_id, start, stop), skip):
+                yield batch, list(range(pos, pos + batch.num_rows)), None
+                pos += batch.num_rows
+            return
+        rows = kept[np.searchsorted(kept, start):np.searchsorted(kept, stop)][skip:]
+        starts = self._unit_starts[file_id]
+        units = np.searchsorted(starts, rows, side="right") - 1
+        for unit in dict.fromkeys(units.tolist()):  # in order, each unit once
+            wanted = rows[units == unit]
+            pos = starts[unit]
+            for batch in self._read_unit(file_id, unit):
+                inside = wanted[(wanted >= pos) & (wanted < pos + batch.num_rows)]
+                if len(inside):
+                    yield batch, inside.tolist(), (inside - pos).tolist()
+                pos += batch.num_rows
+
+    def columns_of_rows(self, rows: Sequence[ShardRow]) -> BatchColumns:
+        """`BatchColumns` of rows read by random access (`read_rows`)."""
+        problems = [r.problem for r in rows]
+        return BatchColumns([r.audio for r in rows],
+                            [r.label for r in rows] if self.label_column is not None else None,
+                            [(name, [r.extras[name] for r in rows]) for name in self.columns],
+                            problems if any(p is not None for p in problems) else None)
+
+    def columns_of(self, batch: pa.RecordBatch, picks: Sequence[int] | None = None) -> BatchColumns:
+        """The used columns of a batch as per-row Python values (one conversion per batch).
+
+        ``picks``: only these rows of the batch, in this order (None: every row).
+        """
+        if picks is not None:
+            cols = self.columns_of(batch)
+            return BatchColumns([cols.audio[i] for i in picks],
+                                None if cols.labels is None else [cols.labels[i] for i in picks],
+                                [(name, [values[i] for i in picks]) for name, values in cols.extras],
+                                None if cols.problems is None else [cols.problems[i] for i in picks])
         audio, audio_null = _audio_values(batch.column(self.audio_column))
         labels = label_null = None
         if self.label_column is not None:
