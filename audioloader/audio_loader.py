@@ -110,6 +110,9 @@ class AudioLoader:
         max_error_fraction: error budget of ``on_error="skip"``.
         filesystem: a ``pyarrow.fs.FileSystem`` for the source paths.
         retry: how remote reads are retried and timed out (`Retry`; docs/storage.md).
+        filter: a ``pyarrow.compute.Expression`` over non-audio columns, e.g.
+            ``pc.field("duration") < 10.0``: only the rows it keeps are read (Parquet row
+            groups pruned by statistics first; docs/storage.md). Rows keep their index.
         worker_type: ``"thread"``, ``"process"`` or ``"auto"`` (processes on machines
             with `AUTO_PROCESS_MIN_CORES` cores or more). Threads start instantly and
             need nothing picklable; processes scale past the GIL with the cores and
@@ -156,6 +159,7 @@ class AudioLoader:
         max_error_fraction: float = 0.01,
         filesystem: Any = None,
         retry: Retry | None = None,
+        filter: Any = None,  # the name pyarrow and Iceberg scans use
         prefetch_batches: int | None = None,
         shuffle_before_decode: bool | None = None,
         worker_type: str | None = None,
@@ -197,7 +201,7 @@ class AudioLoader:
             columns=self._reader_columns(source, audio_column, label_column, split_rows, filesystem, retry),
             seed=self.seed, rank=self.rank, world_size=self.world_size, shuffle=self.train,
             infinite=self.infinite, split_rows=split_rows, filesystem=filesystem, stats=self.stats_counters,
-            retry=retry)
+            retry=retry, filter=filter)
         self.shuffle_before_decode = (_raw_rows_are_free(self.reader) if shuffle.before_decode is None
                                       else bool(shuffle.before_decode))
         self._boundaries = self._bucket_boundaries() if self.batching is not None else None
@@ -320,8 +324,9 @@ class AudioLoader:
         """The bucketing's edges: given, or estimated from rows spread evenly over the source (same on every rank)."""
         if self.batching.boundaries is not None:
             return list(self.batching.boundaries)
-        n = self.reader.dataset.num_rows
-        picks = np.unique(np.linspace(0, n - 1, min(n, self.batching.estimate_rows)).round().astype(np.int64))
+        kept = self.reader.dataset.kept_indices()
+        n = len(kept)
+        picks = kept[np.unique(np.linspace(0, n - 1, min(n, self.batching.estimate_rows)).round().astype(np.int64))]
         rows = self.reader.fetch([Key(int(i), 0) for i in picks])
         return estimate_boundaries((row_seconds(r, self._duration_column) for r in rows), self.batching.num_buckets)
 
@@ -447,6 +452,8 @@ class AudioLoader:
         if self.batching is not None:
             extra["batching"] = {**self.batching.to_dict(), "boundaries": self._boundaries,
                                  "duration_column": self._duration_column}
+        if self.reader.dataset.filter is not None:
+            extra["filter"] = str(self.reader.dataset.filter)
         return extra
 
     def state_dict(self) -> dict[str, Any]:
@@ -629,8 +636,8 @@ def _rows_of(reader: ArrowShardReader, splits: Sequence[Split]):
     """The rows of ``splits`` in order, as `RawSample` s with their audio and extras (no keys): for planning."""
     dataset = reader.dataset
     for split in splits:
-        for batch in dataset.read_split(split):
-            columns = dataset.columns_of(batch)
+        for batch, _, picks in dataset.read_kept(split.file_id, split.start, split.stop):
+            columns = dataset.columns_of(batch, picks)
             for i, audio in enumerate(columns.audio):
                 yield RawSample(Key(-1, 0), audio, None, {name: values[i] for name, values in columns.extras})
 

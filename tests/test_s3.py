@@ -157,3 +157,31 @@ def test_resume_on_s3_is_exact(s3, shards):
     with loader_for(url) as resumed:
         resumed.load_state_dict(state)
         assert_same_batches(head + take(resumed, 5), reference)
+
+
+def test_filter_on_s3_never_requests_pruned_row_groups(s3, tmp_path):
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from tests.test_filter import write_shards
+
+    write_shards(tmp_path, "parquet")
+    s3.upload(tmp_path, "shards/filtered")
+    s3.proxy.clear()
+    with loader_for(s3.url("shards/filtered"), train=False, filter=pc.field("duration") < 1.0,
+                    columns=("duration",)) as loader:
+        assert loader.reader.dataset.filter_stats["row_groups_pruned"] == 12
+        rows = [i for b in loader for i in b["index"][b["valid"]].tolist()]
+    assert sorted(rows) == [0, 1, 2, 3, 24, 25, 26, 27, 40, 41, 42, 43]
+    for path in sorted(tmp_path.iterdir()):
+        metadata = pq.read_metadata(path)
+        size = path.stat().st_size
+        spans = [tuple(int(x) for x in r.range.removeprefix("bytes=").split("-"))
+                 for r in s3.proxy.log("GET", f"/shards/filtered/{path.name}")]
+        spans = [(lo, hi) for lo, hi in spans if hi != size - 1]  # the footer's tail reads (64 KiB) aside
+        for group in range(1, metadata.num_row_groups):  # every row group but the first is pruned
+            for c in range(metadata.num_columns):
+                chunk = metadata.row_group(group).column(c)
+                start = min(o for o in (chunk.dictionary_page_offset, chunk.data_page_offset) if o is not None)
+                stop = start + chunk.total_compressed_size
+                assert not any(lo < stop and start <= hi for lo, hi in spans), (path.name, group, c)

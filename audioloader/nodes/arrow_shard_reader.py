@@ -99,7 +99,7 @@ class ArrowShardReader(BaseNode[RawSample]):
     Args:
         source_or_dataset: a `ShardDataset`, or a source for one (folder, glob, file,
             URL or a list of them; see `ShardDataset`).
-        audio_column, label_column, columns, split_rows, filesystem, retry: passed to
+        audio_column, label_column, columns, split_rows, filesystem, retry, filter: passed to
             `ShardDataset` (when a dataset is given they must match it or be left at their defaults).
         seed: seeds the split order of each pass (``shuffle=True``).
         rank, world_size: this process's share; ``None`` takes them from torch.distributed.
@@ -123,7 +123,7 @@ class ArrowShardReader(BaseNode[RawSample]):
     def __init__(self, source_or_dataset: Any, *, audio_column: str = "audio", label_column: str | None = "label",
                  columns: Sequence[str] = (), seed: int = 0, rank: int | None = 0, world_size: int | None = 1,
                  shuffle: bool = True, infinite: bool = False, split_rows: int = 512, filesystem: Any = None,
-                 stats: LoaderStats | None = None, retry: Retry | None = None):
+                 stats: LoaderStats | None = None, retry: Retry | None = None, filter: Any = None):
         super().__init__()
         self.stats = stats
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -131,7 +131,7 @@ class ArrowShardReader(BaseNode[RawSample]):
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.seed, self.shuffle, self.infinite = int(seed), bool(shuffle), bool(infinite)
         self.dataset = self._dataset(source_or_dataset, audio_column, label_column, columns, split_rows, filesystem,
-                                     retry)
+                                     retry, filter)
         self.splits = self._splits_for_world()
         self._eval_assignment = None if self.shuffle else balance_splits(self.splits, self.world_size)
         if self._eval_assignment is not None:
@@ -148,10 +148,10 @@ class ArrowShardReader(BaseNode[RawSample]):
 
     @staticmethod
     def _dataset(source: Any, audio_column: str, label_column: str | None, columns: Sequence[str],
-                 split_rows: int, filesystem: Any, retry: Retry | None) -> ShardDataset:
+                 split_rows: int, filesystem: Any, retry: Retry | None, filter: Any) -> ShardDataset:
         if not isinstance(source, ShardDataset):
             return ShardDataset(source, audio_column=audio_column, label_column=label_column, columns=columns,
-                                split_rows=split_rows, filesystem=filesystem, retry=retry)
+                                split_rows=split_rows, filesystem=filesystem, retry=retry, filter=filter)
         given = {"audio_column": (audio_column, "audio", source.audio_column),
                  "label_column": (label_column, "label", source.label_column),
                  "columns": (list(columns), [], list(source.columns)),
@@ -160,19 +160,24 @@ class ArrowShardReader(BaseNode[RawSample]):
             if value != default and value != actual:
                 raise ValueError(f"{name}={value!r} differs from the ShardDataset's {actual!r}; "
                                  f"leave {name} out when passing a ShardDataset, or build the dataset with it")
-        if filesystem is not None or retry is not None:
-            raise ValueError("filesystem= and retry= are for sources; a ShardDataset already has its files "
-                             "(pass them to the ShardDataset)")
+        if filesystem is not None or retry is not None or filter is not None:
+            raise ValueError("filesystem=, retry= and filter= are for sources; a ShardDataset already has its "
+                             "files (pass them to the ShardDataset)")
         return source
 
     def _splits_for_world(self) -> list[Split]:
         """The dataset's splits, subdivided so every rank gets at least one when rows allow."""
-        w, rows = self.world_size, self.dataset.num_rows
+        w, rows = self.world_size, self.dataset.num_kept_rows
         if rows < w and self.shuffle:
-            raise ValueError(f"world_size={w} but the source has only {rows} rows, so some ranks would have "
-                             "no data in training (shuffle=True); use fewer ranks or more data "
-                             "(evaluation, shuffle=False, allows idle ranks)")
-        return subdivide(self.dataset.splits, w)
+            raise ValueError(f"world_size={w} but the source has only {rows} rows (kept by the filter, if any), so "
+                             "some ranks would have no data in training (shuffle=True); use fewer ranks or more "
+                             "data (evaluation, shuffle=False, allows idle ranks)")
+        splits = self.dataset.counted(subdivide(self.dataset.splits, w))
+        for _ in range(64):  # under a filter a half may keep no row and be dropped: halve again
+            if len(splits) >= min(w, rows):
+                break
+            splits = self.dataset.counted(subdivide(splits, w))
+        return splits
 
     def _warn_if_unbalanced(self) -> None:
         loads = self.rows_per_rank()

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..errors import SchemaError, ShardReadError
+from .filters import filter_columns, kept_positions, parquet_row_groups_that_may_match
 from .formats import _FileMeta, _open_random, _scan_all
 from .readers import _audio_values, _IpcFileHandle, _IpcStreamHandle, _ParquetHandle
 from .retry import DEFAULT_RETRY, Retry, with_retries
@@ -103,11 +104,19 @@ class ShardDataset:
         split_rows: target rows per split (batches / row groups are merged up to this).
         filesystem: a ``pyarrow.fs.FileSystem`` in which the source paths are resolved.
         retry: how remote reads are retried (`Retry`); local reads are never retried.
+        filter: a ``pyarrow.compute.Expression`` over non-audio columns; only the rows
+            it keeps are read (see `audioloader.shards.filters`: Parquet row groups
+            pruned by statistics, then the filter's columns read and evaluated, at
+            construction). Rows keep their global index.
 
     Attributes:
         files: the `ShardFile` list, sorted by path.
         splits: the `Split` list in (file, row) order.
-        num_rows: total rows.
+        num_rows: total rows (before a filter).
+        num_kept_rows: rows the filter keeps (``num_rows`` without one).
+        filter_stats: with a filter, ``{"row_groups_pruned", "units_filtered", "rows_kept"}``: Parquet
+            row groups skipped by their statistics, batches / row groups whose filter columns were
+            read, and rows kept.
         schema: the first file's full schema (with its metadata).
         label_names: class names from schema metadata, or ``None``.
 
@@ -120,7 +129,7 @@ class ShardDataset:
 
     def __init__(self, source: Any, *, audio_column: str = "audio", label_column: str | None = "label",
                  columns: Sequence[str] = (), split_rows: int = 512, filesystem: Any = None,
-                 retry: Retry | None = None):
+                 retry: Retry | None = None, filter: Any = None):
         self.audio_column, self.label_column = audio_column, label_column
         self.columns = self._check_arguments(audio_column, label_column, columns, split_rows, filesystem)
         self.split_rows = split_rows
@@ -142,6 +151,9 @@ class ShardDataset:
         self.label_names = _label_names(self.schema, label_column)
         self._tls = threading.local()
         self._kept: list[np.ndarray | None] = [None] * len(self.files)  # file rows a filter keeps (None: all)
+        self.filter, self.filter_stats, self.num_kept_rows = filter, None, self.num_rows
+        if filter is not None:
+            self._apply_filter(filter)
 
     # ----------------------------------------------------------------- construction helpers
 
@@ -192,6 +204,81 @@ class ShardDataset:
             offset += rows
         return files
 
+    # ----------------------------------------------------------------- filter
+
+    def _apply_filter(self, expression: Any) -> None:
+        """Which rows the filter keeps, per file, from the filter's columns only (see `audioloader.shards.filters`)."""
+        columns = filter_columns(expression, self.schema, self.audio_column)
+        results = [self._keep_of_file(file_id, expression, columns) for file_id in range(len(self.files))]
+        self._kept = [kept for kept, _, _ in results]
+        self.num_kept_rows = sum(len(kept) for kept in self._kept)
+        self.filter_stats = {"row_groups_pruned": sum(p for _, p, _ in results),
+                             "units_filtered": sum(u for _, _, u in results), "rows_kept": self.num_kept_rows}
+        if self.num_kept_rows == 0:
+            raise ValueError(f"filter={expression} keeps none of the {self.num_rows} rows of {len(self.files)} "
+                             "file(s); loosen it or pass another source")
+        self.splits = self.counted(self.splits)
+
+    def _keep_of_file(self, file_id: int, expression: Any, columns: list[str]) -> tuple[np.ndarray, int, int]:
+        """``(kept file rows, row groups pruned by statistics, units whose filter columns were read)``."""
+        loc, meta = self._locations[file_id], self._metas[file_id]
+        units = list(range(len(meta.unit_rows)))
+        if meta.format == "parquet" and units:
+            may_match = self._remote_or_local(
+                file_id, "statistics", lambda: parquet_row_groups_that_may_match(loc.fs_path, loc.fs, expression))
+            units = [u for u in units if u in set(may_match)]
+        pruned = len(meta.unit_rows) - len(units)
+        kept = []
+        handle = None
+        try:
+            for unit in units:
+                def read(unit: int = unit) -> list[pa.RecordBatch]:
+                    nonlocal handle
+                    if handle is None:
+                        handle = self._open_handle(file_id, columns)
+                    return handle.unit(unit)
+
+                def forget() -> None:
+                    nonlocal handle
+                    if handle is not None:
+                        handle.close()
+                    handle = None
+
+                batches = self._remote_or_local(file_id, f"the filter columns of batch/row group {unit}", read, forget)
+                kept.append(kept_positions(batches, expression) + self._unit_starts[file_id][unit])
+        finally:
+            if handle is not None:
+                handle.close()
+        rows = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
+        return rows.astype(np.int64), pruned, len(units)
+
+    def _remote_or_local(self, file_id: int, what: str, read: Any, on_failure: Any = None) -> Any:
+        """``read()``, retried for a remote file (`with_retries`), after a change check for a local one."""
+        path = self.files[file_id].path
+        try:
+            if self._locations[file_id].fs is not None:
+                return with_retries(read, what=f"{what} of shard {path}", retry=self.retry, on_failure=on_failure)
+            self.check_unchanged(file_id)
+            return read()
+        except ShardReadError:
+            raise
+        except (OSError, EOFError, pa.ArrowException) as error:
+            raise ShardReadError(f"cannot read {what} of shard {path}: {error}") from error
+
+    def counted(self, splits: Sequence[Split]) -> list[Split]:
+        """``splits`` with their kept rows counted and those keeping none dropped (as given without a filter)."""
+        if self.filter is None:
+            return list(splits)
+        counted = [Split(s.split_id, s.file_id, s.start, s.stop, self.kept_count(s.file_id, s.start, s.stop))
+                   for s in splits]
+        return _numbered([s for s in counted if s.kept])
+
+    def kept_indices(self) -> np.ndarray:
+        """Global indices (int64, ascending) of the rows the filter keeps (every row without one)."""
+        if self.filter is None:
+            return np.arange(self.num_rows, dtype=np.int64)
+        return np.concatenate([kept + f.index_offset for kept, f in zip(self._kept, self.files, strict=True)])
+
     # ----------------------------------------------------------------- identity
 
     @property
@@ -201,11 +288,14 @@ class ShardDataset:
 
     def fingerprint(self) -> dict[str, Any]:
         """Plain data identifying what reads depend on: files (path, size, rows), columns, split size."""
-        return {
+        fingerprint = {
             "files": [[f.path, f.size, f.num_rows] for f in self.files],
             "columns": {"audio": self.audio_column, "label": self.label_column, "extras": list(self.columns)},
             "split_rows": self.split_rows,
         }
+        if self.filter is not None:
+            fingerprint["filter"] = str(self.filter)
+        return fingerprint
 
     def identity(self) -> dict[str, list[Any]]:
         """What tells each file's content apart beyond its name, size and rows (plain data, per file).
@@ -271,8 +361,10 @@ class ShardDataset:
         if handle is not None:
             handle.close()
 
-    def _open_handle(self, file_id: int) -> Any:
+    def _open_handle(self, file_id: int, columns: Sequence[str] | None = None) -> Any:
+        """A handle reading ``columns`` (default: the used ones) of a file."""
         loc, meta = self._locations[file_id], self._metas[file_id]
+        columns = self.used_columns if columns is None else list(columns)
         f = _open_random(loc)
         try:
             if f.size() != meta.size:
@@ -280,10 +372,10 @@ class ShardDataset:
                                      f"bytes, {meta.size} when it was scanned. Do not rewrite shards while a loader "
                                      "reads them; build the loader again to read the new content")
             if meta.format == "ipc_file":
-                return _IpcFileHandle(f, meta.schema, self.used_columns, loc.fs is None, meta.tail)
+                return _IpcFileHandle(f, meta.schema, columns, loc.fs is None, meta.tail)
             if meta.format == "ipc_stream":
-                return _IpcStreamHandle(f, meta.schema, meta.offsets or (), self.used_columns)
-            return _ParquetHandle(f, self.used_columns, meta.parquet_metadata)
+                return _IpcStreamHandle(f, meta.schema, meta.offsets or (), columns)
+            return _ParquetHandle(f, columns, meta.parquet_metadata)
         except (OSError, pa.ArrowException) as error:
             f.close()
             if isinstance(error, ShardReadError) or loc.fs is not None:  # remote: for with_retries to judge
