@@ -206,9 +206,10 @@ class S3Server:
                                  endpoint_override=self.direct_endpoint if direct else self.proxy.endpoint,
                                  allow_bucket_creation=True, **options)
 
-    def url(self, path: str) -> str:
-        """An ``s3://`` URL of ``path`` (bucket/key) read through the proxy."""
-        return f"s3://{path}?endpoint_override={self.proxy.endpoint}&scheme=http&region=us-east-1"
+    def url(self, path: str, direct: bool = False) -> str:
+        """An ``s3://`` URL of ``path`` (bucket/key) read through the proxy (``direct``: straight from the server)."""
+        endpoint = self.direct_endpoint if direct else self.proxy.endpoint
+        return f"s3://{path}?endpoint_override={endpoint}&scheme=http&region=us-east-1"
 
     def upload(self, local_folder: Any, prefix: str) -> list[str]:
         """Copy every file of a local folder to ``prefix`` (``bucket/folder``); returns the keys."""

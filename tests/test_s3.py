@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 import audioloader as al
 from tests.ddp_worker import SMALL
 from tests.helpers import make_shards
 from tests.s3_server import S3_ENVIRONMENT, S3Server
+from tests.test_audio_loader import assert_same_batches, take
 
 pytest.importorskip("moto.server", reason="the S3 tests need moto[server] (the dev extra)")
 
@@ -48,22 +48,6 @@ def loader_for(source, **kwargs) -> al.AudioLoader:
         options.update(shuffle_buffer_size=12, shuffle_min_size=6)
     options.update(kwargs)
     return al.AudioLoader(source, **options)
-
-
-def take(loader, n):
-    it = iter(loader)
-    return [next(it) for _ in range(n)]
-
-
-def assert_same_batches(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        assert x.keys() == y.keys()
-        for name in x:
-            if isinstance(x[name], torch.Tensor):
-                assert torch.equal(x[name], y[name]), name
-            else:
-                assert x[name] == y[name], name
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -74,8 +74,14 @@ def fetch_rows(dataset: ShardDataset, keys: Sequence[Key]) -> list[RawSample]:
     """The rows of ``keys`` as `RawSample`s, in the same order (random access, each record batch read once)."""
     keys = [k if isinstance(k, Key) else Key(*k) for k in keys]
     rows = dataset.read_rows([k.index for k in keys])
-    return [RawSample(key, row.audio, row.label, row.extras, row.file, row.row, row.problem, audio_checksum(row.audio))
-            for key, row in zip(keys, rows, strict=True)]
+    out = []
+    for key, row in zip(keys, rows, strict=True):
+        audio = row.audio
+        if audio is not None and dataset.is_remote(dataset.locate(key.index)[0]):
+            audio = audio.to_pybytes()  # its own bytes: a held row does not keep its batch alive (see _load)
+        out.append(RawSample(key, audio, row.label, row.extras, row.file, row.row, row.problem,
+                             audio_checksum(audio)))
+    return out
 
 
 def balance_splits(splits: Sequence[Split], world_size: int) -> list[list[Split]]:
@@ -333,6 +339,7 @@ class ArrowShardReader(BaseNode[RawSample]):
                 self._blocks = self._read_segment(segment, self._row)
                 file = self.dataset.files[segment.file_id]
                 self._path, self._index_offset, self._key_pass = file.path, file.index_offset, segment.pass_index
+                self._remote = self.dataset.is_remote(segment.file_id)
             block = next(self._blocks, None)
             if block is None:
                 self._blocks = None
@@ -358,6 +365,10 @@ class ArrowShardReader(BaseNode[RawSample]):
 
     def _load(self, file_rows: list[int], cols: Any) -> None:
         self._audio, self._labels, self._extras, self._problems = cols
+        if self._remote:
+            # A remote row is a copy in memory either way; its own bytes, so that a row held in a
+            # shuffle buffer does not keep its whole record batch / row group alive (measured: 3x).
+            self._audio = [None if audio is None else audio.to_pybytes() for audio in self._audio]
         self._file_rows = file_rows
         # Now, right after the read checked the file: a row's bytes are not touched again until it is decoded.
         self._checksums = [audio_checksum(audio) for audio in cols.audio]

@@ -308,6 +308,10 @@ class ShardDataset:
         """
         return {"digests": [m.digest for m in self._metas], "mtimes": [m.mtime_ns for m in self._metas]}
 
+    def is_remote(self, file_id: int) -> bool:
+        """Whether a file is read through a remote filesystem (its rows are copies, not memory-map views)."""
+        return self._locations[file_id].fs is not None
+
     def check_unchanged(self, file_id: int) -> None:
         """Raise `ShardReadError` naming the file if a local shard's size or modification time changed.
 

@@ -94,18 +94,19 @@ def with_retries(read: Callable[[], T], *, what: str, retry: Retry, on_failure: 
     whose connection broke). ``what`` names the object in the final error.
     """
     start = time.monotonic()
-    for attempt in range(1, retry.attempts + 1):
+    attempts = 0
+    while True:
         try:
             return read()
         except Exception as error:
             if not is_transient(error):
                 raise
+            attempts += 1
             if on_failure is not None:
                 on_failure()
-            if attempt == retry.attempts:
+            if attempts == retry.attempts:
                 raise ShardReadError(
-                    f"cannot read {what}: {attempt} attempt{'s' if attempt > 1 else ''} failed over "
+                    f"cannot read {what}: {attempts} attempt{'s' if attempts > 1 else ''} failed over "
                     f"{time.monotonic() - start:.1f} s; last error: {str(error).strip()}. Check the storage "
                     "endpoint and the network; Retry(attempts=..., timeout=...) sets how hard to try") from error
-            sleep(retry.delay(attempt))
-    raise AssertionError("unreachable")
+            sleep(retry.delay(attempts))
