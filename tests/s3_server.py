@@ -195,7 +195,8 @@ class S3Server:
         line = self._process.stdout.readline()
         if not line.strip().isdigit():
             self._process.kill()
-            raise RuntimeError(f"the S3 test server did not start (exit {self._process.wait()})")
+            raise RuntimeError(f"the S3 test server did not start (exit {self._process.wait()}); it needs "
+                               "moto[server], part of audioloader's dev extra")
         upstream = ("127.0.0.1", int(line))
         self.direct_endpoint = f"127.0.0.1:{upstream[1]}"
         self.proxy = FaultProxy(upstream)

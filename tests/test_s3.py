@@ -10,8 +10,6 @@ from tests.helpers import make_shards
 from tests.s3_server import S3_ENVIRONMENT, S3Server
 from tests.test_audio_loader import assert_same_batches, take
 
-pytest.importorskip("moto.server", reason="the S3 tests need moto[server] (the dev extra)")
-
 ROWS = [13, 9, 18]  # 40 rows in three files
 FORMATS = ["ipc_file", "ipc_stream", "parquet"]
 FAST = al.Retry(attempts=4, initial_delay=0.01, max_delay=0.05, timeout=1.0)
