@@ -19,7 +19,7 @@ from .loader import Loader
 from .mix import Mix, Source
 from .options import Bucketing, Shuffle, Workers
 from .samples import BadRow, Key, RawSample, Sample
-from .shards import ShardDataset, SourceNotFoundError
+from .shards import Retry, ShardDataset, SourceNotFoundError
 from .writer import ShardWriter
 
 __version__ = "0.1.0"
@@ -42,6 +42,7 @@ __all__ = [
     "Mix",
     "Mixup",
     "RawSample",
+    "Retry",
     "Reverb",
     "Sample",
     "SchemaError",

@@ -590,9 +590,12 @@ def worker_main(conn: Any, job_bytes: bytes, depth: int, consumer: int) -> None:
             return generation_view[0] != generation
 
         items = _wire.loads(data, table, slot, size, copy=False)
-        if prepare is not None and not cancelled():
-            items = prepare(items)
-        results = run_chunk(job, items, cancelled)
+        try:
+            if prepare is not None and not cancelled():
+                items = prepare(items)
+            results = run_chunk(job, items, cancelled)
+        except Exception as error:  # prepare failed (e.g. a shard changed): every item of the chunk fails with it
+            results = [Failure(error)] * len(items)
         del items  # views of the slot, about to be overwritten
         if cancelled():
             reply: tuple = ("cancelled", seq)

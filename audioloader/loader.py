@@ -85,6 +85,12 @@ class Loader(_TorchdataLoader[T], Generic[T]):
         self._iter_for_state_dict = False
         super().load_state_dict(state_dict)
 
+    def start_fresh(self) -> None:
+        """The next ``iter()`` resets the chain with no state (forgetting a loaded one, and a reset already
+        done for an earlier ``state_dict()`` call)."""
+        self._iter_for_state_dict = False
+        self._next_iter_state_dict = None
+
     def state_dict(self) -> dict[str, Any]:
         if self._next_iter_state_dict is not None and self._it is None:
             # A loaded but not yet applied state: report it rather than starting

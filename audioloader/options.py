@@ -78,7 +78,7 @@ class Shuffle:
     """The shuffle buffer: ``buffer_size`` items, ``min_size`` held before the first leaves.
 
     ``before_decode``: hold raw rows and decode after the buffer (far less memory,
-    fast resume, same batches); None: yes for local Arrow IPC shards.
+    fast resume, same batches); None: yes for local Arrow IPC shards and remote shards.
     None sizes take the mode's preset (train 10000 / 8000, eval 1 / 0).
     """
 

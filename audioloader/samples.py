@@ -54,6 +54,8 @@ class RawSample:
         problem: why this row is bad as read (e.g. "audio is null", "label is null"),
             or ``None``. The reader never raises for one row's data; the decode
             stage turns a problem into a counted, reported `BadRow`.
+        checksum: `audio_checksum` of ``audio``, taken by the reader right after the
+            read (0: not taken; `item_checksum` then computes it).
     """
 
     key: Key
@@ -63,6 +65,7 @@ class RawSample:
     file: str = ""
     row: int = -1
     problem: str | None = None
+    checksum: int = 0
 
 
 @dataclass(slots=True)
@@ -79,6 +82,8 @@ class Sample:
             decode workers (`audioloader.augment`: SpecAugment masks where features
             are computed per batch, Mixup draws), ``{name: numpy array}``, or None.
             Drawn in the worker from ``(seed, key)`` like every other random choice.
+        checksum: `audio_checksum` of the row's encoded audio (0: not computed), so a
+            buffer of decoded samples can verify the rows it reads back on resume.
     """
 
     key: Key
@@ -88,6 +93,7 @@ class Sample:
     file: str = ""
     row: int = -1
     batch_params: dict[str, Any] | None = None
+    checksum: int = 0
 
     @property
     def spectrogram(self) -> torch.Tensor:

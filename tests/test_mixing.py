@@ -26,7 +26,11 @@ WEIGHTS = {"a": 0.5, "b": 0.3, "c": 0.2}
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("mix")
+    return make_sources(tmp_path_factory.mktemp("mix"))
+
+
+def make_sources(root: Path) -> Path:
+    """Sources a, b, c (`ROWS`, other clips in each), a noise source and an impulse-response source under ``root``."""
     for s, (name, files) in enumerate(ROWS.items()):
         start = 100 * s  # other clips in every source
         for f, n in enumerate(files):
@@ -241,16 +245,18 @@ def test_a_mix_checkpoint_names_a_changed_mix(root, change):
 
 
 def test_single_source_checkpoints_have_exactly_the_old_fields(root):
+    # Mixing adds nothing to a single source's checkpoint. (Content identity does: "file_identity" in the
+    # fingerprint and the buffered rows' "checksums"; checkpoints without them still load.)
     old_fingerprint = {"files", "seed", "rank", "world_size", "features", "batch_size", "shuffle_buffer_size",
                        "shuffle_min_size", "train", "infinite", "drop_last", "shuffle_before_decode", "split_rows",
-                       "audio_column", "label_column", "columns"}
+                       "audio_column", "label_column", "columns", "file_identity"}
     for shuffle_before_decode in (True, False):
         with mix_loader(root, str(root / "a"), shuffle_before_decode=shuffle_before_decode, augment=flip) as loader:
             take(loader, 2)
             state = loader.state_dict()
         assert set(state["fingerprint"]) == old_fingerprint
         buffer = _find(state, "draws")
-        assert set(buffer) == {"source", "draws", "exhausted", "primed", "indices", "passes"}
+        assert set(buffer) == {"source", "draws", "exhausted", "primed", "indices", "passes", "checksums"}
 
 
 def _find(state, key):

@@ -11,6 +11,9 @@ Work is assigned in splits (runs of record batches / row groups of one file):
   the same every pass, so every row is read exactly once across ranks.
 
 State is ``{"pass", "split_pos", "row"}``: resuming seeks straight to that row.
+After a resume with another world size (`audioloader.elastic`) a rank first reads
+its share of what the old ranks left of their pass(es), the ``carry``: a list of
+`Segment` s kept in the state while it lasts, then goes on with the next pass.
 """
 
 from __future__ import annotations
@@ -20,16 +23,16 @@ import heapq
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from .._hashing import SALT_SPLIT_ORDER, permutation
+from .._hashing import SALT_SPLIT_ORDER, audio_checksum, permutation
 from ..distributed import resolve_rank
 from ..errors import CheckpointMismatchError
 from ..samples import Key, RawSample
-from ..shards import ShardDataset, Split, subdivide
+from ..shards import Retry, ShardDataset, Split, subdivide
 from ..stats import LoaderStats
 
 logger = logging.getLogger(__name__)
@@ -38,12 +41,47 @@ logger = logging.getLogger(__name__)
 IMBALANCE_WARNING_RATIO = 1.2
 
 
+class Segment(NamedTuple):
+    """Rows of one file that a reader reads in order, with keys of pass ``pass_index``.
+
+    ``[start, stop)`` of ``files[file_id]`` (under a filter, only its kept rows),
+    or, with ``take``, only those file rows (ascending): rows a rank of an earlier
+    world size had read but not delivered when its checkpoint was taken.
+    """
+
+    pass_index: int
+    file_id: int
+    start: int
+    stop: int
+    take: tuple[int, ...] | None = None
+
+    def to_list(self) -> list[int]:
+        """Plain ints for a state: ``[pass, file_id, start, stop, *take]`` (take: after a -1 marker)."""
+        return [self.pass_index, self.file_id, self.start, self.stop, *(() if self.take is None else (-1, *self.take))]
+
+    @classmethod
+    def from_list(cls, values: Sequence[int]) -> Segment:
+        head = [int(v) for v in values[:4]]
+        take = tuple(int(v) for v in values[5:]) if len(values) > 4 else None
+        return cls(*head, take)
+
+
+#: Rows read per random-access read of a ``take`` segment.
+_TAKE_CHUNK = 256
+
+
 def fetch_rows(dataset: ShardDataset, keys: Sequence[Key]) -> list[RawSample]:
     """The rows of ``keys`` as `RawSample`s, in the same order (random access, each record batch read once)."""
     keys = [k if isinstance(k, Key) else Key(*k) for k in keys]
     rows = dataset.read_rows([k.index for k in keys])
-    return [RawSample(key, row.audio, row.label, row.extras, row.file, row.row, row.problem)
-            for key, row in zip(keys, rows, strict=True)]
+    out = []
+    for key, row in zip(keys, rows, strict=True):
+        audio = row.audio
+        if audio is not None and dataset.is_remote(dataset.locate(key.index)[0]):
+            audio = audio.to_pybytes()  # its own bytes: a held row does not keep its batch alive (see _load)
+        out.append(RawSample(key, audio, row.label, row.extras, row.file, row.row, row.problem,
+                             audio_checksum(audio)))
+    return out
 
 
 def balance_splits(splits: Sequence[Split], world_size: int) -> list[list[Split]]:
@@ -67,7 +105,7 @@ class ArrowShardReader(BaseNode[RawSample]):
     Args:
         source_or_dataset: a `ShardDataset`, or a source for one (folder, glob, file,
             URL or a list of them; see `ShardDataset`).
-        audio_column, label_column, columns, split_rows, filesystem: passed to
+        audio_column, label_column, columns, split_rows, filesystem, retry, filter: passed to
             `ShardDataset` (when a dataset is given they must match it or be left at their defaults).
         seed: seeds the split order of each pass (``shuffle=True``).
         rank, world_size: this process's share; ``None`` takes them from torch.distributed.
@@ -86,26 +124,29 @@ class ArrowShardReader(BaseNode[RawSample]):
     split already yielded.
     """
 
-    PASS_KEY, SPLIT_POS_KEY, ROW_KEY = "pass", "split_pos", "row"
+    PASS_KEY, SPLIT_POS_KEY, ROW_KEY, CARRY_KEY = "pass", "split_pos", "row", "carry"
 
     def __init__(self, source_or_dataset: Any, *, audio_column: str = "audio", label_column: str | None = "label",
                  columns: Sequence[str] = (), seed: int = 0, rank: int | None = 0, world_size: int | None = 1,
                  shuffle: bool = True, infinite: bool = False, split_rows: int = 512, filesystem: Any = None,
-                 stats: LoaderStats | None = None):
+                 stats: LoaderStats | None = None, retry: Retry | None = None, filter: Any = None):
         super().__init__()
         self.stats = stats
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.seed, self.shuffle, self.infinite = int(seed), bool(shuffle), bool(infinite)
-        self.dataset = self._dataset(source_or_dataset, audio_column, label_column, columns, split_rows, filesystem)
+        self.dataset = self._dataset(source_or_dataset, audio_column, label_column, columns, split_rows, filesystem,
+                                     retry, filter)
         self.splits = self._splits_for_world()
         self._eval_assignment = None if self.shuffle else balance_splits(self.splits, self.world_size)
         if self._eval_assignment is not None:
             self._warn_if_unbalanced()
         self._pass = 0
         self._started = False
-        self._order: list[Split] = []
+        self._carry: list[Segment] = []  # what this rank reads before pass `_pass + 1` (elastic resume)
+        self._pending: dict[str, Any] | None = None  # a position to start from at the next reset(None)
+        self._order: list[Segment] = []
         self._order_pass = -1
         self._clear_position(0, 0)
 
@@ -113,10 +154,10 @@ class ArrowShardReader(BaseNode[RawSample]):
 
     @staticmethod
     def _dataset(source: Any, audio_column: str, label_column: str | None, columns: Sequence[str],
-                 split_rows: int, filesystem: Any) -> ShardDataset:
+                 split_rows: int, filesystem: Any, retry: Retry | None, filter: Any) -> ShardDataset:
         if not isinstance(source, ShardDataset):
             return ShardDataset(source, audio_column=audio_column, label_column=label_column, columns=columns,
-                                split_rows=split_rows, filesystem=filesystem)
+                                split_rows=split_rows, filesystem=filesystem, retry=retry, filter=filter)
         given = {"audio_column": (audio_column, "audio", source.audio_column),
                  "label_column": (label_column, "label", source.label_column),
                  "columns": (list(columns), [], list(source.columns)),
@@ -125,18 +166,24 @@ class ArrowShardReader(BaseNode[RawSample]):
             if value != default and value != actual:
                 raise ValueError(f"{name}={value!r} differs from the ShardDataset's {actual!r}; "
                                  f"leave {name} out when passing a ShardDataset, or build the dataset with it")
-        if filesystem is not None:
-            raise ValueError("filesystem= is for sources; a ShardDataset already has its files")
+        if filesystem is not None or retry is not None or filter is not None:
+            raise ValueError("filesystem=, retry= and filter= are for sources; a ShardDataset already has its "
+                             "files (pass them to the ShardDataset)")
         return source
 
     def _splits_for_world(self) -> list[Split]:
         """The dataset's splits, subdivided so every rank gets at least one when rows allow."""
-        w, rows = self.world_size, self.dataset.num_rows
+        w, rows = self.world_size, self.dataset.num_kept_rows
         if rows < w and self.shuffle:
-            raise ValueError(f"world_size={w} but the source has only {rows} rows, so some ranks would have "
-                             "no data in training (shuffle=True); use fewer ranks or more data "
-                             "(evaluation, shuffle=False, allows idle ranks)")
-        return subdivide(self.dataset.splits, w)
+            raise ValueError(f"world_size={w} but the source has only {rows} rows (kept by the filter, if any), so "
+                             "some ranks would have no data in training (shuffle=True); use fewer ranks or more "
+                             "data (evaluation, shuffle=False, allows idle ranks)")
+        splits = self.dataset.counted(subdivide(self.dataset.splits, w))
+        for _ in range(64):  # under a filter a half may keep no row and be dropped: halve again
+            if len(splits) >= min(w, rows):
+                break
+            splits = self.dataset.counted(subdivide(splits, w))
+        return splits
 
     def _warn_if_unbalanced(self) -> None:
         loads = self.rows_per_rank()
@@ -170,116 +217,162 @@ class ArrowShardReader(BaseNode[RawSample]):
         rows = np.array([s.num_rows for s in self.splits], dtype=np.int64)[order]
         return [int(rows[r::self.world_size].sum()) for r in range(self.world_size)]
 
+    def segments_for_pass(self, pass_index: int) -> list[Segment]:
+        """This rank's read order of pass ``pass_index`` as `Segment` s (its splits; see `splits_for_pass`)."""
+        return [Segment(int(pass_index), s.file_id, s.start, s.stop) for s in self.splits_for_pass(pass_index)]
+
+    def segment_rows(self, segment: Segment) -> int:
+        """Rows a segment yields (its kept rows, under a filter)."""
+        if segment.take is not None:
+            return len(segment.take)
+        return self.dataset.kept_count(segment.file_id, segment.start, segment.stop)
+
+    def start_from(self, state: dict[str, Any]) -> None:
+        """Start the next fresh pass (``reset(None)``) at ``state`` instead (a carry: `audioloader.elastic`)."""
+        self._checked_state(state)
+        self._pending = dict(state)
+
     # ----------------------------------------------------------------- torchdata contract
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
-        if initial_state is not None:
-            self._pass, split_pos, row = self._checked_state(initial_state)
-        else:
+        if initial_state is None and self._pending is not None:
+            initial_state, self._pending = self._pending, None
+        elif initial_state is None:
             # As torchdata's SamplerWrapper: a new pass only if this one was started,
             # so the Loader's end-of-epoch path (reset(state), StopIteration, reset(None)) advances.
             if self._started:
                 self._pass = self._pass + 1 if self.shuffle else 0
-            split_pos = row = 0
+            self._carry = []
+            self._started = False
+            self._clear_position(0, 0)
+            return
+        self._pass, split_pos, row, self._carry = self._checked_state(initial_state)
         self._started = False
+        self._order_pass = -1
         self._clear_position(split_pos, row)
 
-    def _checked_state(self, state: dict[str, Any]) -> tuple[int, int, int]:
+    def _checked_state(self, state: dict[str, Any]) -> tuple[int, int, int, list[Segment]]:
         try:
             values = [int(state[k]) for k in (self.PASS_KEY, self.SPLIT_POS_KEY, self.ROW_KEY)]
+            carry = [Segment.from_list(segment) for segment in state.get(self.CARRY_KEY, ())]
         except (KeyError, TypeError, ValueError) as error:
             raise CheckpointMismatchError(f"ArrowShardReader state {state!r} lacks a valid {error}; expected "
                                           "{'pass': int, 'split_pos': int, 'row': int}") from None
         pass_index, split_pos, row = values
-        order = self.splits_for_pass(pass_index)
+        order = carry if carry else self.segments_for_pass(pass_index)
         fits = pass_index >= 0 and 0 <= split_pos <= len(order) and (
-            row == 0 if split_pos == len(order) else 0 <= row <= order[split_pos].num_rows)
+            row == 0 if split_pos == len(order) else 0 <= row <= self.segment_rows(order[split_pos]))
+        fits = fits and all(0 <= s.file_id < len(self.dataset.files) and 0 <= s.start <= s.stop
+                            <= self.dataset.files[s.file_id].num_rows for s in carry)
         if not fits:
             raise CheckpointMismatchError(
                 f"ArrowShardReader state {state!r} does not fit this reader (rank {self.rank} has "
                 f"{len(order)} splits in pass {pass_index}); was it saved with other files, split_rows, "
                 "seed or world_size?", {"reader_state": (dict(state), None)})
-        return pass_index, split_pos, row
+        return pass_index, split_pos, row, carry
 
     def _clear_position(self, split_pos: int, row: int) -> None:
         self._split_pos, self._row = split_pos, row
-        self._batches = None  # opened lazily in next(), which may run in another thread
+        self._blocks = None  # opened lazily in next(), which may run in another thread
         self._i = self._n = 0
 
     def get_state(self) -> dict[str, Any]:
-        return {self.PASS_KEY: self._pass, self.SPLIT_POS_KEY: self._split_pos, self.ROW_KEY: self._row}
+        state = {self.PASS_KEY: self._pass, self.SPLIT_POS_KEY: self._split_pos, self.ROW_KEY: self._row}
+        if self._carry:
+            state[self.CARRY_KEY] = [segment.to_list() for segment in self._carry]
+        return state
 
     def next(self) -> RawSample:
         self._started = True
         i = self._i
         if i >= self._n:
-            self._next_batch()
+            self._next_block()
             i = 0
         self._i = i + 1
         self._row += 1
-        labels, problems = self._labels, self._problems
+        labels, problems, row = self._labels, self._problems, self._file_rows[i]
         return RawSample(
-            Key(self._base_index + i, self._pass),
+            Key(self._index_offset + row, self._key_pass),
             self._audio[i],
             labels[i] if labels is not None else None,
             {name: values[i] for name, values in self._extras},
             self._path,
-            self._base_row + i,
+            row,
             problems[i] if problems is not None else None,
+            self._checksums[i],
         )
 
     # ----------------------------------------------------------------- reading
 
-    def _current_order(self) -> list[Split]:
+    def _current_order(self) -> list[Segment]:
+        if self._carry:
+            return self._carry
         if self._order_pass != self._pass:
-            self._order, self._order_pass = self.splits_for_pass(self._pass), self._pass
+            self._order, self._order_pass = self.segments_for_pass(self._pass), self._pass
         return self._order
 
-    def _next_batch(self) -> None:
-        """Load the next non-empty batch of this rank's read order; StopIteration at the end."""
+    def _next_block(self) -> None:
+        """Load the next non-empty block of rows of this rank's read order; StopIteration at the end."""
         if self.stats is None:
-            self._read_next_batch()
+            self._read_next_block()
             return
         start = time.perf_counter()
         try:
-            self._read_next_batch()
+            self._read_next_block()
         finally:
             self.stats.add_seconds("read", time.perf_counter() - start)
         self.stats.count("rows_read", self._n)
 
-    def _read_next_batch(self) -> None:
+    def _read_next_block(self) -> None:
         while True:
-            if self._batches is None:
+            if self._blocks is None:
                 order = self._current_order()
                 if self._split_pos >= len(order):
                     if not self.infinite or not order:
                         raise StopIteration
                     self._pass += 1
+                    self._carry = []
                     self._split_pos = self._row = 0
                     continue
-                split = order[self._split_pos]
-                self._batches = self.dataset.read_split(split, self._row)
-                self._file = self.dataset.files[split.file_id]
-                self._cursor = split.start + self._row
-            batch = next(self._batches, None)
-            if batch is None:
-                self._batches = None
+                segment = order[self._split_pos]
+                self._blocks = self._read_segment(segment, self._row)
+                file = self.dataset.files[segment.file_id]
+                self._path, self._index_offset, self._key_pass = file.path, file.index_offset, segment.pass_index
+                self._remote = self.dataset.is_remote(segment.file_id)
+            block = next(self._blocks, None)
+            if block is None:
+                self._blocks = None
                 self._split_pos += 1
                 self._row = 0
                 continue
-            if batch.num_rows:
-                self._load(batch)
+            if block[0]:
+                self._load(*block)
                 return
 
-    def _load(self, batch: Any) -> None:
-        cols = self.dataset.columns_of(batch)
+    def _read_segment(self, segment: Segment, skip: int):
+        """Blocks ``(file rows, BatchColumns)`` of a segment's rows after the first ``skip`` of them."""
+        dataset = self.dataset
+        if segment.take is not None:
+            rows = segment.take[skip:]
+            offset = dataset.files[segment.file_id].index_offset
+            for start in range(0, len(rows), _TAKE_CHUNK):
+                part = rows[start:start + _TAKE_CHUNK]
+                yield list(part), dataset.columns_of_rows(dataset.read_rows([offset + r for r in part]))
+            return
+        for batch, file_rows, picks in dataset.read_kept(segment.file_id, segment.start, segment.stop, skip):
+            yield file_rows, dataset.columns_of(batch, picks)
+
+    def _load(self, file_rows: list[int], cols: Any) -> None:
         self._audio, self._labels, self._extras, self._problems = cols
-        self._path = self._file.path
-        self._base_row = self._cursor
-        self._base_index = self._file.index_offset + self._cursor
-        self._cursor += batch.num_rows
-        self._i, self._n = 0, batch.num_rows
+        if self._remote:
+            # A remote row is a copy in memory either way; its own bytes, so that a row held in a
+            # shuffle buffer does not keep its whole record batch / row group alive (measured: 3x).
+            self._audio = [None if audio is None else audio.to_pybytes() for audio in self._audio]
+        self._file_rows = file_rows
+        # Now, right after the read checked the file: a row's bytes are not touched again until it is decoded.
+        self._checksums = [audio_checksum(audio) for audio in cols.audio]
+        self._i, self._n = 0, len(file_rows)
 
     # ----------------------------------------------------------------- random access
 

@@ -108,18 +108,38 @@ class Batcher(BaseNode[dict]):
         self.sources = bool(sources)
         self._yielded = 0
         self._exhausted = False
+        # num_batches for one pass only: the rest of a pass resumed on another world size (audioloader.elastic).
+        self._pass_batches: int | None = None
+        self._pending_batches: int | None = None
+
+    def start_pass_with(self, num_batches: int) -> None:
+        """The next fresh pass (``reset(None)``) yields ``num_batches`` batches instead of ``self.num_batches``."""
+        if self.num_batches is None:
+            raise ValueError("start_pass_with() needs a Batcher built with num_batches")
+        self._pending_batches = int(num_batches)
+
+    @property
+    def batches_this_pass(self) -> int | None:
+        """The batches of the pass under way (or about to start): ``num_batches`` unless overridden."""
+        for value in (self._pending_batches, self._pass_batches):
+            if value is not None:
+                return value
+        return self.num_batches
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         if initial_state is None:
             self._yielded, self._exhausted = 0, False
+            self._pass_batches, self._pending_batches = self._pending_batches, None
             self.source.reset(None)
         else:
             self._yielded, self._exhausted = initial_state["yielded"], initial_state["exhausted"]
+            self._pass_batches = initial_state.get("num_batches")
             self.source.reset(initial_state[self.SOURCE_KEY])
 
     def next(self) -> dict[str, Any]:
-        if self.num_batches is not None and self._yielded >= self.num_batches:
+        limit = self.num_batches if self._pass_batches is None else self._pass_batches
+        if limit is not None and self._yielded >= limit:
             raise StopIteration
         while True:
             samples, closed = self._take(self.batch_size)
@@ -210,8 +230,10 @@ class Batcher(BaseNode[dict]):
         return [*values, *[None] * pad]
 
     def get_state(self) -> dict[str, Any]:
-        return {self.SOURCE_KEY: self.source.state_dict(), "yielded": self._yielded,
-                "exhausted": self._exhausted}
+        state = {self.SOURCE_KEY: self.source.state_dict(), "yielded": self._yielded, "exhausted": self._exhausted}
+        if self._pass_batches is not None:
+            state["num_batches"] = self._pass_batches
+        return state
 
 
 def _stack_params(params: list[dict[str, np.ndarray]], pad: int) -> dict[str, torch.Tensor]:

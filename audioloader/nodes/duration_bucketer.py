@@ -10,10 +10,12 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from .._hashing import item_checksum
 from ..audio import probe_seconds
 from ..errors import DecodeError
 from ..samples import BatchEnd, Key, RawSample
 from ..stats import LoaderStats
+from .shuffle_buffer import verify_checksums
 
 #: Rebuilds held rows from their keys, in the same order (a random-access read).
 RestoreFn = Callable[[Sequence[Key]], Sequence[Any]]
@@ -50,22 +52,24 @@ def estimate_boundaries(durations: Iterable[float], num_buckets: int) -> list[fl
 
 
 class _Buckets:
-    """The rows held per bucket: their keys, durations and the items themselves."""
+    """The rows held per bucket: the items, their durations and content checksums."""
 
     def __init__(self, count: int) -> None:
         self.items: list[list[Any]] = [[] for _ in range(count)]
         self.seconds: list[list[float]] = [[] for _ in range(count)]
+        self.checksums: list[list[int]] = [[] for _ in range(count)]
         self.totals = [0.0] * count
 
-    def add(self, bucket: int, item: Any, seconds: float) -> None:
+    def add(self, bucket: int, item: Any, seconds: float, checksum: int) -> None:
         self.items[bucket].append(item)
         self.seconds[bucket].append(seconds)
+        self.checksums[bucket].append(checksum)
         self.totals[bucket] += seconds
 
-    def take(self, bucket: int) -> list[Any]:
-        items = self.items[bucket]
-        self.items[bucket], self.seconds[bucket], self.totals[bucket] = [], [], 0.0
-        return items
+    def take(self, bucket: int) -> tuple[list[Any], list[int]]:
+        items, checksums = self.items[bucket], self.checksums[bucket]
+        self.items[bucket], self.seconds[bucket], self.checksums[bucket], self.totals[bucket] = [], [], [], 0.0
+        return items, checksums
 
 
 def plan(durations: Iterable[float], boundaries: Sequence[float], max_duration: float,
@@ -111,8 +115,9 @@ class DurationBucketer(BaseNode):
     (tested; see docs/benchmarks.md).
 
     State: the keys and durations of the rows held in buckets and of the batch
-    being handed out, and the source's state; ``reset(state)`` reads the rows
-    back through ``restore(keys)`` (e.g. ``reader.fetch``). A few kilobytes.
+    being handed out, their audio checksums (computed as rows arrive), and the
+    source's state; ``reset(state)`` reads the rows back through ``restore(keys)``
+    (e.g. ``reader.fetch``) and checks their checksums. A few kilobytes.
 
     Args:
         source: node of rows (``RawSample`` before decoding, or anything ``duration_fn`` measures).
@@ -155,6 +160,7 @@ class DurationBucketer(BaseNode):
     def _clear(self) -> None:
         self._buckets = _Buckets(len(self.boundaries) + 1)
         self._ready: deque[Any] = deque()  # rows and BatchEnd markers being handed out
+        self._ready_checksums: deque[int | None] = deque()  # beside _ready (None for a marker)
         self._batches = 0
         self._exhausted = False
 
@@ -181,6 +187,7 @@ class DurationBucketer(BaseNode):
                 self._exhausted = True
                 continue
             self._add(item)
+        self._ready_checksums.popleft()
         return self._ready.popleft()
 
     def get_state(self) -> dict[str, Any]:
@@ -192,6 +199,8 @@ class DurationBucketer(BaseNode):
             "indices": [k.index for k in keys], "passes": [k.pass_index for k in keys],
             "seconds": [s for bucket in self._buckets.seconds for s in bucket],
             "ready": [None if k is None else [k.index, k.pass_index] for k in ready],
+            "checksums": ([c for bucket in self._buckets.checksums for c in bucket]
+                          + [c for c in self._ready_checksums if c is not None]),
             "batches": self._batches, "exhausted": self._exhausted,
         }
 
@@ -202,13 +211,16 @@ class DurationBucketer(BaseNode):
         b = bisect.bisect_right(self.boundaries, seconds)
         if self._buckets.items[b] and self._buckets.totals[b] + seconds > self.max_duration:
             self._emit(b)
-        self._buckets.add(b, item, seconds)
+        self._buckets.add(b, item, seconds, item_checksum(item))
         if self.max_batch_size is not None and len(self._buckets.items[b]) >= self.max_batch_size:
             self._emit(b)
 
     def _emit(self, bucket: int) -> None:
-        self._ready.extend(self._buckets.take(bucket))
+        items, checksums = self._buckets.take(bucket)
+        self._ready.extend(items)
+        self._ready_checksums.extend(checksums)
         self._ready.append(BatchEnd(self._batches))
+        self._ready_checksums.append(None)
         self._batches += 1
         if self.stats is not None:
             self.stats.count("bucketed_batches")
@@ -235,17 +247,22 @@ class DurationBucketer(BaseNode):
         if [self.key_fn(item) for item in items] != wanted:
             raise RuntimeError("DurationBucketer restore returned rows whose keys differ from the checkpoint's; "
                                "the data changed since the checkpoint was taken")
+        verify_checksums(items, state.get("checksums"), item_checksum, "duration bucketer")
         rows = iter(items)
         seconds = iter(state["seconds"])
         for b, size in enumerate(state["bucket_sizes"]):
             for _ in range(size):
-                self._buckets.add(b, next(rows), next(seconds))
+                row = next(rows)
+                self._buckets.add(b, row, next(seconds), item_checksum(row))
         marker = state["batches"] - sum(k is None for k in ready)
         for k in ready:
             if k is None:
                 self._ready.append(BatchEnd(marker))
+                self._ready_checksums.append(None)
                 marker += 1
             else:
-                self._ready.append(next(rows))
+                row = next(rows)
+                self._ready.append(row)
+                self._ready_checksums.append(item_checksum(row))
         self._batches = state["batches"]
         self._exhausted = state["exhausted"]

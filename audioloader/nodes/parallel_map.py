@@ -72,12 +72,15 @@ class ParallelMap(BaseNode):
     from ``job`` the next call goes on with the next item; after one from the
     source the node ends until the next ``reset()``.
 
-    State: ``{"it_state": {"snapshot": <source state>, "steps_since_snapshot": k}}``:
-    resume resets the source to the snapshot and skips ``k`` items (read, not
-    mapped again). Taken once per chunk, so a costly source ``get_state()``
-    (a large shuffle buffer) is paid once per ``chunk_size`` items. The format
-    is torchdata ``ParallelMapper``'s, whose states this node also accepts, and it
-    is the same for every backend and worker count.
+    State: ``{"it_state": {"snapshot": <source state>, "steps_since_snapshot": k,
+    "emitted": [[index, pass], ...]}}``: resume resets the source to the snapshot
+    and skips ``k`` items (read, not mapped again); ``emitted`` names those items
+    (their keys, at most a chunk's), so a resume with another world size knows
+    which rows after the snapshot were already delivered (`audioloader.elastic`).
+    The snapshot is taken once per chunk, so a costly source ``get_state()`` (a
+    large shuffle buffer) is paid once per ``chunk_size`` items. The format is
+    torchdata ``ParallelMapper``'s (plus ``emitted``), whose states this node
+    also accepts.
 
     Args:
         source: the upstream node, pulled in the thread that calls ``next()``.
@@ -125,6 +128,8 @@ class ParallelMap(BaseNode):
         self._chunks.clear()
         self._in_flight.clear()
         self._results: list[Any] = []
+        self._labels: list[Any] = []  # keys of the current chunk's items
+        self._skipped: list[Any] = []  # keys of the items skipped by a resume, before the first chunk
         self._pos = 0
         self._source_done = False
         self._failed = False
@@ -138,9 +143,10 @@ class ParallelMap(BaseNode):
         self._pool.start()  # here, in the resetting thread; after shutdown() only a reset starts workers again
         snapshot, steps = _position(initial_state)
         self.source.reset(snapshot)
-        for _ in range(steps):  # items already emitted before the checkpoint: read, not mapped
-            next(self.source)
+        # Items already emitted before the checkpoint: read, not mapped.
+        skipped = [getattr(next(self.source), "key", None) for _ in range(steps)]
         self._clear(snapshot if snapshot is not None else self.source.state_dict(), steps)
+        self._skipped = skipped
 
     def next(self) -> Any:
         if os.getpid() != self._owner_pid:
@@ -158,7 +164,8 @@ class ParallelMap(BaseNode):
         return item
 
     def get_state(self) -> dict[str, Any]:
-        return {STATE_KEY: {"snapshot": self._snapshot, "steps_since_snapshot": self._steps}}
+        emitted = [[int(key[0]), int(key[1])] for key in (*self._skipped, *self._labels[:self._pos]) if key is not None]
+        return {STATE_KEY: {"snapshot": self._snapshot, "steps_since_snapshot": self._steps, "emitted": emitted}}
 
     # ------------------------------------------------------------------ the pipeline
 
@@ -170,7 +177,7 @@ class ParallelMap(BaseNode):
         chunk = self._chunks.popleft()
         if chunk.results is None:
             self._collect(chunk)
-        self._results, self._pos = chunk.results, 0
+        self._results, self._labels, self._pos, self._skipped = chunk.results, chunk.labels, 0, []
         self._snapshot, self._steps = chunk.start_state, 0
         if chunk.error is not None:
             self._results = [*chunk.results, _SourceFailure(chunk.error)]

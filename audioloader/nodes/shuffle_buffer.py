@@ -7,7 +7,8 @@ from typing import Any, Generic, TypeVar
 
 from torchdata.nodes import BaseNode
 
-from .._hashing import SALT_SHUFFLE, uniform_int
+from .._hashing import SALT_SHUFFLE, item_checksum, uniform_int
+from ..errors import CheckpointMismatchError
 from ..samples import Key
 from ..stats import LoaderStats
 
@@ -20,6 +21,27 @@ RestoreFn = Callable[[Sequence[Key]], Sequence[Any]]
 
 def _item_key(item: Any) -> Key:
     return item.key
+
+
+def verify_checksums(items: Sequence[Any], expected: Sequence[int] | None, checksum_fn: Callable[[Any], int],
+                     what: str) -> None:
+    """`CheckpointMismatchError` naming the file and row of each item whose checksum differs from the checkpoint's.
+
+    ``expected`` None (a checkpoint from before checksums) checks nothing.
+    """
+    if expected is None:
+        return
+    changed = [(item, want, got) for item, want in zip(items, expected, strict=True)
+               if (got := checksum_fn(item)) != want]
+    if not changed:
+        return
+    lines = [f"  {getattr(item, 'file', '?')} row {getattr(item, 'row', '?')} (index {item.key.index}): "
+             f"checksum {want:#010x} in the checkpoint, {got:#010x} now" for item, want, got in changed[:5]]
+    raise CheckpointMismatchError(
+        f"resuming: {len(changed)} of the {len(items)} rows held in the {what} read back different audio than "
+        "when the checkpoint was taken; their shards changed:\n" + "\n".join(lines)
+        + "\nResume on the data the checkpoint was taken on, or start a new run on the new data",
+        {"rows": ([want for _, want, _ in changed], [got for _, _, got in changed])})
 
 
 class ShuffleBuffer(BaseNode[T], Generic[T]):
@@ -60,6 +82,7 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         rank: this process's rank (only seeds the picks).
         restore: see above.
         key_fn: item -> ``Key``; default ``item.key``.
+        checksum_fn: item -> 32-bit int identifying its content; default `item_checksum`.
         stats: optional `LoaderStats`; the fill level goes to gauge ``shuffle_buffer_fill``.
     """
 
@@ -67,7 +90,7 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
 
     def __init__(self, source: BaseNode, capacity: int, min_size: int = 0, *, seed: int = 0, rank: int = 0,
                  restore: RestoreFn | None = None, key_fn: Callable[[Any], Key] = _item_key,
-                 stats: LoaderStats | None = None) -> None:
+                 checksum_fn: Callable[[Any], int] = item_checksum, stats: LoaderStats | None = None) -> None:
         super().__init__()
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"ShuffleBuffer capacity={capacity!r} must be an integer >= 1")
@@ -80,6 +103,7 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         self.rank = rank
         self.restore = restore
         self.key_fn = key_fn
+        self.checksum_fn = checksum_fn
         self.stats = stats
         self._clear()
 
@@ -94,6 +118,7 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         self._other_sources = 0  # held items whose source is not 0: the state lists sources only then
         self._arrivals: list[int] = []  # position of each held item in the arrival order (-1: restored)
         self._pulled = self._emitted = 0  # items in and out since the last reset: the displacement's clock
+        self._checksums: list[int] = []
         self._draws = 0
         self._exhausted = False
         self._primed = False
@@ -125,6 +150,7 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         if got != keys:
             raise RuntimeError("ShuffleBuffer restore returned items whose keys differ from the checkpoint's; "
                                "the data changed since the checkpoint was taken")
+        verify_checksums(items, state.get("checksums"), self.checksum_fn, "shuffle buffer")
         return items
 
     def _append(self, item: Any, arrival: int) -> None:
@@ -135,6 +161,8 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         self._sources.append(source)
         self._other_sources += source != 0
         self._arrivals.append(arrival)
+        if self.restore is not None:
+            self._checksums.append(self.checksum_fn(item))
         self._items.append(item)
 
     def _pull(self) -> None:
@@ -174,6 +202,9 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         for column in (self._items, self._indices, self._passes, self._sources, self._arrivals):
             column[pick] = column[-1]
             column.pop()
+        if self._checksums:
+            self._checksums[pick] = self._checksums[-1]
+            self._checksums.pop()
         return item
 
     def get_state(self) -> dict[str, Any]:
@@ -189,6 +220,7 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
             state["passes"] = list(self._passes)
             if self._other_sources:
                 state["sources"] = list(self._sources)
+            state["checksums"] = list(self._checksums)
         else:
             state["items"] = list(self._items)
         return state

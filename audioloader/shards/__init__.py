@@ -13,11 +13,13 @@ unit that passes and ranks are made of.
 
 Local files are memory-mapped, so reading IPC data is zero-copy: audio values
 come out as ``pyarrow.Buffer`` views of the mapping. Remote files (``s3://``,
-``gs://``, ... through ``pyarrow.fs`` or fsspec) are read with random access.
+``gs://``, ... through ``pyarrow.fs`` or fsspec) are read with ranged reads of
+one record batch or row group at a time, retried on transient faults (`Retry`).
 """
 
 from .dataset import BatchColumns, ShardDataset, ShardFile, ShardRow
 from .formats import FORMATS
+from .retry import Retry
 from .sources import ACCEPTED, SHARD_EXTENSIONS, SourceNotFoundError, resolve_source
 from .splits import Split, subdivide
 
@@ -26,6 +28,7 @@ __all__ = [
     "FORMATS",
     "SHARD_EXTENSIONS",
     "BatchColumns",
+    "Retry",
     "ShardDataset",
     "ShardFile",
     "ShardRow",

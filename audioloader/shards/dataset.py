@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import operator
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -15,14 +16,19 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..errors import SchemaError, ShardReadError
+from .filters import filter_columns, kept_positions, parquet_row_groups_that_may_match
 from .formats import _FileMeta, _open_random, _scan_all
 from .readers import _audio_values, _IpcFileHandle, _IpcStreamHandle, _ParquetHandle
+from .retry import DEFAULT_RETRY, Retry, with_retries
 from .schema import _check_schema, _label_names
 from .sources import resolve_source
 from .splits import Split, _file_splits, _numbered
 
 # Open file handles kept per thread (memory maps are cheap; this bounds open fds).
 _HANDLES_PER_THREAD = 16
+# Remote handles hold no descriptor, only a parsed footer: keep more, so a pass in random
+# split order does not read the footers again.
+_REMOTE_HANDLES_PER_THREAD = 256
 
 
 @dataclass(frozen=True)
@@ -97,11 +103,20 @@ class ShardDataset:
         columns: extra columns carried with each row (any type, converted to Python values).
         split_rows: target rows per split (batches / row groups are merged up to this).
         filesystem: a ``pyarrow.fs.FileSystem`` in which the source paths are resolved.
+        retry: how remote reads are retried (`Retry`); local reads are never retried.
+        filter: a ``pyarrow.compute.Expression`` over non-audio columns; only the rows
+            it keeps are read (see `audioloader.shards.filters`: Parquet row groups
+            pruned by statistics, then the filter's columns read and evaluated, at
+            construction). Rows keep their global index.
 
     Attributes:
         files: the `ShardFile` list, sorted by path.
         splits: the `Split` list in (file, row) order.
-        num_rows: total rows.
+        num_rows: total rows (before a filter).
+        num_kept_rows: rows the filter keeps (``num_rows`` without one).
+        filter_stats: with a filter, ``{"row_groups_pruned", "units_filtered", "rows_kept"}``: Parquet
+            row groups skipped by their statistics, batches / row groups whose filter columns were
+            read, and rows kept.
         schema: the first file's full schema (with its metadata).
         label_names: class names from schema metadata, or ``None``.
 
@@ -113,12 +128,14 @@ class ShardDataset:
     """
 
     def __init__(self, source: Any, *, audio_column: str = "audio", label_column: str | None = "label",
-                 columns: Sequence[str] = (), split_rows: int = 512, filesystem: Any = None):
+                 columns: Sequence[str] = (), split_rows: int = 512, filesystem: Any = None,
+                 retry: Retry | None = None, filter: Any = None):
         self.audio_column, self.label_column = audio_column, label_column
         self.columns = self._check_arguments(audio_column, label_column, columns, split_rows, filesystem)
         self.split_rows = split_rows
-        self._locations = resolve_source(source, filesystem)
-        metas = _scan_all(self._locations)
+        self.retry = _check_retry(retry)
+        self._locations = resolve_source(source, filesystem, self.retry)
+        metas = _scan_all(self._locations, self.retry)
         self._check_schemas(metas)
         self._metas = metas
         self.files = self._make_files(metas)
@@ -133,6 +150,10 @@ class ShardDataset:
         self.schema = metas[0].schema
         self.label_names = _label_names(self.schema, label_column)
         self._tls = threading.local()
+        self._kept: list[np.ndarray | None] = [None] * len(self.files)  # file rows a filter keeps (None: all)
+        self.filter, self.filter_stats, self.num_kept_rows = filter, None, self.num_rows
+        if filter is not None:
+            self._apply_filter(filter)
 
     # ----------------------------------------------------------------- construction helpers
 
@@ -183,6 +204,81 @@ class ShardDataset:
             offset += rows
         return files
 
+    # ----------------------------------------------------------------- filter
+
+    def _apply_filter(self, expression: Any) -> None:
+        """Which rows the filter keeps, per file, from the filter's columns only (see `audioloader.shards.filters`)."""
+        columns = filter_columns(expression, self.schema, self.audio_column)
+        results = [self._keep_of_file(file_id, expression, columns) for file_id in range(len(self.files))]
+        self._kept = [kept for kept, _, _ in results]
+        self.num_kept_rows = sum(len(kept) for kept in self._kept)
+        self.filter_stats = {"row_groups_pruned": sum(p for _, p, _ in results),
+                             "units_filtered": sum(u for _, _, u in results), "rows_kept": self.num_kept_rows}
+        if self.num_kept_rows == 0:
+            raise ValueError(f"filter={expression} keeps none of the {self.num_rows} rows of {len(self.files)} "
+                             "file(s); loosen it or pass another source")
+        self.splits = self.counted(self.splits)
+
+    def _keep_of_file(self, file_id: int, expression: Any, columns: list[str]) -> tuple[np.ndarray, int, int]:
+        """``(kept file rows, row groups pruned by statistics, units whose filter columns were read)``."""
+        loc, meta = self._locations[file_id], self._metas[file_id]
+        units = list(range(len(meta.unit_rows)))
+        if meta.format == "parquet" and units:
+            may_match = self._remote_or_local(
+                file_id, "statistics", lambda: parquet_row_groups_that_may_match(loc.fs_path, loc.fs, expression))
+            units = [u for u in units if u in set(may_match)]
+        pruned = len(meta.unit_rows) - len(units)
+        kept = []
+        handle = None
+        try:
+            for unit in units:
+                def read(unit: int = unit) -> list[pa.RecordBatch]:
+                    nonlocal handle
+                    if handle is None:
+                        handle = self._open_handle(file_id, columns)
+                    return handle.unit(unit)
+
+                def forget() -> None:
+                    nonlocal handle
+                    if handle is not None:
+                        handle.close()
+                    handle = None
+
+                batches = self._remote_or_local(file_id, f"the filter columns of batch/row group {unit}", read, forget)
+                kept.append(kept_positions(batches, expression) + self._unit_starts[file_id][unit])
+        finally:
+            if handle is not None:
+                handle.close()
+        rows = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
+        return rows.astype(np.int64), pruned, len(units)
+
+    def _remote_or_local(self, file_id: int, what: str, read: Any, on_failure: Any = None) -> Any:
+        """``read()``, retried for a remote file (`with_retries`), after a change check for a local one."""
+        path = self.files[file_id].path
+        try:
+            if self._locations[file_id].fs is not None:
+                return with_retries(read, what=f"{what} of shard {path}", retry=self.retry, on_failure=on_failure)
+            self.check_unchanged(file_id)
+            return read()
+        except ShardReadError:
+            raise
+        except (OSError, EOFError, pa.ArrowException) as error:
+            raise ShardReadError(f"cannot read {what} of shard {path}: {error}") from error
+
+    def counted(self, splits: Sequence[Split]) -> list[Split]:
+        """``splits`` with their kept rows counted and those keeping none dropped (as given without a filter)."""
+        if self.filter is None:
+            return list(splits)
+        counted = [Split(s.split_id, s.file_id, s.start, s.stop, self.kept_count(s.file_id, s.start, s.stop))
+                   for s in splits]
+        return _numbered([s for s in counted if s.kept])
+
+    def kept_indices(self) -> np.ndarray:
+        """Global indices (int64, ascending) of the rows the filter keeps (every row without one)."""
+        if self.filter is None:
+            return np.arange(self.num_rows, dtype=np.int64)
+        return np.concatenate([kept + f.index_offset for kept, f in zip(self._kept, self.files, strict=True)])
+
     # ----------------------------------------------------------------- identity
 
     @property
@@ -192,11 +288,45 @@ class ShardDataset:
 
     def fingerprint(self) -> dict[str, Any]:
         """Plain data identifying what reads depend on: files (path, size, rows), columns, split size."""
-        return {
+        fingerprint = {
             "files": [[f.path, f.size, f.num_rows] for f in self.files],
             "columns": {"audio": self.audio_column, "label": self.label_column, "extras": list(self.columns)},
             "split_rows": self.split_rows,
         }
+        if self.filter is not None:
+            fingerprint["filter"] = str(self.filter)
+        return fingerprint
+
+    def identity(self) -> dict[str, list[Any]]:
+        """What tells each file's content apart beyond its name, size and rows (plain data, per file).
+
+        ``digests``: a hash of the metadata read at construction: the IPC file footer
+        (schema with its metadata, every record batch's offset and sizes), every
+        IPC stream message header, or the Parquet footer (schema, row groups, column
+        chunk sizes and statistics). ``mtimes``: modification times in ns (None where
+        the storage has none). Computed from bytes read anyway: costs no extra read.
+        """
+        return {"digests": [m.digest for m in self._metas], "mtimes": [m.mtime_ns for m in self._metas]}
+
+    def is_remote(self, file_id: int) -> bool:
+        """Whether a file is read through a remote filesystem (its rows are copies, not memory-map views)."""
+        return self._locations[file_id].fs is not None
+
+    def check_unchanged(self, file_id: int) -> None:
+        """Raise `ShardReadError` naming the file if a local shard's size or modification time changed.
+
+        Called before each record batch / row group of a local file is read: a
+        memory-mapped file truncated under the reader would otherwise kill the
+        process with SIGBUS when the missing pages are touched.
+        """
+        loc, meta = self._locations[file_id], self._metas[file_id]
+        if loc.fs is None:
+            _check_local(loc.path, meta.size, meta.mtime_ns)
+
+    def file_guard(self) -> _LocalFileGuard:
+        """A picklable ``guard(path)`` that runs `check_unchanged` for a local shard by path (see `_LocalFileGuard`)."""
+        return _LocalFileGuard({loc.path: (meta.size, meta.mtime_ns)
+                                for loc, meta in zip(self._locations, self._metas, strict=True) if loc.fs is None})
 
     def locate(self, index: int) -> tuple[int, int]:
         """``(file_id, row in file)`` of a global row index; IndexError when out of range."""
@@ -223,30 +353,52 @@ class ShardDataset:
             return handle
         handle = self._open_handle(file_id)
         cache[file_id] = handle
-        if len(cache) > _HANDLES_PER_THREAD:
+        local = self._locations[file_id].fs is None
+        if len(cache) > (_HANDLES_PER_THREAD if local else _REMOTE_HANDLES_PER_THREAD):
             cache.popitem(last=False)[1].close()
         return handle
 
-    def _open_handle(self, file_id: int) -> Any:
+    def _drop_handle(self, file_id: int) -> None:
+        """Close this thread's handle of a file (after a failed remote read: its connection may be broken)."""
+        cache = getattr(self._tls, "handles", None)
+        handle = cache.pop(file_id, None) if cache is not None else None
+        if handle is not None:
+            handle.close()
+
+    def _open_handle(self, file_id: int, columns: Sequence[str] | None = None) -> Any:
+        """A handle reading ``columns`` (default: the used ones) of a file."""
         loc, meta = self._locations[file_id], self._metas[file_id]
+        columns = self.used_columns if columns is None else list(columns)
         f = _open_random(loc)
         try:
+            if f.size() != meta.size:
+                raise ShardReadError(f"shard {loc.path} changed after the loader was built: it has {f.size()} "
+                                     f"bytes, {meta.size} when it was scanned. Do not rewrite shards while a loader "
+                                     "reads them; build the loader again to read the new content")
             if meta.format == "ipc_file":
-                return _IpcFileHandle(f, meta.schema, self.used_columns, loc.fs is None)
+                return _IpcFileHandle(f, meta.schema, columns, loc.fs is None, meta.tail)
             if meta.format == "ipc_stream":
-                return _IpcStreamHandle(f, meta.schema, meta.offsets or (), self.used_columns)
-            return _ParquetHandle(f, self.used_columns)
+                return _IpcStreamHandle(f, meta.schema, meta.offsets or (), columns)
+            return _ParquetHandle(f, columns, meta.parquet_metadata)
         except (OSError, pa.ArrowException) as error:
             f.close()
+            if isinstance(error, ShardReadError) or loc.fs is not None:  # remote: for with_retries to judge
+                raise
             raise ShardReadError(f"cannot open shard {loc.path}: {error}") from error
 
     def _read_unit(self, file_id: int, unit: int) -> list[pa.RecordBatch]:
+        """One record batch / row group; remote reads are retried (`with_retries`), local files checked first."""
+        path = self.files[file_id].path
         try:
+            if self._locations[file_id].fs is not None:
+                return with_retries(lambda: self._handle(file_id).unit(unit),
+                                    what=f"batch/row group {unit} of shard {path}", retry=self.retry,
+                                    on_failure=lambda: self._drop_handle(file_id))
+            self.check_unchanged(file_id)
             return self._handle(file_id).unit(unit)
         except ShardReadError:
             raise
         except (OSError, EOFError, pa.ArrowException) as error:
-            path = self.files[file_id].path
             raise ShardReadError(f"cannot read batch/row group {unit} of shard {path}: {error}. "
                                  "Was the file changed or truncated after the loader was built?") from error
 
@@ -266,8 +418,71 @@ class ShardDataset:
                 begin = starts[unit + 1]
             unit += 1
 
-    def columns_of(self, batch: pa.RecordBatch) -> BatchColumns:
-        """The used columns of a batch as per-row Python values (one conversion per batch)."""
+    def kept_count(self, file_id: int, start: int, stop: int) -> int:
+        """Rows of ``[start, stop)`` of a file that the filter keeps (all of them without a filter)."""
+        kept = self._kept[file_id]
+        if kept is None:
+            return stop - start
+        return int(np.searchsorted(kept, stop) - np.searchsorted(kept, start))
+
+    def kept_start(self, file_id: int, start: int, stop: int, skip: int) -> int:
+        """The file row where the rows of ``[start, stop)`` that are kept, less the first ``skip``, begin.
+
+        ``[kept_start(...), stop)`` holds exactly the kept rows after the first ``skip`` (``stop`` when none).
+        """
+        kept = self._kept[file_id]
+        if kept is None:
+            return min(start + skip, stop)
+        first = int(np.searchsorted(kept, start)) + skip
+        return int(kept[first]) if first < len(kept) and kept[first] < stop else stop
+
+    def read_kept(self, file_id: int, start: int, stop: int,
+                  skip: int = 0) -> Iterator[tuple[pa.RecordBatch, list[int], list[int] | None]]:
+        """``(batch, file rows, picks)`` for the kept rows of ``[start, stop)`` after the first ``skip`` of them.
+
+        ``picks``: the positions in ``batch`` of the rows in ``file rows`` (None: every row
+        of the batch). Without a filter this is `read_split`; with one, a record batch /
+        row group without kept rows is never read, and the filter's columns were read
+        at construction, so an unkept row's audio is never touched.
+        """
+        kept = self._kept[file_id]
+        if kept is None:
+            pos = start + skip
+            for batch in self.read_split(Split(-1, file_id, start, stop), skip):
+                yield batch, list(range(pos, pos + batch.num_rows)), None
+                pos += batch.num_rows
+            return
+        rows = kept[np.searchsorted(kept, start):np.searchsorted(kept, stop)][skip:]
+        starts = self._unit_starts[file_id]
+        units = np.searchsorted(starts, rows, side="right") - 1
+        for unit in dict.fromkeys(units.tolist()):  # in order, each unit once
+            wanted = rows[units == unit]
+            pos = starts[unit]
+            for batch in self._read_unit(file_id, unit):
+                inside = wanted[(wanted >= pos) & (wanted < pos + batch.num_rows)]
+                if len(inside):
+                    yield batch, inside.tolist(), (inside - pos).tolist()
+                pos += batch.num_rows
+
+    def columns_of_rows(self, rows: Sequence[ShardRow]) -> BatchColumns:
+        """`BatchColumns` of rows read by random access (`read_rows`)."""
+        problems = [r.problem for r in rows]
+        return BatchColumns([r.audio for r in rows],
+                            [r.label for r in rows] if self.label_column is not None else None,
+                            [(name, [r.extras[name] for r in rows]) for name in self.columns],
+                            problems if any(p is not None for p in problems) else None)
+
+    def columns_of(self, batch: pa.RecordBatch, picks: Sequence[int] | None = None) -> BatchColumns:
+        """The used columns of a batch as per-row Python values (one conversion per batch).
+
+        ``picks``: only these rows of the batch, in this order (None: every row).
+        """
+        if picks is not None:
+            cols = self.columns_of(batch)
+            return BatchColumns([cols.audio[i] for i in picks],
+                                None if cols.labels is None else [cols.labels[i] for i in picks],
+                                [(name, [values[i] for i in picks]) for name, values in cols.extras],
+                                None if cols.problems is None else [cols.problems[i] for i in picks])
         audio, audio_null = _audio_values(batch.column(self.audio_column))
         labels = label_null = None
         if self.label_column is not None:
@@ -330,6 +545,51 @@ class ShardDataset:
         formats = sorted({f.format for f in self.files})
         return (f"ShardDataset({len(self.files)} files ({', '.join(formats)}), {self.num_rows} rows, "
                 f"{len(self.splits)} splits, audio={self.audio_column!r}, label={self.label_column!r})")
+
+
+def _check_retry(retry: Any) -> Retry:
+    if retry is None:
+        return DEFAULT_RETRY
+    if not isinstance(retry, Retry):
+        raise TypeError(f"retry must be an audioloader.Retry, got {type(retry).__name__}")
+    return retry
+
+
+def _check_local(path: str, size: int, mtime_ns: int | None) -> None:
+    """`ShardReadError` naming ``path`` and what changed, when its size or modification time differ."""
+    try:
+        now = os.stat(path)
+    except OSError as error:
+        raise ShardReadError(f"shard {path} cannot be read any more ({error}); it was removed or replaced "
+                             "after the loader was built") from error
+    changes = []
+    if now.st_size != size:
+        changes.append(f"size {size} -> {now.st_size} bytes")
+    if mtime_ns is not None and now.st_mtime_ns != mtime_ns:
+        changes.append(f"modification time {mtime_ns} -> {now.st_mtime_ns} ns")
+    if changes:
+        raise ShardReadError(f"shard {path} changed while it was being read ({', '.join(changes)}). A shard must not "
+                             "be rewritten or truncated while a loader reads it (a memory-mapped read of a "
+                             "truncated file would crash the process); build the loader again to read the new content")
+
+
+class _LocalFileGuard:
+    """``guard(path)``: `ShardReadError` if the local shard at ``path`` changed since it was scanned.
+
+    The decode stage runs it just before it touches a row's audio, which for a
+    memory-mapped shard is a view of the file: a row held in a shuffle buffer
+    while its file was truncated would otherwise crash the process (SIGBUS).
+    Paths it does not know (remote files: their rows are copies) pass. One
+    ``stat`` per row (about a microsecond).
+    """
+
+    def __init__(self, expected: dict[str, tuple[int, int | None]]) -> None:
+        self.expected = expected
+
+    def __call__(self, path: str) -> None:
+        expected = self.expected.get(path)
+        if expected is not None:
+            _check_local(path, *expected)
 
 
 def _batch_at(batches: Sequence[pa.RecordBatch], row: int) -> tuple[pa.RecordBatch, int]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -11,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import ShardReadError
+from .retry import DEFAULT_RETRY, Retry, with_retries
 from .sources import ACCEPTED, _Location
 
 FORMATS = ("ipc_file", "ipc_stream", "parquet")
@@ -23,11 +26,14 @@ _MSG_SCHEMA, _MSG_DICTIONARY, _MSG_RECORD_BATCH = 1, 2, 3
 
 
 def _open_random(loc: _Location) -> Any:
-    """A random-access pyarrow file: a memory map for local files."""
-    try:
-        if loc.fs is None:
-            return pa.memory_map(loc.fs_path, "r")
+    """A random-access pyarrow file: a memory map for local files.
+
+    A remote file's errors are raised as they are, for `with_retries` to judge.
+    """
+    if loc.fs is not None:
         return loc.fs.open_input_file(loc.fs_path)
+    try:
+        return pa.memory_map(loc.fs_path, "r")
     except (OSError, pa.ArrowException) as error:
         raise ShardReadError(f"cannot open shard {loc.path}: {error}") from error
 
@@ -96,8 +102,11 @@ def _message_header(meta: bytes) -> tuple[int, int, int]:
     return header_type, body_length, rows
 
 
-def _scan_messages(f: Any, start: int, end: int) -> list[tuple[int, int, int]]:
-    """``[(offset, header type, rows)]`` of the IPC messages in ``[start, end)``, reading headers only."""
+def _scan_messages(f: Any, start: int, end: int, digest: Any = None) -> list[tuple[int, int, int]]:
+    """``[(offset, header type, rows)]`` of the IPC messages in ``[start, end)``, reading headers only.
+
+    ``digest`` (a hashlib object), when given, is fed every message header.
+    """
     messages, pos = [], start
     while pos + 8 <= end:
         head = _read_at(f, min(4096, end - pos), pos)
@@ -111,6 +120,8 @@ def _scan_messages(f: Any, start: int, end: int) -> list[tuple[int, int, int]]:
         if len(meta) < meta_length:
             meta = _read_at(f, meta_length, pos + prefix)
         header_type, body_length, rows = _message_header(meta)
+        if digest is not None:
+            digest.update(meta)
         messages.append((pos, header_type, rows))
         pos += prefix + meta_length + body_length
         if pos > end:
@@ -120,7 +131,11 @@ def _scan_messages(f: Any, start: int, end: int) -> list[tuple[int, int, int]]:
 
 @dataclass
 class _FileMeta:
-    """What construction learns about one file (internal)."""
+    """What construction learns about one file (internal).
+
+    ``mtime_ns`` (None when the storage reports none) and ``digest`` identify the
+    content (see `_digest`): a shard rewritten in place is told apart by them.
+    """
 
     format: str
     size: int
@@ -128,26 +143,46 @@ class _FileMeta:
     unit_rows: tuple[int, ...]
     # IPC stream: byte offset of each record batch message, for seeking.
     offsets: tuple[int, ...] | None = None
+    mtime_ns: int | None = None
+    digest: str = ""
+    # Parquet: the footer, parsed once here and handed to every reader of the file.
+    parquet_metadata: Any = None
+    # Remote IPC file: its last bytes (footer, length, magic), read once here and served to every reader.
+    tail: bytes | None = None
 
 
-def _scan_ipc_file(f: Any, local: bool) -> tuple[pa.Schema, tuple[int, ...]]:
-    reader = pa.ipc.open_file(f)
-    n = reader.num_record_batches
+def _hasher() -> Any:
+    return hashlib.blake2b(digest_size=8)
+
+
+def _footer(f: Any) -> bytes:
+    """An IPC file's footer flatbuffer: its schema (with metadata) and every record batch's offset and sizes."""
+    size = f.size()
+    footer_length = struct.unpack("<i", _read_at(f, 4, size - 10))[0]
+    if not 0 < footer_length <= size - 18:
+        raise ValueError(f"footer length {footer_length} does not fit a file of {size} bytes (truncated?)")
+    return _read_at(f, footer_length, size - 10 - footer_length)
+
+
+def _scan_ipc_file(f: Any, local: bool, digest: Any) -> tuple[pa.Schema, tuple[int, ...], bytes]:
+    """Schema, rows per record batch, and the file's tail (footer + length + magic)."""
+    footer = _footer(f)
+    digest.update(footer)
+    tail = footer + _read_at(f, 10, f.size() - 10)
     if local:  # zero-copy: touches only message headers
-        return reader.schema, tuple(reader.get_batch(i).num_rows for i in range(n))
-    # Remote: read headers only, never bodies (the footer gives their count).
-    footer_length = struct.unpack("<i", _read_at(f, 4, f.size() - 10))[0]
-    messages = _scan_messages(f, 8, f.size() - 10 - footer_length)
-    rows = tuple(r for _, t, r in messages if t == _MSG_RECORD_BATCH)
-    if len(rows) != n:  # an unusual writer: fall back to the footer's blocks
-        included = pa.ipc.IpcReadOptions(included_fields=[0])
-        reader = pa.ipc.open_file(f, options=included)
-        rows = tuple(reader.get_batch(i).num_rows for i in range(n))
-    return reader.schema, rows
+        reader = pa.ipc.open_file(f)
+        return reader.schema, tuple(reader.get_batch(i).num_rows for i in range(reader.num_record_batches)), tail
+    # Remote: message headers only, never bodies, and the footer only once (above).
+    messages = _scan_messages(f, 8, f.size() - 10 - len(footer))
+    if not messages or messages[0][1] != _MSG_SCHEMA:
+        raise ValueError("the file does not start with a schema message")
+    first_batch = next((pos for pos, t, _ in messages if t != _MSG_SCHEMA), f.size() - 10 - len(footer))
+    schema = pa.ipc.read_schema(pa.py_buffer(_read_at(f, first_batch - 8, 8)))
+    return schema, tuple(r for _, t, r in messages if t == _MSG_RECORD_BATCH), tail
 
 
-def _scan_ipc_stream(f: Any, size: int) -> tuple[pa.Schema, tuple[int, ...], tuple[int, ...]]:
-    messages = _scan_messages(f, 0, size)
+def _scan_ipc_stream(f: Any, size: int, digest: Any) -> tuple[pa.Schema, tuple[int, ...], tuple[int, ...]]:
+    messages = _scan_messages(f, 0, size, digest)
     if not messages or messages[0][1] != _MSG_SCHEMA:
         raise ValueError("the stream does not start with a schema message")
     if any(t == _MSG_DICTIONARY for _, t, _ in messages):
@@ -159,34 +194,73 @@ def _scan_ipc_stream(f: Any, size: int) -> tuple[pa.Schema, tuple[int, ...], tup
     return schema, tuple(r for _, r in batches), tuple(p for p, _ in batches)
 
 
-def _scan_file(loc: _Location) -> _FileMeta:
-    """Format, size, schema and batch / row-group boundaries of one file, without reading audio."""
+def _local_mtime_ns(loc: _Location) -> int:
+    try:
+        return os.stat(loc.fs_path).st_mtime_ns
+    except OSError as error:
+        raise ShardReadError(f"cannot open shard {loc.path}: {error}") from error
+
+
+def _scan_opened(loc: _Location, f: Any) -> _FileMeta:
+    """`_scan_file` on an open file: format, schema, units, and the content digest."""
+    size = f.size()
+    fmt = _sniff(loc, f, size)
+    offsets = parquet_metadata = tail = None
+    digest = _hasher()
+    if fmt == "ipc_file":
+        schema, rows, tail = _scan_ipc_file(f, loc.fs is None, digest)
+        tail = None if loc.fs is None else tail
+    elif fmt == "ipc_stream":
+        schema, rows, offsets = _scan_ipc_stream(f, size, digest)
+    else:
+        parquet_metadata = pq.ParquetFile(f).metadata
+        schema = parquet_metadata.schema.to_arrow_schema()
+        rows = tuple(parquet_metadata.row_group(i).num_rows for i in range(parquet_metadata.num_row_groups))
+        serialized = pa.BufferOutputStream()
+        parquet_metadata.write_metadata_file(serialized)  # the footer: schema, row groups, sizes, statistics
+        digest.update(serialized.getvalue())
+    return _FileMeta(fmt, size, schema, rows, offsets, digest=digest.hexdigest(),
+                     parquet_metadata=parquet_metadata, tail=tail)
+
+
+def _scan_once(loc: _Location) -> _FileMeta:
+    # The modification time first: a rewrite during the scan then shows as a change later.
+    mtime = _local_mtime_ns(loc) if loc.fs is None else loc.mtime_ns
+    if loc.fs is not None and mtime is None:
+        mtime = _remote_mtime_ns(loc)
     f = _open_random(loc)
     try:
-        size = f.size()
-        fmt = _sniff(loc, f, size)
-        offsets = None
-        if fmt == "ipc_file":
-            schema, rows = _scan_ipc_file(f, loc.fs is None)
-        elif fmt == "ipc_stream":
-            schema, rows, offsets = _scan_ipc_stream(f, size)
-        else:
-            metadata = pq.ParquetFile(f).metadata
-            schema = metadata.schema.to_arrow_schema()
-            rows = tuple(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
-        return _FileMeta(fmt, size, schema, rows, offsets)
+        meta = _scan_opened(loc, f)
+    finally:
+        f.close()
+    meta.mtime_ns = mtime
+    return meta
+
+
+def _remote_mtime_ns(loc: _Location) -> int | None:
+    info = loc.fs.get_file_info(loc.fs_path)
+    return info.mtime_ns if info.mtime_ns is not None and info.mtime_ns > 0 else None
+
+
+def _scan_file(loc: _Location, retry: Retry = DEFAULT_RETRY) -> _FileMeta:
+    """Format, size, schema, batch / row-group boundaries and identity of one file, without reading audio.
+
+    Remote files are scanned again from the start after a transient fault (see `with_retries`).
+    """
+    try:
+        if loc.fs is None:
+            return _scan_once(loc)
+        return with_retries(lambda: _scan_once(loc), what=f"the footer of shard {loc.path}", retry=retry)
     except ShardReadError:
         raise
     except (OSError, EOFError, ValueError, struct.error, IndexError, pa.ArrowException) as error:
         raise ShardReadError(f"cannot read shard {loc.path}: {str(error).rstrip('.')}. The file may be truncated or "
                              f"corrupt; re-write it or remove it from the source ({ACCEPTED})") from error
-    finally:
-        f.close()
 
 
-def _scan_all(locations: list[_Location]) -> list[_FileMeta]:
+def _scan_all(locations: list[_Location], retry: Retry = DEFAULT_RETRY) -> list[_FileMeta]:
     if len(locations) < 4:
-        return [_scan_file(loc) for loc in locations]
+        return [_scan_file(loc, retry) for loc in locations]
     with ThreadPoolExecutor(max_workers=min(_SCAN_THREADS, len(locations)),
                             thread_name_prefix="audioloader-scan") as pool:
-        return list(pool.map(_scan_file, locations))
+        return list(pool.map(lambda loc: _scan_file(loc, retry), locations))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,16 +11,62 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 
-class _IpcFileHandle:
-    """Random access to one IPC file's record batches, projected to the used columns."""
+class _TailCachedFile(io.RawIOBase):
+    """A remote file whose last bytes (an IPC footer) come from memory: pyarrow's reader then never reads them again.
 
-    def __init__(self, f: Any, schema: pa.Schema, columns: Sequence[str], local: bool):
+    Other reads go to the remote file as ranged reads of exactly what pyarrow asks for.
+    """
+
+    def __init__(self, f: Any, tail: bytes) -> None:
+        super().__init__()
+        self._file, self._tail = f, tail
+        self._size = f.size()
+        self._tail_start = self._size - len(tail)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = {0: 0, 1: self._pos, 2: self._size}[whence] + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        end = self._size if size is None or size < 0 else min(self._size, self._pos + size)
+        if self._pos >= self._tail_start:
+            data = self._tail[self._pos - self._tail_start:end - self._tail_start]
+        else:
+            data = self._file.read_at(end - self._pos, self._pos)
+            data = data.to_pybytes() if isinstance(data, pa.Buffer) else bytes(data)
+        self._pos += len(data)
+        return data
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+class _IpcFileHandle:
+    """Random access to one IPC file's record batches, projected to the used columns.
+
+    ``tail``: a remote file's footer bytes from construction (see `_TailCachedFile`).
+    """
+
+    def __init__(self, f: Any, schema: pa.Schema, columns: Sequence[str], local: bool, tail: bytes | None = None):
         self._file, self._columns = f, list(columns)
         if local:
             # On a memory map every read is a zero-copy view; included_fields would copy.
             self._reader = pa.ipc.open_file(f)
         else:
             # Remotely, fetch only the used columns' buffers.
+            if tail is not None:
+                self._file = f = pa.PythonFile(_TailCachedFile(f, tail), mode="r")
             included = sorted(schema.get_field_index(c) for c in columns)
             self._reader = pa.ipc.open_file(f, options=pa.ipc.IpcReadOptions(included_fields=included))
 
@@ -48,9 +95,9 @@ class _IpcStreamHandle:
 class _ParquetHandle:
     """One Parquet file: a unit is a row group, read whole (Parquet cannot seek inside one)."""
 
-    def __init__(self, f: Any, columns: Sequence[str]):
+    def __init__(self, f: Any, columns: Sequence[str], metadata: Any = None):
         self._file = f
-        self._parquet = pq.ParquetFile(f)
+        self._parquet = pq.ParquetFile(f, metadata=metadata)  # the footer parsed at construction: not read again
         self._columns = list(columns)
 
     def unit(self, i: int) -> list[pa.RecordBatch]:

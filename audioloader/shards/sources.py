@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..errors import ShardReadError
+from .retry import DEFAULT_RETRY, Retry, with_retries
 
 SHARD_EXTENSIONS = (".arrow", ".ipc", ".feather", ".parquet", ".pq")
 ACCEPTED = "Arrow IPC file (.arrow/.feather v2), Arrow IPC stream (Hugging Face save_to_disk) or Parquet"
@@ -27,11 +28,16 @@ class SourceNotFoundError(ShardReadError, FileNotFoundError):
 
 @dataclass(frozen=True)
 class _Location:
-    """Where a file lives: ``fs is None`` means a local path we can memory-map."""
+    """Where a file lives: ``fs is None`` means a local path we can memory-map.
+
+    ``mtime_ns``: the modification time a remote listing reported (None: not listed; local
+    files are stat'ed when scanned).
+    """
 
     path: str  # shown to users: local absolute path or URL
     fs: Any
     fs_path: str
+    mtime_ns: int | None = None
 
 
 def _is_url(text: str) -> bool:
@@ -39,10 +45,22 @@ def _is_url(text: str) -> bool:
     return len(scheme) > 1 and "://" in text  # len > 1 keeps Windows drive letters local
 
 
-def _filesystem_for(url: str) -> tuple[Any, str]:
+def _tuned_s3(fs: pafs.S3FileSystem, retry: Retry) -> pafs.S3FileSystem:
+    """The same S3 filesystem with ``retry.timeout`` and no retries of its own (`with_retries` does them,
+    so attempts are counted once and the final error can say how many there were)."""
+    options = fs.__reduce__()[1][0]  # the constructor's arguments, as pyarrow pickles them
+    if not options.get("proxy_options", {}).get("scheme"):
+        options["proxy_options"] = None
+    options.update(request_timeout=retry.timeout, connect_timeout=retry.timeout,
+                   retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1))
+    return pafs.S3FileSystem(**options)
+
+
+def _filesystem_for(url: str, retry: Retry = DEFAULT_RETRY) -> tuple[Any, str]:
     """``(pyarrow filesystem, path in it)`` for a URL: pyarrow's own first, else fsspec."""
     try:
-        return pafs.FileSystem.from_uri(url)
+        fs, path = pafs.FileSystem.from_uri(url)
+        return (_tuned_s3(fs, retry) if isinstance(fs, pafs.S3FileSystem) else fs), path
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as arrow_error:
         try:
             import fsspec  # optional: covers hf://, memory://, az://, http(s)://, ...
@@ -120,32 +138,41 @@ def _glob_match(path: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(path, pattern)
 
 
-def _expand_remote(item: str, fs: Any, fs_path: str) -> tuple[list[str], str]:
-    """Files (as fs paths) for one entry on a pyarrow filesystem."""
+def _mtime_ns(info: pafs.FileInfo) -> int | None:
+    return info.mtime_ns if info.mtime_ns is not None and info.mtime_ns > 0 else None
+
+
+def _expand_remote(item: str, fs: Any, fs_path: str, retry: Retry) -> tuple[list[tuple[str, int | None]], str]:
+    """Files (as ``(fs path, mtime_ns)``) for one entry on a pyarrow filesystem."""
+    def listing(selector: Any) -> list[pafs.FileInfo]:
+        return with_retries(lambda: fs.get_file_info(selector), what=f"the listing of {item!r}", retry=retry)
+
     if any(c in fs_path for c in _GLOB_CHARS):
         parts = fs_path.split("/")
         fixed = next(i for i, p in enumerate(parts) if any(c in p for c in _GLOB_CHARS))
         base = "/".join(parts[:fixed])
-        infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-        files = [i.path for i in infos if i.type == pafs.FileType.File and _glob_match(i.path, fs_path)]
+        infos = listing(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+        files = [(i.path, _mtime_ns(i)) for i in infos
+                 if i.type == pafs.FileType.File and _glob_match(i.path, fs_path)]
         return files, f"glob {item!r} ({len(files)} matches)"
-    info = fs.get_file_info(fs_path)
+    info = listing(fs_path)
     if info.type == pafs.FileType.Directory:
         def read_text(p: str) -> str:
             with fs.open_input_stream(p) as f:
                 return f.read().decode("utf-8")
         listed = _hf_state_files(read_text, fs_path)
         if listed is not None:
-            return listed, f"Hugging Face dataset folder {item!r} (state.json)"
-        infos = fs.get_file_info(pafs.FileSelector(fs_path, recursive=True))
-        files = [i.path for i in infos if i.type == pafs.FileType.File and _has_shard_extension(i.path)]
+            return [(p, None) for p in listed], f"Hugging Face dataset folder {item!r} (state.json)"
+        infos = listing(pafs.FileSelector(fs_path, recursive=True))
+        files = [(i.path, _mtime_ns(i)) for i in infos
+                 if i.type == pafs.FileType.File and _has_shard_extension(i.path)]
         return files, f"folder {item!r} and its subfolders for *{'/*'.join(SHARD_EXTENSIONS)}"
     if info.type == pafs.FileType.File:
-        return [fs_path], f"file {item!r}"
+        return [(fs_path, _mtime_ns(info))], f"file {item!r}"
     raise SourceNotFoundError(f"shard source {item!r}: no such file or folder")
 
 
-def _expand(item: Any, filesystem: Any) -> tuple[list[_Location], str]:
+def _expand(item: Any, filesystem: Any, retry: Retry) -> tuple[list[_Location], str]:
     if isinstance(item, os.PathLike):
         item = os.fspath(item)
     if not isinstance(item, str):
@@ -153,23 +180,23 @@ def _expand(item: Any, filesystem: Any) -> tuple[list[_Location], str]:
     if filesystem is not None and not isinstance(filesystem, pafs.LocalFileSystem):
         parsed = urllib.parse.urlparse(item)
         fs_path = parsed.netloc + parsed.path if _is_url(item) else item
-        files, searched = _expand_remote(item, filesystem, fs_path)
-        return [_Location(p, filesystem, p) for p in files], searched
+        files, searched = _expand_remote(item, filesystem, fs_path, retry)
+        return [_Location(p, filesystem, p, mtime) for p, mtime in files], searched
     if item.startswith("file://"):
         item = urllib.parse.unquote(urllib.parse.urlparse(item).path)
     if filesystem is not None or not _is_url(item):
         files, searched = _expand_local(item)
         return [_Location(p, None, p) for p in files], searched
-    fs, fs_path = _filesystem_for(item)
+    fs, fs_path = _filesystem_for(item, retry)
     if isinstance(fs, pafs.LocalFileSystem):
         files, searched = _expand_local(fs_path)
         return [_Location(p, None, p) for p in files], searched
     scheme = urllib.parse.urlparse(item).scheme
-    files, searched = _expand_remote(item, fs, fs_path)
-    return [_Location(_url_for(scheme, p), fs, p) for p in files], searched
+    files, searched = _expand_remote(item, fs, fs_path, retry)
+    return [_Location(_url_for(scheme, p), fs, p, mtime) for p, mtime in files], searched
 
 
-def resolve_source(source: Any, filesystem: Any = None) -> list[_Location]:
+def resolve_source(source: Any, filesystem: Any = None, retry: Retry = DEFAULT_RETRY) -> list[_Location]:
     """Sorted, de-duplicated shard locations for a source (see `ShardDataset`)."""
     items = list(source) if isinstance(source, (list, tuple)) else [source]
     if not items:
@@ -177,7 +204,7 @@ def resolve_source(source: Any, filesystem: Any = None) -> list[_Location]:
     found: dict[str, _Location] = {}
     searched = []
     for item in items:
-        locations, what = _expand(item, filesystem)
+        locations, what = _expand(item, filesystem, retry)
         searched.append(what)
         for loc in locations:
             found.setdefault(loc.path, loc)

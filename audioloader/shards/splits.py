@@ -9,16 +9,21 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Split:
-    """Rows ``[start, stop)`` of ``files[file_id]``; ``split_id`` is its position in (file, row) order."""
+    """Rows ``[start, stop)`` of ``files[file_id]``; ``split_id`` is its position in (file, row) order.
+
+    ``kept``: under a filter, how many of those rows it keeps (`ShardDataset.counted`); None: all.
+    """
 
     split_id: int
     file_id: int
     start: int
     stop: int
+    kept: int | None = None
 
     @property
     def num_rows(self) -> int:
-        return self.stop - self.start
+        """Rows read from the split: the kept ones under a filter."""
+        return self.stop - self.start if self.kept is None else self.kept
 
 
 def _file_splits(file_id: int, unit_rows: Sequence[int], split_rows: int, divide_units: bool) -> list[Split]:
@@ -53,7 +58,7 @@ def _file_splits(file_id: int, unit_rows: Sequence[int], split_rows: int, divide
 
 def _numbered(splits: Sequence[Split]) -> list[Split]:
     ordered = sorted(splits, key=lambda s: (s.file_id, s.start))
-    return [Split(i, s.file_id, s.start, s.stop) for i, s in enumerate(ordered)]
+    return [Split(i, s.file_id, s.start, s.stop, s.kept) for i, s in enumerate(ordered)]
 
 
 def subdivide(splits: Sequence[Split], count: int) -> list[Split]:
@@ -68,9 +73,9 @@ def subdivide(splits: Sequence[Split], count: int) -> list[Split]:
     heap = [(-s.num_rows, s.split_id, s) for s in splits]
     heapq.heapify(heap)
     serial = len(splits)
-    while len(heap) < count and heap and -heap[0][0] > 1:
+    while len(heap) < count and heap and -heap[0][0] > 1 and heap[0][2].stop - heap[0][2].start > 1:
         _, _, s = heapq.heappop(heap)
-        middle = s.start + s.num_rows // 2
+        middle = s.start + (s.stop - s.start) // 2  # halves of a filtered split are counted again by the caller
         for part in (Split(-1, s.file_id, s.start, middle), Split(-1, s.file_id, middle, s.stop)):
             heapq.heappush(heap, (-part.num_rows, serial, part))
             serial += 1

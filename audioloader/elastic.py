@@ -1,0 +1,234 @@
+"""Elastic resume: the checkpoints of all ``W`` ranks of a run, resumed on ``W'`` ranks.
+
+DESIGN.md's rank layout: a pass is a set of splits, and what a rank has consumed
+is a set of rows, so the states of all ranks say exactly which rows of the pass
+are left; a resume with another world size redistributes those rows, nothing else.
+
+What one old rank has left, read from its state node by node (`_left_of`):
+
+- its reader's position: the rest of the split it was in, the splits after it
+  in its order of that pass, and its whole share of any later pass another rank
+  had already started;
+- the rows it had read but not delivered: held in its shuffle buffer, in its
+  duration bucketer's buckets, or in flight in the decode stage;
+- minus the rows the decode stage delivered after its last snapshot of the
+  source (their keys are in the `ParallelMap` state, ``emitted``).
+
+Everything left, over all old ranks, is cut into ``W'`` parts of equal rows
+(in training, after a seeded shuffle of the pieces; in evaluation in file
+order), and new rank ``r'`` reads part ``r'`` first: its reader's *carry*
+(`ArrowShardReader.start_from`). Keys keep their pass, so every row keeps its
+crop. After the carry, passes go on in the new layout. Deterministic: every new
+rank computes the same parts from the same list of states.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchdata.nodes import BaseNode, PinMemory
+
+from ._hashing import SALT_ELASTIC, permutation
+from .errors import CheckpointMismatchError
+from .nodes.arrow_shard_reader import ArrowShardReader, Segment
+from .nodes.batch_augment import BatchAugment
+from .nodes.batch_features import BatchFeatures
+from .nodes.batcher import Batcher
+from .nodes.catch_failures import CatchFailures
+from .nodes.decode_spectrogram import DecodeSpectrogram
+from .nodes.duration_bucketer import DurationBucketer
+from .nodes.parallel_map import STATE_KEY, ParallelMap
+from .nodes.prefetcher import Prefetcher, _OneTorchThread
+from .nodes.shuffle_buffer import ShuffleBuffer
+from .samples import Key
+
+#: Rows per piece that buffered rows are grouped into before the parts are cut (they mix with the splits).
+HELD_PIECE_ROWS = 512
+
+
+@dataclass
+class _Left:
+    """What one rank's chain holds, from its state: the reader's state and the keys around it."""
+
+    reader_state: dict[str, Any]
+    held: list[Key] = field(default_factory=list)  # read from the reader, not passed on
+    delivered: list[Key] = field(default_factory=list)  # read after the reader state was taken, and passed on
+
+
+def _keys(indices: Sequence[int], passes: Sequence[int]) -> list[Key]:
+    return [Key(int(i), int(p)) for i, p in zip(indices, passes, strict=True)]
+
+
+def _left_of(node: BaseNode, state: dict[str, Any]) -> _Left:
+    """`_Left` of the chain under ``node``, given ``node``'s state."""
+    if isinstance(node, ArrowShardReader):
+        return _Left(dict(state))
+    if isinstance(node, ShuffleBuffer):
+        left = _left_of(node.source, state[node.SOURCE_KEY])
+        if "items" in state:
+            left.held += [node.key_fn(item) for item in state["items"]]
+        else:
+            left.held += _keys(state["indices"], state["passes"])
+        return left
+    if isinstance(node, DurationBucketer):
+        left = _left_of(node.source, state[node.SOURCE_KEY])
+        left.held += _keys(state["indices"], state["passes"])
+        left.held += [Key(int(k[0]), int(k[1])) for k in state["ready"] if k is not None]
+        return left
+    if isinstance(node, ParallelMap):
+        inner = state[STATE_KEY]
+        if "source" in inner:  # torchdata's inline form: nothing in flight
+            return _left_of(node.source, inner["source"])
+        steps = int(inner["steps_since_snapshot"])
+        if steps and "emitted" not in inner:
+            raise CheckpointMismatchError(
+                "this checkpoint does not say which rows its decode stage delivered after its last snapshot (it was "
+                "saved by an audioloader without elastic resume), so it cannot be resumed exactly on another world "
+                "size; resume it with the world size it was saved with", {"decode_in_flight": (steps, None)})
+        # The items it passed on after its snapshot of the source: held below it then, or read after.
+        left = _left_of(node.source, inner["snapshot"])
+        emitted = {Key(int(i), int(p)) for i, p in inner.get("emitted", ())}
+        held = set(left.held)
+        left.held = [key for key in left.held if key not in emitted]
+        left.delivered += [key for key in emitted if key not in held]
+        return left
+    if isinstance(node, DecodeSpectrogram):
+        return _left_of(node._mapper, state[node.MAPPER_KEY])
+    if isinstance(node, (Batcher, CatchFailures)):
+        return _left_of(node.source, state[node.SOURCE_KEY])
+    if isinstance(node, (_OneTorchThread, BatchFeatures, BatchAugment)):
+        return _left_of(node.source, state)
+    if isinstance(node, (Prefetcher, PinMemory)):
+        if int(state.get("steps_since_snapshot", 0)):
+            raise CheckpointMismatchError("the prefetcher's state is not at a snapshot; cannot redistribute it",
+                                          {"prefetcher": (state.get("steps_since_snapshot"), 0)})
+        return _left_of(node.source, state["snapshot"])
+    name = type(node).__name__
+    raise CheckpointMismatchError(f"cannot resume a chain holding a {name} on another world size: audioloader "
+                                  "does not know which rows it holds", {"node": (name, None)})
+
+
+@dataclass
+class Plan:
+    """The new rank's start: its reader's state (with the carry) and, in evaluation, its batches for that pass."""
+
+    reader_state: dict[str, Any]
+    rows_per_rank: list[int]
+
+
+class _Pieces:
+    """The rows left over all old ranks, as `Segment` s, with the arithmetic to cut them."""
+
+    def __init__(self, reader: ArrowShardReader) -> None:
+        self.reader = reader
+        self.dataset = reader.dataset
+        self.segments: list[Segment] = []
+
+    def add_rest_of(self, old: ArrowShardReader, state: dict[str, Any], last_pass: int) -> None:
+        """What ``old`` (a reader of the old layout) has left from ``state`` up to the end of ``last_pass``."""
+        pass_index, split_pos, row, carry = old._checked_state(state)
+        order = carry if carry else old.segments_for_pass(pass_index)
+        if split_pos < len(order):
+            self.segments.append(self.skip(order[split_pos], row))
+            self.segments += order[split_pos + 1:]
+        for later in range(pass_index + 1, last_pass + 1):
+            self.segments += old.segments_for_pass(later)
+
+    def add_held(self, keys: Sequence[Key]) -> None:
+        rows: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for key in keys:
+            file_id, row = self.dataset.locate(key.index)
+            rows[(key.pass_index, file_id)].append(row)
+        for (pass_index, file_id), taken in sorted(rows.items()):
+            taken.sort()
+            for start in range(0, len(taken), HELD_PIECE_ROWS):
+                part = tuple(taken[start:start + HELD_PIECE_ROWS])
+                self.segments.append(Segment(pass_index, file_id, part[0], part[-1] + 1, part))
+
+    def remove(self, keys: Sequence[Key]) -> None:
+        """Cut delivered rows out of the segments (few: at most a decode chunk per old rank)."""
+        for key in keys:
+            file_id, row = self.dataset.locate(key.index)
+            for i, s in enumerate(self.segments):
+                if s.pass_index != key.pass_index or s.file_id != file_id or not s.start <= row < s.stop:
+                    continue
+                if s.take is not None:
+                    if row in s.take:
+                        self.segments[i] = s._replace(take=tuple(r for r in s.take if r != row))
+                        break
+                    continue
+                self.segments[i:i + 1] = [s._replace(stop=row), s._replace(start=row + 1)]
+                break
+            else:  # a delivered row the states do not place: resuming would deliver it again
+                raise CheckpointMismatchError(
+                    f"row {key.index} of pass {key.pass_index} was delivered after a snapshot but is not in what "
+                    "the states say is left; the states are not of one consistent checkpoint",
+                    {"delivered": ([key.index, key.pass_index], None)})
+        self.segments = [s for s in self.segments if self.reader.segment_rows(s)]
+
+    def skip(self, segment: Segment, rows: int) -> Segment:
+        """The segment less its first ``rows`` rows."""
+        if segment.take is not None:
+            return segment._replace(take=segment.take[rows:])
+        return segment._replace(start=self.dataset.kept_start(segment.file_id, segment.start, segment.stop, rows))
+
+    def head(self, segment: Segment, rows: int) -> Segment:
+        """The first ``rows`` rows of the segment."""
+        if segment.take is not None:
+            return segment._replace(take=segment.take[:rows])
+        return segment._replace(stop=self.dataset.kept_start(segment.file_id, segment.start, segment.stop, rows))
+
+    def cut(self, parts: int) -> list[list[Segment]]:
+        """The segments, in order, cut into ``parts`` runs of equal rows (to one row)."""
+        counts = [self.reader.segment_rows(s) for s in self.segments]
+        total = sum(counts)
+        bounds = [total * (j + 1) // parts for j in range(parts)]
+        out: list[list[Segment]] = [[] for _ in range(parts)]
+        done, j = 0, 0
+        for segment, n in zip(self.segments, counts, strict=True):
+            while n:
+                room = bounds[j] - done
+                if room == 0:
+                    j += 1
+                    continue
+                take = min(n, room)
+                out[j].append(segment if take == n else self.head(segment, take))
+                segment, n, done = (segment if take == n else self.skip(segment, take)), n - take, done + take
+        return out
+
+
+def plan(root: BaseNode, reader: ArrowShardReader, states: Sequence[dict[str, Any]]) -> Plan:
+    """This rank's start after a resume of ``states`` (the chain states of old ranks 0..W-1, in rank order).
+
+    ``root``: this loader's chain (the same nodes as the old ranks', built with the same
+    arguments); ``reader``: its reader (the new layout).
+    """
+    old_world = len(states)
+    lefts = [_left_of(root, state) for state in states]
+    olds = [ArrowShardReader(reader.dataset, seed=reader.seed, rank=r, world_size=old_world, shuffle=reader.shuffle,
+                             infinite=reader.infinite) for r in range(old_world)]
+    positions = [old._checked_state(left.reader_state) for old, left in zip(olds, lefts, strict=True)]
+    # The last pass anything was read from: a snapshot of a reader can be behind the rows read after it.
+    last_pass = max([position[0] for position in positions]
+                    + [key.pass_index for left in lefts for key in (*left.held, *left.delivered)])
+    pieces = _Pieces(reader)
+    for old, left in zip(olds, lefts, strict=True):
+        pieces.add_rest_of(old, left.reader_state, last_pass)
+    pieces.remove([key for left in lefts for key in left.delivered])
+    for left in lefts:
+        pieces.add_held(left.held)
+    pieces.segments.sort(key=lambda s: (s.pass_index, s.file_id, s.start, s.take or ()))
+    if reader.shuffle:  # training: the pieces in a seeded order, so a rank's share is spread over the data
+        order = permutation(len(pieces.segments), reader.seed, SALT_ELASTIC, last_pass, old_world, reader.world_size)
+        pieces.segments = [pieces.segments[i] for i in order.tolist()]
+    parts = pieces.cut(reader.world_size)
+    mine = parts[reader.rank]
+    rows = [sum(reader.segment_rows(s) for s in part) for part in parts]
+    if mine:
+        state = {"pass": last_pass, "split_pos": 0, "row": 0, "carry": [s.to_list() for s in mine]}
+    else:  # nothing left for this rank: at the end of the last pass
+        state = {"pass": last_pass, "split_pos": len(reader.segments_for_pass(last_pass)), "row": 0}
+    return Plan(state, rows)

@@ -1,0 +1,98 @@
+"""Drift is loud: a shard rewritten with the same name, size and rows is detected on resume, naming the file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+import audioloader as al
+from tests.ddp_worker import SMALL
+from tests.helpers import audio_table, make_shards, write_ipc_file
+
+ROWS = [12, 12, 12]
+
+
+def loader_for(source, **kwargs) -> al.AudioLoader:
+    options = dict(batch_size=4, features=SMALL, seed=5, split_rows=4, num_workers=1, shuffle_buffer_size=10,
+                   shuffle_min_size=8)
+    options.update(kwargs)
+    return al.AudioLoader(source, **options)
+
+
+def checkpoint(source, batches: int = 4, **kwargs) -> dict:
+    """The state after ``batches`` batches: the buffer then holds rows (decode chunks are 8 rows)."""
+    with loader_for(source, **kwargs) as loader:
+        it = iter(loader)
+        for _ in range(batches):
+            next(it)
+        return loader.state_dict()
+
+
+def rewrite_same_size(path, start: int, keep_mtime: bool) -> None:
+    """Rewrite ``path`` with other audio of the same byte size and rows (the clips' frequencies are shifted)."""
+    before = os.stat(path)
+    table = audio_table(start + 1000, ROWS[0], seconds=0.4)
+    table = table.set_column(1, "label", audio_table(start, ROWS[0], seconds=0.4).column("label"))
+    table = table.set_column(2, "uid", audio_table(start, ROWS[0], seconds=0.4).column("uid"))
+    table = table.set_column(3, "name", audio_table(start, ROWS[0], seconds=0.4).column("name"))
+    write_ipc_file(path, table, batch_rows=4)
+    assert os.stat(path).st_size == before.st_size
+    if keep_mtime:
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+@pytest.fixture
+def shards(tmp_path):
+    make_shards(tmp_path / "data", ROWS, "ipc_file", batch_rows=4, seconds=0.4)
+    return tmp_path / "data"
+
+
+@pytest.mark.parametrize("before_decode", [True, False])
+def test_same_size_rewrite_in_place_names_the_file(shards, before_decode):
+    state = checkpoint(shards, shuffle_before_decode=before_decode)
+    rewrite_same_size(shards / "part-00001.arrow", ROWS[0], keep_mtime=False)
+    with loader_for(shards, shuffle_before_decode=before_decode) as resumed, \
+            pytest.raises(al.CheckpointMismatchError) as info:
+        resumed.load_state_dict(state)
+    message = str(info.value)
+    assert str(shards / "part-00001.arrow") in message and "rewritten in place" in message
+    assert "part-00000" not in message and "part-00002" not in message
+
+
+@pytest.mark.parametrize("before_decode", [True, False])
+def test_rows_read_back_on_restore_are_verified(shards, before_decode):
+    # Same name, size, rows, footer and even modification time: only the buffered rows' checksums can tell.
+    state = checkpoint(shards, shuffle_before_decode=before_decode)
+    for i in range(len(ROWS)):
+        rewrite_same_size(shards / f"part-{i:05d}.arrow", sum(ROWS[:i]), keep_mtime=True)
+    with loader_for(shards, shuffle_before_decode=before_decode) as resumed:
+        resumed.load_state_dict(state)  # the fingerprint cannot see it
+        with pytest.raises(al.CheckpointMismatchError) as info:
+            next(iter(resumed))
+    message = str(info.value)
+    assert "checksum" in message and "shards changed" in message
+    assert str(shards / "part-0000") in message and " row " in message
+
+
+def test_data_moved_elsewhere_still_resumes(shards, tmp_path):
+    state = checkpoint(shards)
+    with loader_for(shards) as loader:
+        it = iter(loader)
+        expected = [next(it)["index"].tolist() for _ in range(7)][4:]
+    moved = tmp_path / "moved"
+    shutil.copytree(shards, moved, copy_function=shutil.copyfile)  # a copy gets new modification times
+    with loader_for(moved) as resumed:
+        resumed.load_state_dict(state)
+        it = iter(resumed)
+        assert [next(it)["index"].tolist() for _ in range(3)] == expected
+
+
+@pytest.mark.parametrize("fmt", ["ipc_file", "ipc_stream", "parquet"])
+def test_metadata_digest_follows_content_not_location(tmp_path, fmt):
+    make_shards(tmp_path / "a", [10], fmt, batch_rows=4, seconds=0.1)
+    shutil.copytree(tmp_path / "a", tmp_path / "copy")
+    make_shards(tmp_path / "b", [10], fmt, batch_rows=5, seconds=0.1)  # same rows, other batches / row groups
+    digest = {name: al.ShardDataset(tmp_path / name).identity()["digests"][0] for name in ("a", "copy", "b")}
+    assert digest["a"] == digest["copy"] and digest["a"] != digest["b"]
