@@ -86,9 +86,11 @@ def _print(name: str, r: dict) -> None:
     if not r.get("ok"):
         print(f"  {name:22s} FAILED {r.get('error')} {r.get('stderr', '')[-800:]}", flush=True)
         return
-    main = r.get("main_process_cores")
+    main, others = r.get("main_process_cores"), r.get("others_cores")
     print(f"  {name:22s} {r['samples_per_s']:8.1f} samples/s  cores {r.get('cores_used') or 0:5.2f}"
-          + (f"  main process {main:.2f}" if main is not None else ""), flush=True)
+          + (f"  main process {main:.2f}" if main is not None else "")
+          + (f"  others {others:.2f}{' (disturbed)' if r.get('disturbed') else ''}" if others is not None else ""),
+          flush=True)
 
 
 def main() -> int:
@@ -142,7 +144,8 @@ def _summary(table: dict[str, dict[str, dict]], ns: list[int]) -> None:
             cells = []
             for n in ns:
                 r = results.get(f"{kind}-{n}")
-                cells.append("-" if rate(r) is None else f"{rate(r):7.1f} ({r.get('cores_used') or 0:4.1f})")
+                mark = "!" if r and r.get("disturbed") else ""
+            cells.append("-" if rate(r) is None else f"{rate(r):7.1f} ({r.get('cores_used') or 0:4.1f}){mark}")
             print(f"  {kind:17s} " + "  ".join(f"{c:>15s}" for c in cells))
         main = [results.get(f"processes-{n}", {}).get("main_process_cores") for n in ns]
         print(f"  {'main process, processes-N':26s}" + "  ".join(f"{m or 0:6.2f}" for m in main))
@@ -151,6 +154,7 @@ def _summary(table: dict[str, dict[str, dict]], ns: list[int]) -> None:
             a, b = rate(results.get(f"processes-{n}")), rate(results.get(f"decode-processes-{n}"))
             ratios.append("-" if not (a and b) else f"{a / b:.2f}")
         print(f"  {'processes-N / limit':26s}" + "  ".join(f"{x:>6s}" for x in ratios) + "   (target >= 0.9)")
+        print("  (cores used by the contender's process tree; ! = other processes used > 0.25 cores meanwhile)")
         best_al = max((rate(results.get(f"{k}-{n}")) or 0, f"{k}-{n}") for k in ("threads", "processes") for n in ns)
         best_dl = max((rate(results.get(f"dataloader-{n}")) or 0, f"dataloader-{n}") for n in ns)
         if best_dl[0]:

@@ -122,12 +122,16 @@ def measure(batches, spec: dict) -> dict:
 
 
 def in_child(spec: dict) -> dict:
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
-                          capture_output=True, text=True, timeout=spec["seconds"] + 900)
+    from audioloader.bench.runner import Disturbance
+
+    with Disturbance() as disturbance:
+        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
+                              capture_output=True, text=True, timeout=spec["seconds"] + 900)
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
         return {"ok": False, "error": done.stderr[-2000:]}
-    return {"ok": True, **json.loads(line[len("RESULT "):])}
+    return {"ok": True, **json.loads(line[len("RESULT "):]), "others_cores": disturbance.cores,
+            "disturbed": disturbance.disturbed}
 
 
 def run_round(base: dict, batch_size: int | None) -> dict[str, dict]:
@@ -174,7 +178,8 @@ def main() -> int:
     print(f"\n{args.utterances} utterances of {MIN_S:g}-{MAX_S:g} s ({sum(seconds) / 3600:.2f} h), 16 kHz FLAC+WAV, "
           f"80-bin fbank, {args.workers} workers, {os.cpu_count()} cores, {args.rounds} round(s); bucketing "
           f"max_duration {args.max_duration:g} s, random batches of {batch_size}")
-    print(f"{'contender':24s} {'audio s/s':>10s} {'(rounds)':>18s} {'batches/s':>10s} {'padding eff.':>12s}")
+    print(f"{'contender':24s} {'audio s/s':>10s} {'(rounds)':>18s} {'batches/s':>10s} {'padding eff.':>12s} "
+          f"{'others':>7s}")
     for name in rounds[0]:
         ok = [r[name] for r in rounds if r[name]["ok"]]
         if len(ok) < len(rounds):
@@ -182,8 +187,10 @@ def main() -> int:
             print(f"{name:24s} FAILED {error[-600:]}")
             continue
         per_round = " / ".join(f"{r['audio_s_per_s']:.0f}" for r in ok)
+        others = max((r["others_cores"] or 0.0) for r in ok)
         print(f"{name:24s} {median(ok, 'audio_s_per_s'):10.1f} {per_round:>18s} {median(ok, 'batches_per_s'):10.2f} "
-              f"{median(ok, 'padding_efficiency'):12.3f}")
+              f"{median(ok, 'padding_efficiency'):12.3f} {others:6.2f}{'!' if others > 0.25 else ' '}")
+    print("others: the most cores other processes used while a round of it ran (! = over 0.25: re-run)")
     ratios = [r["audioloader-bucketing"]["audio_s_per_s"] / r["lhotse"]["audio_s_per_s"] for r in rounds
               if r["lhotse"]["ok"] and r["audioloader-bucketing"]["ok"]]
     if ratios:

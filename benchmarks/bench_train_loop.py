@@ -138,12 +138,16 @@ def compute_only(spec: dict) -> dict:
 
 
 def in_child(spec: dict) -> dict:
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)], capture_output=True,
-                          text=True, timeout=spec.get("seconds", 10) + 600)
+    from audioloader.bench.runner import Disturbance
+
+    with Disturbance() as disturbance:
+        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
+                              capture_output=True, text=True, timeout=spec.get("seconds", 10) + 600)
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
         return {"ok": False, "error": done.stderr[-1500:]}
-    return {"ok": True, **json.loads(line[len("RESULT "):])}
+    return {"ok": True, **json.loads(line[len("RESULT "):]), "others_cores": disturbance.cores,
+            "disturbed": disturbance.disturbed}
 
 
 def main() -> int:
@@ -198,11 +202,15 @@ def main() -> int:
             json.dump({"step_alone": alone, "rows": rows}, fh, indent=2)
     print(f"\nTraining loop ({step} step, {alone.get('step_ms', 0):.1f} ms alone = "
           f"{alone.get('samples_per_s', 0):.0f} samples/s possible), {os.cpu_count()} cores:")
-    print(f"{'dataset':7s} {'loader':26s} {'samples/s':>9s} {'data wait':>9s} {'step ms':>8s} {'cores':>6s}")
+    print(f"{'dataset':7s} {'loader':26s} {'samples/s':>9s} {'data wait':>9s} {'step ms':>8s} {'cores':>6s} "
+          f"{'others':>7s}")
     for name, label, r in rows:
         if r["ok"]:
+            others = "-" if r["others_cores"] is None else f"{r['others_cores']:.2f}" + ("!" if r["disturbed"] else "")
             print(f"{name:7s} {label:26s} {r['samples_per_s']:9.1f} {r['wait_fraction']:9.1%} {r['step_ms']:8.1f} "
-                  f"{r['process_cores']:6.2f}")
+                  f"{r['process_cores']:6.2f} {others:>7s}")
+    print("cores: CPU of the training process itself (its loader threads included, worker processes not); "
+          "others: cores other processes used meanwhile (! = over 0.25: re-run)")
     return 0
 
 

@@ -72,6 +72,42 @@ def _machine_busy_ticks() -> int | None:
     return sum(values[:8]) - values[3] - values[4]
 
 
+class Disturbance:
+    """Cores that *other* processes used while a child ran: ``with Disturbance() as d: subprocess.run(...)``.
+
+    Machine busy time (``/proc/stat``) minus the CPU time of the children waited
+    for meanwhile (``RUSAGE_CHILDREN``: a child and the descendants it waited
+    for) and of this process, over the wall time. ``d.cores`` is None where
+    ``/proc/stat`` is missing; ``d.disturbed`` compares it with `DISTURBED_CORES`.
+    """
+
+    def __enter__(self) -> Disturbance:
+        self._busy = _machine_busy_ticks()
+        self._children = _children_cpu_seconds()
+        self._own = time.process_time()
+        self._start = time.perf_counter()
+        self.cores: float | None = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        busy, wall = _machine_busy_ticks(), time.perf_counter() - self._start
+        if busy is None or self._busy is None or wall <= 0:
+            return
+        used = (_children_cpu_seconds() - self._children) + (time.process_time() - self._own)
+        self.cores = max(0.0, ((busy - self._busy) / os.sysconf("SC_CLK_TCK") - used) / wall)
+
+    @property
+    def disturbed(self) -> bool:
+        return self.cores is not None and self.cores > DISTURBED_CORES
+
+
+def _children_cpu_seconds() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 class TreeSampler(threading.Thread):
     """Samples the memory and CPU time of a process and all its descendants every ``interval`` s.
 
