@@ -36,7 +36,7 @@ def _ratio(results: dict[str, Any], a: str, b: str, key: str = "samples_per_s") 
 def ratios_of(out: dict[str, Any]) -> dict[str, float | None]:
     """Every contender against the user baseline, the ceiling (of the same shards), and its plain self (variants)."""
     c = out["contenders"]
-    w = out["best_workers"]
+    w = out["target_workers"]
     ratios: dict[str, float | None] = {}
     for name in c:
         if not name.startswith("ceiling"):
@@ -67,7 +67,7 @@ def ratios_of(out: dict[str, Any]) -> dict[str, float | None]:
 
 
 def targets_of(out: dict[str, Any]) -> list[dict[str, Any]]:
-    c, w, ratios = out["contenders"], out["best_workers"], out["ratios"]
+    c, w, ratios = out["contenders"], out["target_workers"], out["ratios"]
     eval_name = next((n for n in c if n.startswith("audioloader-eval") and "+" not in n), "audioloader-eval")
     train = f"audioloader-train-w{w}"
     values: dict[str, tuple[float | None, str]] = {
@@ -151,7 +151,7 @@ def format_report(out: dict[str, Any]) -> str:
         f"train buffer {s['train_buffer']} / min fill {s['train_min']}; {s['repeat']} round(s)",
         f"machine: {m['cores']} cores ({m['cpu']}), python {m['python']}, torch {m['torch']}",
     ]
-    train = c.get(f"audioloader-train-w{out['best_workers']}") or {}
+    train = c.get(f"audioloader-train-w{out['target_workers']}") or {}
     if train.get("shuffle_before_decode") is not None:
         lines.append(f"audioloader train composition (the default for these shards): shuffle_before_decode="
                      f"{train['shuffle_before_decode']}")
@@ -224,7 +224,8 @@ def format_report(out: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"warning: other processes used > {DISTURBED_CORES} cores during: "
                      f"{', '.join(out['disturbed'])}; figures taken then are unreliable, re-run")
-    lines.append(f"\n(best decode threads in train mode: {out['best_workers']}; total {out['seconds']['total']:.0f} s)")
+    lines.append(f"\n(decode workers of the targets and packed runs, the default here or else the fastest: "
+                 f"{out['target_workers']}; total {out['seconds']['total']:.0f} s)")
     return "\n".join(lines)
 
 

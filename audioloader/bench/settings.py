@@ -49,8 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--channels", type=int, choices=(1, 2), default=1, help="channels of the stored audio")
     size.add_argument("--batch-size", type=int, default=64, help="samples per batch (default 64)")
     size.add_argument("--workers", default=None, metavar="N[,N...]",
-                      help="AudioLoader decode threads to try in train mode (quick 2; full 2,4,8); the best "
-                           "is used for the packed runs and the targets")
+                      help="AudioLoader decode workers to try in train mode (quick 2; full 2,4,8); the "
+                           "library's default (one process per core) is used for the packed runs and the targets "
+                           "when it is among them, else the fastest")
     size.add_argument("--train-buffer", type=int, default=None,
                       help="train-mode shuffle buffer capacity (quick 256, full 1000)")
     size.add_argument("--train-min", type=int, default=None, help="train-mode shuffle min fill (default 64)")
@@ -138,7 +139,7 @@ class Settings:
         if self.measure_seconds < 0 or self.warmup_batches < 0:
             raise ValueError("--measure-seconds and --warmup-batches must be >= 0")
         if not self.workers or min(self.workers) < 1:
-            raise ValueError(f"--workers {self.workers}: give one or more thread counts >= 1")
+            raise ValueError(f"--workers {self.workers}: give one or more worker counts >= 1")
 
 
 def _int_list(option: str, text: Any) -> list[int]:
