@@ -82,7 +82,7 @@ class AudioLoader:
     batch twice as soon, and a resume at buffer 10000 in 0.4 s instead of the
     37 s it takes to decode 10000 clips again. It is the default for remote
     shards too (their rows are copies the reader owns; measured on S3: faster,
-    sooner, less memory; docs/storage.md). Local Parquet keeps decoded samples.
+    sooner, less memory; docs/storage.md). Local Parquet and ORC keep decoded samples.
 
     Each batch is a dict: ``spectrogram`` float32 ``[B, n_mels, frames]``,
     ``label`` int64 ``[B]`` (unless ``label_column=None``), ``index`` int64
@@ -120,7 +120,7 @@ class AudioLoader:
         split_rows: target rows per split (the unit assigned to ranks).
         prefetch_batches: batches prepared ahead in a background thread.
         shuffle_before_decode: shuffle raw rows, then decode (see above); ``None``
-            chooses: True for local Arrow IPC shards and for remote shards, False for local Parquet.
+            chooses: True for local Arrow IPC shards and for remote shards, False for local Parquet and ORC.
         max_error_fraction: error budget of ``on_error="skip"``.
         filesystem: a ``pyarrow.fs.FileSystem`` for the source paths.
         retry: how remote reads are retried and timed out (`Retry`; docs/storage.md).
@@ -852,7 +852,7 @@ def _raw_rows_are_free(reader: ArrowShardReader) -> bool:
 
 def _raw_rows_by_default(reader: ArrowShardReader) -> bool:
     """``shuffle_before_decode=None``: raw rows in the buffer for local Arrow IPC shards (zero-copy views)
-    and for remote shards, decoded samples for local Parquet.
+    and for remote shards, decoded samples for local Parquet and ORC.
 
     Remote, measured on a loopback S3 server (benchmarks/bench_s3.py, default features, buffer 1000):
     raw rows 1.6-1.9x the samples/s, the first batch 2-3.6x sooner, resume 2.7-3.6x faster and

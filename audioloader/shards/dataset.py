@@ -18,7 +18,7 @@ import pyarrow.fs as pafs
 from ..errors import SchemaError, ShardReadError
 from .filters import filter_columns, kept_positions, parquet_row_groups_that_may_match
 from .formats import _FileMeta, _open_random, _scan_all
-from .readers import _audio_values, _IpcFileHandle, _IpcStreamHandle, _ParquetHandle
+from .readers import _audio_values, _IpcFileHandle, _IpcStreamHandle, _OrcHandle, _ParquetHandle
 from .retry import DEFAULT_RETRY, Retry, with_retries
 from .schema import _check_schema, _label_names
 from .sources import resolve_source
@@ -37,10 +37,10 @@ class ShardFile:
 
     Attributes:
         path: local absolute path or URL.
-        format: ``"ipc_file"``, ``"ipc_stream"`` or ``"parquet"``.
+        format: ``"ipc_file"``, ``"ipc_stream"``, ``"parquet"`` or ``"orc"``.
         size: file size in bytes.
         num_rows: rows in the file.
-        batch_rows: rows per record batch (IPC) or row group (Parquet), in file order.
+        batch_rows: rows per record batch (IPC), row group (Parquet) or stripe (ORC), in file order.
         index_offset: global index of this file's row 0.
     """
 
@@ -94,7 +94,7 @@ class ShardDataset:
     """The shard files of a source: metadata, splits, schema checks and reads.
 
     Args:
-        source: a folder (searched recursively for ``.arrow .ipc .feather .parquet .pq``;
+        source: a folder (searched recursively for ``.arrow .ipc .feather .parquet .pq .orc``;
             a Hugging Face ``save_to_disk`` folder uses its ``state.json``), a glob, a file
             (any name: the format is sniffed), a URL (``s3://``, ``gs://``, ``file://``,
             any fsspec scheme), or a list of these.
@@ -122,7 +122,7 @@ class ShardDataset:
 
     Raises:
         SourceNotFoundError: nothing matches the source (a ``ShardReadError`` and ``FileNotFoundError``).
-        ShardReadError: a file is not Arrow/Parquet, or is truncated/unreadable.
+        ShardReadError: a file is not Arrow/Parquet/ORC, or is truncated/unreadable.
         SchemaError: a column is missing, has the wrong type, or files disagree.
         ValueError: bad arguments, or the source has no rows.
     """
@@ -146,7 +146,7 @@ class ShardDataset:
         self._offsets = [f.index_offset for f in self.files]
         self._unit_starts = [tuple(np.cumsum((0, *f.batch_rows)).tolist()) for f in self.files]
         self.splits = _numbered([s for i, f in enumerate(self.files) for s in
-                                 _file_splits(i, f.batch_rows, split_rows, f.format != "parquet")])
+                                 _file_splits(i, f.batch_rows, split_rows, f.format in ("ipc_file", "ipc_stream"))])
         self.schema = metas[0].schema
         self.label_names = _label_names(self.schema, label_column)
         self._tls = threading.local()
@@ -302,8 +302,9 @@ class ShardDataset:
 
         ``digests``: a hash of the metadata read at construction: the IPC file footer
         (schema with its metadata, every record batch's offset and sizes), every
-        IPC stream message header, or the Parquet footer (schema, row groups, column
-        chunk sizes and statistics). ``mtimes``: modification times in ns (None where
+        IPC stream message header, the Parquet footer (schema, row groups, column
+        chunk sizes and statistics), or the ORC file tail (postscript and footer:
+        schema, stripes and their sizes and rows, statistics). ``mtimes``: modification times in ns (None where
         the storage has none). Computed from bytes read anyway: costs no extra read.
         """
         return {"digests": [m.digest for m in self._metas], "mtimes": [m.mtime_ns for m in self._metas]}
@@ -379,6 +380,8 @@ class ShardDataset:
                 return _IpcFileHandle(f, meta.schema, columns, loc.fs is None, meta.tail)
             if meta.format == "ipc_stream":
                 return _IpcStreamHandle(f, meta.schema, meta.offsets or (), columns)
+            if meta.format == "orc":
+                return _OrcHandle(f, columns, meta.tail)
             return _ParquetHandle(f, columns, meta.parquet_metadata)
         except (OSError, pa.ArrowException) as error:
             f.close()
@@ -407,7 +410,7 @@ class ShardDataset:
 
         Only the used columns; zero-copy for local IPC files and streams (slices of
         the memory map). Batches before ``start_row`` are not read; a Parquet row
-        group is read whole and sliced.
+        group or ORC stripe is read whole and sliced.
         """
         begin, stop = split.start + start_row, split.stop
         starts = self._unit_starts[split.file_id]

@@ -16,8 +16,8 @@ import pyarrow.fs as pafs
 from ..errors import ShardReadError
 from .retry import DEFAULT_RETRY, Retry, with_retries
 
-SHARD_EXTENSIONS = (".arrow", ".ipc", ".feather", ".parquet", ".pq")
-ACCEPTED = "Arrow IPC file (.arrow/.feather v2), Arrow IPC stream (Hugging Face save_to_disk) or Parquet"
+SHARD_EXTENSIONS = (".arrow", ".ipc", ".feather", ".parquet", ".pq", ".orc")
+ACCEPTED = "Arrow IPC file (.arrow/.feather v2), Arrow IPC stream (Hugging Face save_to_disk), Parquet or ORC"
 
 _GLOB_CHARS = "*?["
 
