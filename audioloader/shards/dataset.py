@@ -15,12 +15,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from ..errors import SchemaError, ShardReadError
+from ..errors import ShardReadError
 from .filters import filter_columns, kept_positions, parquet_row_groups_that_may_match
-from .formats import _FileMeta, _open_random, _scan_all
-from .readers import _audio_values, _IpcFileHandle, _IpcStreamHandle, _OrcHandle, _ParquetHandle
+from .formats import _cheapest_column, _FileMeta, _open_random, _scan_all
+from .readers import _audio_values, _ConformedHandle, _IpcFileHandle, _IpcStreamHandle, _OrcHandle, _ParquetHandle
 from .retry import DEFAULT_RETRY, Retry, with_retries
-from .schema import _check_schema, _label_names
+from .schema import _check_schema, _label_names, check_columns, unify
 from .sources import resolve_source
 from .splits import Split, _file_splits, _numbered
 
@@ -117,13 +117,18 @@ class ShardDataset:
         filter_stats: with a filter, ``{"row_groups_pruned", "units_filtered", "rows_kept"}``: Parquet
             row groups skipped by their statistics, batches / row groups whose filter columns were
             read, and rows kept.
-        schema: the first file's full schema (with its metadata).
+        schema: the files' unified schema (`schema.unify`): every column of any file, in order
+            of first appearance, each with the type that holds every file's values (files may
+            differ by a column added later, read as nulls where missing, a wider integer or float,
+            large_binary / large_string for binary / string); metadata from the first file. It is a
+            function of the files' schemas, which their identity digests cover: not fingerprinted apart.
         label_names: class names from schema metadata, or ``None``.
 
     Raises:
         SourceNotFoundError: nothing matches the source (a ``ShardReadError`` and ``FileNotFoundError``).
         ShardReadError: a file is not Arrow/Parquet/ORC, or is truncated/unreadable.
-        SchemaError: a column is missing, has the wrong type, or files disagree.
+        SchemaError: a column is in no file or has the wrong type, or files disagree on a used column's
+            type beyond a widening (the message names both files).
         ValueError: bad arguments, or the source has no rows.
     """
 
@@ -136,7 +141,7 @@ class ShardDataset:
         self.retry = _check_retry(retry)
         self._locations = resolve_source(source, filesystem, self.retry)
         metas = _scan_all(self._locations, self.retry)
-        self._check_schemas(metas)
+        self._unified = self._unify_schemas(metas)
         self._metas = metas
         self.files = self._make_files(metas)
         self.num_rows = sum(f.num_rows for f in self.files)
@@ -147,7 +152,7 @@ class ShardDataset:
         self._unit_starts = [tuple(np.cumsum((0, *f.batch_rows)).tolist()) for f in self.files]
         self.splits = _numbered([s for i, f in enumerate(self.files) for s in
                                  _file_splits(i, f.batch_rows, split_rows, f.format in ("ipc_file", "ipc_stream"))])
-        self.schema = metas[0].schema
+        self.schema = self._unified.schema
         self.label_names = _label_names(self.schema, label_column)
         self._tls = threading.local()
         self._kept: list[np.ndarray | None] = [None] * len(self.files)  # file rows a filter keeps (None: all)
@@ -181,20 +186,14 @@ class ShardDataset:
                             "wrap an fsspec filesystem with pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs))")
         return extras
 
-    def _check_schemas(self, metas: list[_FileMeta]) -> None:
-        used = [self.audio_column, *([self.label_column] if self.label_column else []), *self.columns]
-        first = None
-        for loc, meta in zip(self._locations, metas, strict=True):
-            _check_schema(loc.path, meta.schema, self.audio_column, self.label_column, self.columns)
-            if first is None:
-                first = (loc, meta)
-                continue
-            for name in used:
-                theirs, ours = first[1].schema.field(name).type, meta.schema.field(name).type
-                if theirs != ours:
-                    raise SchemaError(f"column {name!r} has type {theirs} in {first[0].path} but {ours} in "
-                                      f"{loc.path}; all shards must agree on the used columns. Re-write the "
-                                      "odd shards with the same schema, or read them as separate sources")
+    def _unify_schemas(self, metas: list[_FileMeta]) -> Any:
+        """The files' `schema.Unified` schema, after checking each file's audio and label types."""
+        paths = [loc.path for loc in self._locations]
+        for path, meta in zip(paths, metas, strict=True):
+            _check_schema(path, meta.schema, self.audio_column, self.label_column)
+        unified = unify(paths, [meta.schema for meta in metas])
+        check_columns(unified, paths, self.audio_column, self.label_column, self.columns)
+        return unified
 
     def _make_files(self, metas: list[_FileMeta]) -> list[ShardFile]:
         files, offset = [], 0
@@ -209,6 +208,7 @@ class ShardDataset:
     def _apply_filter(self, expression: Any) -> None:
         """Which rows the filter keeps, per file, from the filter's columns only (see `audioloader.shards.filters`)."""
         columns = filter_columns(expression, self.schema, self.audio_column)
+        self._unified.check_used(columns)
         results = [self._keep_of_file(file_id, expression, columns) for file_id in range(len(self.files))]
         self._kept = [kept for kept, _, _ in results]
         self.num_kept_rows = sum(len(kept) for kept in self._kept)
@@ -224,8 +224,10 @@ class ShardDataset:
         loc, meta = self._locations[file_id], self._metas[file_id]
         units = list(range(len(meta.unit_rows)))
         if meta.format == "parquet" and units:
-            may_match = self._remote_or_local(
-                file_id, "statistics", lambda: parquet_row_groups_that_may_match(loc.fs_path, loc.fs, expression))
+            def by_statistics() -> list[int]:
+                return parquet_row_groups_that_may_match(loc.fs_path, loc.fs, expression, self.schema)
+
+            may_match = self._remote_or_local(file_id, "statistics", by_statistics)
             units = [u for u in units if u in set(may_match)]
         pruned = len(meta.unit_rows) - len(units)
         kept = []
@@ -367,9 +369,19 @@ class ShardDataset:
             handle.close()
 
     def _open_handle(self, file_id: int, columns: Sequence[str] | None = None) -> Any:
-        """A handle reading ``columns`` (default: the used ones) of a file."""
-        loc, meta = self._locations[file_id], self._metas[file_id]
+        """A handle reading ``columns`` (default: the used ones) of a file, in the unified schema's types."""
+        meta = self._metas[file_id]
         columns = self.used_columns if columns is None else list(columns)
+        target = pa.schema([self.schema.field(c) for c in columns])
+        present = [c for c in columns if c in meta.schema.names]
+        # A file with none of the columns still reads one, for its rows' count (ORC gives no rows for no columns).
+        handle = self._open_format_handle(file_id, present or [_cheapest_column(meta.schema)])
+        if present != columns or any(meta.schema.field(c).type != target.field(c).type for c in present):
+            return _ConformedHandle(handle, target)  # schema evolution: missing columns, narrower types
+        return handle
+
+    def _open_format_handle(self, file_id: int, columns: list[str]) -> Any:
+        loc, meta = self._locations[file_id], self._metas[file_id]
         f = _open_random(loc)
         try:
             if f.size() != meta.size:

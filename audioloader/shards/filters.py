@@ -79,7 +79,11 @@ def kept_positions(batches: list[pa.RecordBatch], expression: pc.Expression) -> 
     return table.filter(expression).column(_ROW).to_numpy()
 
 
-def parquet_row_groups_that_may_match(path: str, filesystem: Any, expression: pc.Expression) -> list[int]:
-    """Row groups of a Parquet file whose statistics do not rule out a match (pyarrow prunes them)."""
+def parquet_row_groups_that_may_match(path: str, filesystem: Any, expression: pc.Expression,
+                                      schema: pa.Schema) -> list[int]:
+    """Row groups of a Parquet file whose statistics do not rule out a match (pyarrow prunes them).
+
+    ``schema``: the source's unified schema (a column the file lacks is null there, a narrower type widened).
+    """
     fragment = pads.ParquetFileFormat().make_fragment(path, filesystem=filesystem or pafs.LocalFileSystem())
-    return [group.id for group in fragment.subset(expression).row_groups]
+    return [group.id for group in fragment.subset(expression, schema=schema).row_groups]

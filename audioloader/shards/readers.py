@@ -85,6 +85,33 @@ class _OrcHandle:
         self._file.close()
 
 
+class _ConformedHandle:
+    """A handle whose batches are read into a target schema: a file of a source whose schemas evolved."""
+
+    def __init__(self, handle: Any, schema: pa.Schema):
+        self._handle, self._schema = handle, schema
+
+    def unit(self, i: int) -> list[pa.RecordBatch]:
+        return [conform(batch, self._schema) for batch in self._handle.unit(i)]
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with ``schema``'s columns: cast to its types (binary -> large_binary shares the values'
+    buffer), a column the batch lacks as nulls."""
+    arrays = []
+    for field in schema:
+        index = batch.schema.get_field_index(field.name)
+        if index < 0:
+            arrays.append(pa.nulls(batch.num_rows, field.type))
+        else:
+            column = batch.column(index)
+            arrays.append(column if column.type == field.type else column.cast(field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
 def _audio_values(column: pa.Array) -> tuple[list[Any], np.ndarray | None]:
     """Per-row zero-copy ``pyarrow.Buffer`` views (``None`` for nulls), and the null mask or None.
 
