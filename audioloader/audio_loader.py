@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -40,7 +41,7 @@ from .nodes.shuffle_buffer import ShuffleBuffer
 from .nodes.weighted_mix import WeightedMix
 from .options import Bucketing, Shuffle, Workers, merge
 from .samples import BadRow, Key, RawSample, Sample
-from .shards import Retry, ShardDataset, Split
+from .shards import IcebergTable, Retry, ShardDataset, Split
 from .stats import LoaderStats
 
 STATE_FORMAT = "audioloader.AudioLoader/1"
@@ -93,7 +94,9 @@ class AudioLoader:
     `Mixup` adds ``mixup_weights``, ``mixup_partner`` and ``mixup_labels``.
 
     Args:
-        source: directory, glob, file, or a list of them; local path or URL. Or a
+        source: directory, glob, file, or a list of them; local path or URL. Or an
+            `IcebergTable`: one snapshot of an Apache Iceberg table (docs/lakehouse.md;
+            the snapshot id is in the checkpoint). Or a
             `Mix` of several sources at weights (see docs/mixing.md): each source has
             its own shards, columns and optionally length policy; keys gain the
             source; ``stats()["sources"]`` counts per source. In eval a mix reads
@@ -145,7 +148,7 @@ class AudioLoader:
 
     def __init__(
         self,
-        source: Shards | Mix,
+        source: Shards | Mix | IcebergTable,
         batch_size: int = 64,
         train: bool = True,
         seed: int = 0,
@@ -231,6 +234,10 @@ class AudioLoader:
             self.readers, self.lengths, self.source_names = [self.reader], [self.length], ()
             self.rows: BaseNode = self.reader
             self._has_labels = label_column is not None
+            if isinstance(source, IcebergTable) and source.snapshot_id is None:
+                # Unpickled elsewhere, this loader reads the snapshot it reads here, not the table's current one.
+                self._arguments["source"] = dataclasses.replace(
+                    source, snapshot_id=self.reader.dataset.table.snapshot_id)
         else:
             self.reader = None
             self._build_mix(split_rows, filesystem, retry, filter)
@@ -575,6 +582,9 @@ class AudioLoader:
                                                               self.augmentations.datasets(), strict=True)]
         if self.readers[0].dataset.filter is not None:
             extra["filter"] = str(self.readers[0].dataset.filter)
+        tables = [[r.dataset.table.table, r.dataset.table.snapshot_id] for r in self.readers if r.dataset.table]
+        if tables:
+            extra["iceberg"] = tables  # [table, snapshot id] per Iceberg source: a resume reads the same snapshot
         return extra
 
     def state_dict(self) -> dict[str, Any]:
@@ -608,6 +618,7 @@ class AudioLoader:
 
     def _check_fingerprint(self, theirs: dict[str, Any], ignore: Sequence[str] = ()) -> None:
         ours = self._fingerprint
+        _check_snapshots(theirs.get("iceberg"), ours.get("iceberg"))
         skip = {"file_identity", *ignore}
         differ = {k: (theirs.get(k), ours.get(k)) for k in sorted(set(theirs) | set(ours))
                   if theirs.get(k) != ours.get(k) and k not in skip}
@@ -773,6 +784,21 @@ def _restore_decoded(fetch: Callable[[Sequence[Key]], list[RawSample]], decoder:
             f"{bad[0].reason}); the data changed since the checkpoint was taken",
             {"rows": ([b.key.index for b in bad], None)})
     return list(decoded)
+
+
+def _check_snapshots(theirs: list[list[Any]] | None, ours: list[list[Any]] | None) -> None:
+    """`CheckpointMismatchError` naming the table and both snapshot ids when a checkpoint of an Iceberg table's
+    snapshot is loaded into a loader reading another snapshot of it (its rows and their indices differ)."""
+    if not theirs or not ours or theirs == ours:
+        return
+    moved = [(table, then, now) for (table, then), (other, now) in zip(theirs, ours, strict=False)
+             if table == other and then != now]
+    if moved:
+        raise CheckpointMismatchError(
+            "\n".join(f"Iceberg table {table!r}: the checkpoint was taken on snapshot {then}, this loader reads "
+                      f"snapshot {now}" for table, then, now in moved)
+            + "\nResume on the checkpoint's snapshot (IcebergTable(..., snapshot_id=" + str(moved[0][1]) + ")), "
+            "or start a new run on the new one", {"iceberg": (theirs, ours)})
 
 
 def _changed_files(dataset: ShardDataset, theirs: dict[str, Any], ours: dict[str, Any]) -> list[str]:

@@ -1,10 +1,11 @@
 """Shard discovery, format detection, metadata, splits, schema checks and reads.
 
-A *source* (directory, glob, file, URL, or a list of them) resolves to a sorted
-list of shard files. Each file is Arrow IPC file format, Arrow IPC stream format
-(what Hugging Face ``save_to_disk`` writes), Parquet or ORC, detected from its
-content, not its name. Construction reads only footers and message headers, never
-audio, and checks the schema of the used columns in every file.
+A *source* (directory, glob, file, URL, or a list of them; or an `IcebergTable`:
+its snapshot's data files) resolves to a sorted list of shard files. Each file
+is Arrow IPC file format, Arrow IPC stream format (what Hugging Face
+``save_to_disk`` writes), Parquet or ORC, detected from its content, not its
+name. Construction reads only footers and message headers, never audio, and
+checks the schema of the used columns in every file.
 
 Rows are addressed by a global ``index``: the file's offset in the sorted file
 list plus the row number in that file. A `Split` is a run of consecutive rows of
@@ -20,7 +21,7 @@ one record batch, row group or stripe at a time, retried on transient faults (`R
 from .dataset import BatchColumns, ShardDataset, ShardFile, ShardRow
 from .formats import FORMATS
 from .retry import Retry
-from .sources import ACCEPTED, SHARD_EXTENSIONS, SourceNotFoundError, resolve_source
+from .sources import ACCEPTED, SHARD_EXTENSIONS, IcebergTable, SourceNotFoundError, TableSnapshot, resolve_source
 from .splits import Split, subdivide
 
 __all__ = [
@@ -28,12 +29,14 @@ __all__ = [
     "FORMATS",
     "SHARD_EXTENSIONS",
     "BatchColumns",
+    "IcebergTable",
     "Retry",
     "ShardDataset",
     "ShardFile",
     "ShardRow",
     "SourceNotFoundError",
     "Split",
+    "TableSnapshot",
     "resolve_source",
     "subdivide",
 ]

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from ..errors import ShardReadError
 from .retry import DEFAULT_RETRY, Retry, with_retries
-from .sources import ACCEPTED, _Location
+from .sources import ACCEPTED, TableFile, _Location
 
 FORMATS = ("ipc_file", "ipc_stream", "parquet", "orc")
 
@@ -189,7 +189,7 @@ class _FileMeta:
 
     format: str
     size: int
-    schema: pa.Schema
+    schema: pa.Schema | None  # None: a table's data file a filter pruned by its metadata (never opened)
     unit_rows: tuple[int, ...]
     # IPC stream: byte offset of each record batch message, for seeking.
     offsets: tuple[int, ...] | None = None
@@ -356,6 +356,25 @@ def _remote_mtime_ns(loc: _Location) -> int | None:
     return info.mtime_ns if info.mtime_ns is not None and info.mtime_ns > 0 else None
 
 
+def listed_meta(listed: TableFile) -> _FileMeta:
+    """The `_FileMeta` of a table's data file that is not scanned: its table's word for its format, size and
+    rows (one unit), no schema. Its digest is of that metadata: the table's snapshot pins the content."""
+    digest = _hasher()
+    digest.update(f"{listed.format}:{listed.size}:{listed.rows}".encode())
+    return _FileMeta(listed.format, listed.size, None, (listed.rows,), digest=digest.hexdigest())
+
+
+def _check_listed(loc: _Location, meta: _FileMeta) -> _FileMeta:
+    """``meta``, if it agrees with what the file's table says about it (a table's rows must be the files' rows)."""
+    listed = loc.listed
+    if listed is not None and (meta.format, meta.size, sum(meta.unit_rows)) != (listed.format, listed.size,
+                                                                                 listed.rows):
+        raise ShardReadError(f"data file {loc.path} is {meta.format}, {meta.size} bytes, {sum(meta.unit_rows)} rows, "
+                             f"but its table's metadata says {listed.format}, {listed.size} bytes, {listed.rows} "
+                             "rows: the file was changed outside the table; restore it or repair the table")
+    return meta
+
+
 def _scan_file(loc: _Location, retry: Retry = DEFAULT_RETRY) -> _FileMeta:
     """Format, size, schema, batch / row-group boundaries and identity of one file, without reading audio.
 
@@ -363,8 +382,9 @@ def _scan_file(loc: _Location, retry: Retry = DEFAULT_RETRY) -> _FileMeta:
     """
     try:
         if loc.fs is None:
-            return _scan_once(loc)
-        return with_retries(lambda: _scan_once(loc), what=f"the footer of shard {loc.path}", retry=retry)
+            return _check_listed(loc, _scan_once(loc))
+        return _check_listed(loc, with_retries(lambda: _scan_once(loc), what=f"the footer of shard {loc.path}",
+                                               retry=retry))
     except ShardReadError:
         raise
     except (OSError, EOFError, ValueError, struct.error, IndexError, pa.ArrowException) as error:
