@@ -41,7 +41,7 @@ from .nodes.shuffle_buffer import ShuffleBuffer
 from .nodes.weighted_mix import WeightedMix
 from .options import Bucketing, Shuffle, Workers, merge
 from .samples import BadRow, Key, RawSample, Sample
-from .shards import IcebergTable, Retry, ShardDataset, Split
+from .shards import IcebergTable, Retry, ShardDataset
 from .stats import LoaderStats
 
 STATE_FORMAT = "audioloader.AudioLoader/1"
@@ -214,6 +214,7 @@ class AudioLoader:
         shuffle = merge(_group("shuffle", shuffle, Shuffle), buffer_size=shuffle_buffer_size,
                         min_size=shuffle_min_size, before_decode=shuffle_before_decode)
         self._resolve_shuffle(shuffle, preset)
+        self.interleave = shuffle.interleave
         self.infinite = bool(_pick(infinite, preset.infinite))
         self.drop_last = bool(drop_last)
         self.rank, self.world_size = resolve_rank(rank, world_size)
@@ -230,7 +231,7 @@ class AudioLoader:
                 columns=self._reader_columns(source, audio_column, label_column, split_rows, filesystem, retry),
                 seed=self.seed, rank=self.rank, world_size=self.world_size, shuffle=self.train,
                 infinite=self.infinite, split_rows=split_rows, filesystem=filesystem, stats=self.stats_counters,
-                retry=retry, filter=filter)
+                retry=retry, filter=filter, interleave=self.interleave)
             self.readers, self.lengths, self.source_names = [self.reader], [self.length], ()
             self.rows: BaseNode = self.reader
             self._has_labels = label_column is not None
@@ -342,7 +343,7 @@ class AudioLoader:
                 columns=self.columns, seed=source_seed(self.seed, position), rank=self.rank,
                 world_size=self.world_size, shuffle=self.train, infinite=False, split_rows=split_rows,
                 filesystem=source.filesystem if source.filesystem is not None else filesystem,
-                stats=self.stats_counters, retry=retry, filter=filter)
+                stats=self.stats_counters, retry=retry, filter=filter, interleave=self.interleave)
         except Exception as error:
             if hasattr(error, "add_note"):  # Python 3.11+
                 error.add_note(f"(in Mix source {entry.name!r})")
@@ -438,26 +439,29 @@ class AudioLoader:
         if self.batching is None:
             rows = start.rows_per_rank
             return min(rows) // self.batch_size if self.drop_last else math.ceil(max(rows) / self.batch_size)
-        counts = []
-        for rank in range(self.world_size):  # plan each new rank's batches from its rows' durations
-            rows = ArrowShardReader(self.reader.dataset, seed=self.seed, rank=rank, world_size=self.world_size,
-                                    shuffle=self.train, infinite=False)
-            rows.start_from(elastic.plan(self._loader.root, rows, chain_states).reader_state)
-            counts.append(len(plan((row_seconds(r, self._duration_column) for r in rows), self._boundaries,
-                                   self.batching.max_duration, self.batching.max_batch_size, self.drop_last)))
-        return max(counts)
+        return self._planned_batches(chain_states)
 
     def _count_batches(self) -> int:
         """Eval: batches every rank yields (equal across ranks, see Batcher.num_batches)."""
         if self.batching is not None:
-            return max(len(plan((row_seconds(r, self._duration_column) for r in _rows_of(self.reader, splits)),
-                                self._boundaries, self.batching.max_duration, self.batching.max_batch_size,
-                                self.drop_last))
-                       for splits in self.reader.assignment())
+            return self._planned_batches()
         rows = [sum(counts) for counts in zip(*(reader.rows_per_rank() for reader in self.readers), strict=True)]
         if self.drop_last:
             return min(rows) // self.batch_size
         return math.ceil(max(rows) / self.batch_size)
+
+    def _planned_batches(self, chain_states: list[dict[str, Any]] | None = None) -> int:
+        """Eval with bucketing: the most batches a rank's rows make, each rank's read in its reader's order
+        (interleaved too), from the pass's start or, after an elastic resume of ``chain_states``, from its carry."""
+        counts = []
+        for rank in range(self.world_size):
+            rows = ArrowShardReader(self.reader.dataset, seed=self.seed, rank=rank, world_size=self.world_size,
+                                    shuffle=self.train, infinite=False, interleave=self.interleave)
+            if chain_states is not None:
+                rows.start_from(elastic.plan(self._loader.root, rows, chain_states).reader_state)
+            counts.append(len(plan((row_seconds(r, self._duration_column) for r in rows), self._boundaries,
+                                   self.batching.max_duration, self.batching.max_batch_size, self.drop_last)))
+        return max(counts)
 
     # ------------------------------------------------------------- iteration
 
@@ -582,6 +586,8 @@ class AudioLoader:
                                                               self.augmentations.datasets(), strict=True)]
         if self.readers[0].dataset.filter is not None:
             extra["filter"] = str(self.readers[0].dataset.filter)
+        if self.interleave > 1:
+            extra["interleave"] = self.interleave
         tables = [[r.dataset.table.table, r.dataset.table.snapshot_id] for r in self.readers if r.dataset.table]
         if tables:
             extra["iceberg"] = tables  # [table, snapshot id] per Iceberg source: a resume reads the same snapshot
@@ -761,16 +767,6 @@ def _group(name: str, value: Any, cls: type) -> Any:
     if not isinstance(value, cls):
         raise TypeError(f"{name} must be an audioloader.{cls.__name__}, got {type(value).__name__}")
     return value
-
-
-def _rows_of(reader: ArrowShardReader, splits: Sequence[Split]):
-    """The rows of ``splits`` in order, as `RawSample` s with their audio and extras (no keys): for planning."""
-    dataset = reader.dataset
-    for split in splits:
-        for batch, _, picks in dataset.read_kept(split.file_id, split.start, split.stop):
-            columns = dataset.columns_of(batch, picks)
-            for i, audio in enumerate(columns.audio):
-                yield RawSample(Key(-1, 0), audio, None, {name: values[i] for name, values in columns.extras})
 
 
 def _restore_decoded(fetch: Callable[[Sequence[Key]], list[RawSample]], decoder: DecodeSpectrogram,
