@@ -19,7 +19,7 @@ from .loader import Loader
 from .mix import Mix, Source
 from .options import Bucketing, Shuffle, Workers
 from .samples import BadRow, Key, RawSample, Sample
-from .shards import Retry, ShardDataset, SourceNotFoundError
+from .shards import IcebergTable, Retry, ShardDataset, SourceNotFoundError
 from .writer import ShardWriter
 
 __version__ = "0.1.0"
@@ -35,6 +35,7 @@ __all__ = [
     "ErrorBudgetExceeded",
     "FbankConfig",
     "Gain",
+    "IcebergTable",
     "Key",
     "LengthPolicy",
     "Loader",

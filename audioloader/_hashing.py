@@ -36,6 +36,7 @@ SALT_TIME_MASK = 0x544D534B  # "TMSK"
 SALT_MIXUP = 0x4D495855  # "MIXU": the mixup weight
 SALT_MIXUP_PAIR = 0x4D585052  # "MXPR": the mixup partner
 SALT_ELASTIC = 0x454C4153  # "ELAS"
+SALT_INTERLEAVE = 0x494C5645  # "ILVE": the order of an interleaving reader's lanes in each round
 
 
 def splitmix64(x: int) -> int:

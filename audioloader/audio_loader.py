@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -40,7 +41,7 @@ from .nodes.shuffle_buffer import ShuffleBuffer
 from .nodes.weighted_mix import WeightedMix
 from .options import Bucketing, Shuffle, Workers, merge
 from .samples import BadRow, Key, RawSample, Sample
-from .shards import Retry, ShardDataset, Split
+from .shards import IcebergTable, Retry, ShardDataset
 from .stats import LoaderStats
 
 STATE_FORMAT = "audioloader.AudioLoader/1"
@@ -82,7 +83,7 @@ class AudioLoader:
     batch twice as soon, and a resume at buffer 10000 in 0.4 s instead of the
     37 s it takes to decode 10000 clips again. It is the default for remote
     shards too (their rows are copies the reader owns; measured on S3: faster,
-    sooner, less memory; docs/storage.md). Local Parquet keeps decoded samples.
+    sooner, less memory; docs/storage.md). Local Parquet and ORC keep decoded samples.
 
     Each batch is a dict: ``spectrogram`` float32 ``[B, n_mels, frames]``,
     ``label`` int64 ``[B]`` (unless ``label_column=None``), ``index`` int64
@@ -93,7 +94,9 @@ class AudioLoader:
     `Mixup` adds ``mixup_weights``, ``mixup_partner`` and ``mixup_labels``.
 
     Args:
-        source: directory, glob, file, or a list of them; local path or URL. Or a
+        source: directory, glob, file, or a list of them; local path or URL. Or an
+            `IcebergTable`: one snapshot of an Apache Iceberg table (docs/lakehouse.md;
+            the snapshot id is in the checkpoint). Or a
             `Mix` of several sources at weights (see docs/mixing.md): each source has
             its own shards, columns and optionally length policy; keys gain the
             source; ``stats()["sources"]`` counts per source. In eval a mix reads
@@ -120,7 +123,7 @@ class AudioLoader:
         split_rows: target rows per split (the unit assigned to ranks).
         prefetch_batches: batches prepared ahead in a background thread.
         shuffle_before_decode: shuffle raw rows, then decode (see above); ``None``
-            chooses: True for local Arrow IPC shards and for remote shards, False for local Parquet.
+            chooses: True for local Arrow IPC shards and for remote shards, False for local Parquet and ORC.
         max_error_fraction: error budget of ``on_error="skip"``.
         filesystem: a ``pyarrow.fs.FileSystem`` for the source paths.
         retry: how remote reads are retried and timed out (`Retry`; docs/storage.md).
@@ -145,7 +148,7 @@ class AudioLoader:
 
     def __init__(
         self,
-        source: Shards | Mix,
+        source: Shards | Mix | IcebergTable,
         batch_size: int = 64,
         train: bool = True,
         seed: int = 0,
@@ -211,6 +214,7 @@ class AudioLoader:
         shuffle = merge(_group("shuffle", shuffle, Shuffle), buffer_size=shuffle_buffer_size,
                         min_size=shuffle_min_size, before_decode=shuffle_before_decode)
         self._resolve_shuffle(shuffle, preset)
+        self.interleave = shuffle.interleave
         self.infinite = bool(_pick(infinite, preset.infinite))
         self.drop_last = bool(drop_last)
         self.rank, self.world_size = resolve_rank(rank, world_size)
@@ -227,10 +231,14 @@ class AudioLoader:
                 columns=self._reader_columns(source, audio_column, label_column, split_rows, filesystem, retry),
                 seed=self.seed, rank=self.rank, world_size=self.world_size, shuffle=self.train,
                 infinite=self.infinite, split_rows=split_rows, filesystem=filesystem, stats=self.stats_counters,
-                retry=retry, filter=filter)
+                retry=retry, filter=filter, interleave=self.interleave)
             self.readers, self.lengths, self.source_names = [self.reader], [self.length], ()
             self.rows: BaseNode = self.reader
             self._has_labels = label_column is not None
+            if isinstance(source, IcebergTable) and source.snapshot_id is None:
+                # Unpickled elsewhere, this loader reads the snapshot it reads here, not the table's current one.
+                self._arguments["source"] = dataclasses.replace(
+                    source, snapshot_id=self.reader.dataset.table.snapshot_id)
         else:
             self.reader = None
             self._build_mix(split_rows, filesystem, retry, filter)
@@ -331,7 +339,7 @@ class AudioLoader:
                 columns=self.columns, seed=source_seed(self.seed, position), rank=self.rank,
                 world_size=self.world_size, shuffle=self.train, infinite=False, split_rows=split_rows,
                 filesystem=source.filesystem if source.filesystem is not None else filesystem,
-                stats=self.stats_counters, retry=retry, filter=filter)
+                stats=self.stats_counters, retry=retry, filter=filter, interleave=self.interleave)
         except Exception as error:
             if hasattr(error, "add_note"):  # Python 3.11+
                 error.add_note(f"(in Mix source {entry.name!r})")
@@ -427,26 +435,29 @@ class AudioLoader:
         if self.batching is None:
             rows = start.rows_per_rank
             return min(rows) // self.batch_size if self.drop_last else math.ceil(max(rows) / self.batch_size)
-        counts = []
-        for rank in range(self.world_size):  # plan each new rank's batches from its rows' durations
-            rows = ArrowShardReader(self.reader.dataset, seed=self.seed, rank=rank, world_size=self.world_size,
-                                    shuffle=self.train, infinite=False)
-            rows.start_from(elastic.plan(self._loader.root, rows, chain_states).reader_state)
-            counts.append(len(plan((row_seconds(r, self._duration_column) for r in rows), self._boundaries,
-                                   self.batching.max_duration, self.batching.max_batch_size, self.drop_last)))
-        return max(counts)
+        return self._planned_batches(chain_states)
 
     def _count_batches(self) -> int:
         """Eval: batches every rank yields (equal across ranks, see Batcher.num_batches)."""
         if self.batching is not None:
-            return max(len(plan((row_seconds(r, self._duration_column) for r in _rows_of(self.reader, splits)),
-                                self._boundaries, self.batching.max_duration, self.batching.max_batch_size,
-                                self.drop_last))
-                       for splits in self.reader.assignment())
+            return self._planned_batches()
         rows = [sum(counts) for counts in zip(*(reader.rows_per_rank() for reader in self.readers), strict=True)]
         if self.drop_last:
             return min(rows) // self.batch_size
         return math.ceil(max(rows) / self.batch_size)
+
+    def _planned_batches(self, chain_states: list[dict[str, Any]] | None = None) -> int:
+        """Eval with bucketing: the most batches a rank's rows make, each rank's read in its reader's order
+        (interleaved too), from the pass's start or, after an elastic resume of ``chain_states``, from its carry."""
+        counts = []
+        for rank in range(self.world_size):
+            rows = ArrowShardReader(self.reader.dataset, seed=self.seed, rank=rank, world_size=self.world_size,
+                                    shuffle=self.train, infinite=False, interleave=self.interleave)
+            if chain_states is not None:
+                rows.start_from(elastic.plan(self._loader.root, rows, chain_states).reader_state)
+            counts.append(len(plan((row_seconds(r, self._duration_column) for r in rows), self._boundaries,
+                                   self.batching.max_duration, self.batching.max_batch_size, self.drop_last)))
+        return max(counts)
 
     # ------------------------------------------------------------- iteration
 
@@ -571,6 +582,11 @@ class AudioLoader:
                                                               self.augmentations.datasets(), strict=True)]
         if self.readers[0].dataset.filter is not None:
             extra["filter"] = str(self.readers[0].dataset.filter)
+        if self.interleave > 1:
+            extra["interleave"] = self.interleave
+        tables = [[r.dataset.table.table, r.dataset.table.snapshot_id] for r in self.readers if r.dataset.table]
+        if tables:
+            extra["iceberg"] = tables  # [table, snapshot id] per Iceberg source: a resume reads the same snapshot
         return extra
 
     def state_dict(self) -> dict[str, Any]:
@@ -604,6 +620,7 @@ class AudioLoader:
 
     def _check_fingerprint(self, theirs: dict[str, Any], ignore: Sequence[str] = ()) -> None:
         ours = self._fingerprint
+        _check_snapshots(theirs.get("iceberg"), ours.get("iceberg"))
         skip = {"file_identity", *ignore}
         differ = {k: (theirs.get(k), ours.get(k)) for k in sorted(set(theirs) | set(ours))
                   if theirs.get(k) != ours.get(k) and k not in skip}
@@ -748,16 +765,6 @@ def _group(name: str, value: Any, cls: type) -> Any:
     return value
 
 
-def _rows_of(reader: ArrowShardReader, splits: Sequence[Split]):
-    """The rows of ``splits`` in order, as `RawSample` s with their audio and extras (no keys): for planning."""
-    dataset = reader.dataset
-    for split in splits:
-        for batch, _, picks in dataset.read_kept(split.file_id, split.start, split.stop):
-            columns = dataset.columns_of(batch, picks)
-            for i, audio in enumerate(columns.audio):
-                yield RawSample(Key(-1, 0), audio, None, {name: values[i] for name, values in columns.extras})
-
-
 def _restore_decoded(fetch: Callable[[Sequence[Key]], list[RawSample]], decoder: DecodeSpectrogram,
                      keys: Sequence[Key]) -> list[Sample]:
     """Rebuild decoded buffer items on resume: random-access read, same decode, same per-key seeds."""
@@ -769,6 +776,21 @@ def _restore_decoded(fetch: Callable[[Sequence[Key]], list[RawSample]], decoder:
             f"{bad[0].reason}); the data changed since the checkpoint was taken",
             {"rows": ([b.key.index for b in bad], None)})
     return list(decoded)
+
+
+def _check_snapshots(theirs: list[list[Any]] | None, ours: list[list[Any]] | None) -> None:
+    """`CheckpointMismatchError` naming the table and both snapshot ids when a checkpoint of an Iceberg table's
+    snapshot is loaded into a loader reading another snapshot of it (its rows and their indices differ)."""
+    if not theirs or not ours or theirs == ours:
+        return
+    moved = [(table, then, now) for (table, then), (other, now) in zip(theirs, ours, strict=False)
+             if table == other and then != now]
+    if moved:
+        raise CheckpointMismatchError(
+            "\n".join(f"Iceberg table {table!r}: the checkpoint was taken on snapshot {then}, this loader reads "
+                      f"snapshot {now}" for table, then, now in moved)
+            + "\nResume on the checkpoint's snapshot (IcebergTable(..., snapshot_id=" + str(moved[0][1]) + ")), "
+            "or start a new run on the new one", {"iceberg": (theirs, ours)})
 
 
 def _changed_files(dataset: ShardDataset, theirs: dict[str, Any], ours: dict[str, Any]) -> list[str]:
@@ -848,7 +870,7 @@ def _raw_rows_are_free(reader: ArrowShardReader) -> bool:
 
 def _raw_rows_by_default(reader: ArrowShardReader) -> bool:
     """``shuffle_before_decode=None``: raw rows in the buffer for local Arrow IPC shards (zero-copy views)
-    and for remote shards, decoded samples for local Parquet.
+    and for remote shards, decoded samples for local Parquet and ORC.
 
     Remote, measured on a loopback S3 server (benchmarks/bench_s3.py, default features, buffer 1000):
     raw rows 1.6-1.9x the samples/s, the first batch 2-3.6x sooner, resume 2.7-3.6x faster and

@@ -129,12 +129,15 @@ class _Pieces:
 
     def add_rest_of(self, old: ArrowShardReader, state: dict[str, Any], last_pass: int) -> None:
         """What ``old`` (a reader of the old layout) has left from ``state`` up to the end of ``last_pass``."""
-        pass_index, split_pos, row, carry = old._checked_state(state)
-        order = carry if carry else old.segments_for_pass(pass_index)
-        if split_pos < len(order):
-            self.segments.append(self.skip(order[split_pos], row))
-            self.segments += order[split_pos + 1:]
-        for later in range(pass_index + 1, last_pass + 1):
+        at = old._checked_state(state)
+        order = at.carry if at.carry else old.segments_for_pass(at.pass_index)
+        for pos, row in at.lanes:  # an interleaving reader: the rest of each split its lanes were reading
+            if pos >= 0:
+                self.segments.append(self.skip(order[pos], row))
+        if at.split_pos < len(order):
+            self.segments.append(self.skip(order[at.split_pos], at.row))
+            self.segments += order[at.split_pos + 1:]
+        for later in range(at.pass_index + 1, last_pass + 1):
             self.segments += old.segments_for_pass(later)
 
     def add_held(self, keys: Sequence[Key]) -> None:
@@ -209,10 +212,10 @@ def plan(root: BaseNode, reader: ArrowShardReader, states: Sequence[dict[str, An
     old_world = len(states)
     lefts = [_left_of(root, state) for state in states]
     olds = [ArrowShardReader(reader.dataset, seed=reader.seed, rank=r, world_size=old_world, shuffle=reader.shuffle,
-                             infinite=reader.infinite) for r in range(old_world)]
+                             infinite=reader.infinite, interleave=reader.interleave) for r in range(old_world)]
     positions = [old._checked_state(left.reader_state) for old, left in zip(olds, lefts, strict=True)]
     # The last pass anything was read from: a snapshot of a reader can be behind the rows read after it.
-    last_pass = max([position[0] for position in positions]
+    last_pass = max([position.pass_index for position in positions]
                     + [key.pass_index for left in lefts for key in (*left.held, *left.delivered)])
     pieces = _Pieces(reader)
     for old, left in zip(olds, lefts, strict=True):

@@ -80,15 +80,25 @@ class Shuffle:
     ``before_decode``: hold raw rows and decode after the buffer (far less memory,
     fast resume, same batches); None: yes for local Arrow IPC shards and remote shards.
     None sizes take the mode's preset (train 10000 / 8000, eval 1 / 0).
+
+    ``interleave``: splits the reader reads at once, taking one row of each in turn
+    (a seeded order each round; `ArrowShardReader`), so that consecutive rows rarely
+    come from one split and a small buffer mixes far better (docs/lakehouse.md,
+    "Interleaving"). 1 (default): one split after the other. Costs a record batch /
+    row group / stripe in memory per split read at once.
     """
 
     buffer_size: int | None = None
     min_size: int | None = None
     before_decode: bool | None = None
+    interleave: int = 1
 
     def __post_init__(self) -> None:
         _positive_int_or_none(self, "buffer_size")
         _positive_int_or_none(self, "min_size", minimum=0)
+        _positive_int_or_none(self, "interleave")
+        if self.interleave is None:
+            raise _bad(self, "interleave", "must be an integer >= 1")
 
 
 @dataclass(frozen=True)

@@ -77,12 +77,21 @@ def write_parquet(path: Path, table: pa.Table, row_group_rows: int = 4) -> Path:
     return path
 
 
+def write_orc(path: Path, table: pa.Table, stripe_rows: int = 4) -> Path:
+    """ORC with stripes of ``stripe_rows`` rows (the writer closes a stripe after each batch past its tiny size)."""
+    import pyarrow.orc as orc
+
+    orc.write_table(table, str(path), stripe_size=1, batch_size=stripe_rows)
+    return path
+
+
 def make_shards(folder: Path, rows_per_file: list[int], fmt: str = "ipc_file", batch_rows: int = 4,
                 **table_kwargs) -> list[Path]:
     """Write consecutive rows into several files named ``part-00000.<ext>`` ...; returns the paths."""
     folder.mkdir(parents=True, exist_ok=True)
-    writer = {"ipc_file": write_ipc_file, "ipc_stream": write_ipc_stream, "parquet": write_parquet}[fmt]
-    ext = "parquet" if fmt == "parquet" else "arrow"
+    writer = {"ipc_file": write_ipc_file, "ipc_stream": write_ipc_stream, "parquet": write_parquet,
+              "orc": write_orc}[fmt]
+    ext = {"parquet": "parquet", "orc": "orc"}.get(fmt, "arrow")
     paths, start = [], 0
     for i, n in enumerate(rows_per_file):
         paths.append(writer(folder / f"part-{i:05d}.{ext}", audio_table(start, n, **table_kwargs), batch_rows))

@@ -89,7 +89,7 @@ def test_data_moved_elsewhere_still_resumes(shards, tmp_path):
         assert [next(it)["index"].tolist() for _ in range(3)] == expected
 
 
-@pytest.mark.parametrize("fmt", ["ipc_file", "ipc_stream", "parquet"])
+@pytest.mark.parametrize("fmt", ["ipc_file", "ipc_stream", "parquet", "orc"])
 def test_metadata_digest_follows_content_not_location(tmp_path, fmt):
     make_shards(tmp_path / "a", [10], fmt, batch_rows=4, seconds=0.1)
     shutil.copytree(tmp_path / "a", tmp_path / "copy")

@@ -91,7 +91,7 @@ def python_blocks(page: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
 
 
-@pytest.mark.parametrize("page", ["getting_started.md", "api.md", "faq.md", "mixing.md"])
+@pytest.mark.parametrize("page", ["getting_started.md", "api.md", "faq.md", "mixing.md", "lakehouse.md"])
 def test_documentation_snippets_run(page, tmp_path, monkeypatch):
     """Every ```python block of a page runs, in order, in one namespace, on small synthetic shards.
 

@@ -13,7 +13,7 @@ import pytest
 import audioloader as al
 from audioloader.shards import readers
 from tests.ddp_worker import SMALL
-from tests.helpers import audio_table, write_ipc_file, write_ipc_stream
+from tests.helpers import audio_table, write_ipc_file, write_ipc_stream, write_orc
 
 ROWS = [24, 16, 20]  # 60 rows; row k of a file: duration k / 4 s (ascending), split "test" for every third index
 TOTAL = sum(ROWS)
@@ -38,16 +38,17 @@ def expected(keep) -> list[int]:
 def write_shards(folder, fmt: str):
     start = 0
     for i, n in enumerate(ROWS):
-        path = folder / f"part-{i}.{'parquet' if fmt == 'parquet' else 'arrow'}"
+        path = folder / f"part-{i}.{fmt if fmt in ('parquet', 'orc') else 'arrow'}"
         if fmt == "parquet":
             pq.write_table(table(start, n), path, row_group_size=4)  # with statistics (pyarrow's default)
         else:
-            (write_ipc_file if fmt == "ipc_file" else write_ipc_stream)(path, table(start, n), 4)
+            writer = {"ipc_file": write_ipc_file, "ipc_stream": write_ipc_stream, "orc": write_orc}[fmt]
+            writer(path, table(start, n), 4)
         start += n
     return folder
 
 
-@pytest.fixture(scope="module", params=["parquet", "ipc_file", "ipc_stream"])
+@pytest.fixture(scope="module", params=["parquet", "ipc_file", "ipc_stream", "orc"])
 def shards(request, tmp_path_factory):
     return write_shards(tmp_path_factory.mktemp(request.param), request.param)
 

@@ -11,7 +11,7 @@ from tests.s3_server import S3_ENVIRONMENT, S3Server
 from tests.test_audio_loader import assert_same_batches, take
 
 ROWS = [13, 9, 18]  # 40 rows in three files
-FORMATS = ["ipc_file", "ipc_stream", "parquet"]
+FORMATS = ["ipc_file", "ipc_stream", "parquet", "orc"]
 FAST = al.Retry(attempts=4, initial_delay=0.01, max_delay=0.05, timeout=1.0)
 
 
@@ -58,7 +58,7 @@ def test_s3_batches_equal_local_batches(s3, shards, fmt):
             assert_same_batches(take(a, n), take(b, n))
 
 
-@pytest.mark.parametrize("fmt", ["ipc_file", "parquet"])
+@pytest.mark.parametrize("fmt", ["ipc_file", "parquet", "orc"])
 def test_reads_are_ranged_and_footers_read_once(s3, shards, fmt):
     _, prefix = shards[fmt]
     s3.proxy.clear()
@@ -80,7 +80,7 @@ def test_reads_are_ranged_and_footers_read_once(s3, shards, fmt):
         assert served <= file.size + 65536 + 4096 * len(file.batch_rows)
 
 
-@pytest.mark.parametrize("fmt", ["ipc_file", "parquet"])
+@pytest.mark.parametrize("fmt", ["ipc_file", "parquet", "orc"])
 def test_eval_reads_every_row_exactly_once_despite_faults(s3, shards, fmt):
     local, prefix = shards[fmt]
     expected = {}

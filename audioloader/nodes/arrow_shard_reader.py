@@ -1,6 +1,6 @@
-"""ArrowShardReader: the source node, rows of Arrow/Parquet shards as `RawSample`s.
+"""ArrowShardReader: the source node, rows of Arrow/Parquet/ORC shards as `RawSample`s.
 
-Work is assigned in splits (runs of record batches / row groups of one file):
+Work is assigned in splits (runs of record batches / row groups / stripes of one file):
 
 - ``shuffle=True`` (training): pass ``p`` orders all splits by a permutation
   seeded by ``(seed, p)``, identical on every rank; rank ``r`` of ``w`` reads
@@ -10,7 +10,13 @@ Work is assigned in splits (runs of record batches / row groups of one file):
   (longest-processing-time first); each rank reads its splits in file order,
   the same every pass, so every row is read exactly once across ranks.
 
-State is ``{"pass", "split_pos", "row"}``: resuming seeks straight to that row.
+With ``interleave=k`` the reader reads ``k`` splits of its order at once, one
+row from each in turn (round robin, the lanes in an order seeded per pass), so
+that consecutive rows come from one split only in a pass's last rows: a small
+shuffle buffer then mixes much better.
+
+State is ``{"pass", "split_pos", "row"}`` (interleaved: plus each lane's split and
+row, and the round robin's turn): resuming seeks straight to those rows.
 After a resume with another world size (`audioloader.elastic`) a rank first reads
 its share of what the old ranks left of their pass(es), the ``carry``: a list of
 `Segment` s kept in the state while it lasts, then goes on with the next pass.
@@ -22,13 +28,13 @@ import functools
 import heapq
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from .._hashing import SALT_SPLIT_ORDER, audio_checksum, permutation
+from .._hashing import SALT_INTERLEAVE, SALT_SPLIT_ORDER, audio_checksum, permutation
 from ..distributed import resolve_rank
 from ..errors import CheckpointMismatchError
 from ..samples import Key, RawSample
@@ -84,6 +90,74 @@ def fetch_rows(dataset: ShardDataset, keys: Sequence[Key]) -> list[RawSample]:
     return out
 
 
+class ReaderPosition(NamedTuple):
+    """A reader state, checked (`ArrowShardReader._checked_state`): where the reader is in its read order."""
+
+    pass_index: int
+    split_pos: int
+    row: int
+    carry: list[Segment]
+    lanes: list[tuple[int, int]]  # interleaved: (position in the order or -1, rows yielded) per lane; [] unstarted
+    turn: int  # interleaved: the round robin's position in the lane order
+
+
+class _Block:
+    """One read of a segment (a record batch's rows, or a chunk of a ``take``) as per-row Python values."""
+
+    __slots__ = ("audio", "checksums", "extras", "file_rows", "index_offset", "key_pass", "labels", "path",
+                 "problems")
+
+    def __init__(self, file_rows: list[int], cols: Any, remote: bool, file: Any, key_pass: int) -> None:
+        self.file_rows, self.path, self.index_offset, self.key_pass = file_rows, file.path, file.index_offset, key_pass
+        self.audio, self.labels, self.extras, self.problems = cols
+        if remote:
+            # A remote row is a copy in memory either way; its own bytes, so that a row held in a
+            # shuffle buffer does not keep its whole record batch / row group alive (measured: 3x).
+            self.audio = [None if audio is None else audio.to_pybytes() for audio in self.audio]
+        # Now, right after the read checked the file: a row's bytes are not touched again until it is decoded.
+        self.checksums = [audio_checksum(audio) for audio in cols.audio]
+
+    def __len__(self) -> int:
+        return len(self.file_rows)
+
+    def sample(self, i: int) -> RawSample:
+        labels, problems, row = self.labels, self.problems, self.file_rows[i]
+        return RawSample(
+            Key(self.index_offset + row, self.key_pass),
+            self.audio[i],
+            labels[i] if labels is not None else None,
+            {name: values[i] for name, values in self.extras},
+            self.path,
+            row,
+            problems[i] if problems is not None else None,
+            self.checksums[i],
+        )
+
+
+class _Lane:
+    """A segment an interleaving reader reads: its position in the read order, its rows, the rows yielded."""
+
+    __slots__ = ("block", "blocks", "i", "pos", "row", "rows", "segment")
+
+    def __init__(self, pos: int, segment: Segment, row: int, rows: int) -> None:
+        self.pos, self.segment, self.row, self.rows = pos, segment, row, rows
+        self.blocks: Iterator[_Block] | None = None  # opened at the first row (next() may run in another thread)
+        self.block: _Block | None = None
+        self.i = 0
+
+    def next(self, reader: ArrowShardReader) -> RawSample:
+        if self.block is None or self.i == len(self.block):
+            if self.blocks is None:
+                self.blocks = reader._blocks_of(self.segment, self.row)
+            self.block, self.i = reader._pull(self.blocks), 0
+            if self.block is None:
+                raise RuntimeError(f"{self.segment} ended after {self.row} of its {self.rows} rows")
+        sample = self.block.sample(self.i)
+        self.i += 1
+        self.row += 1
+        return sample
+
+
 def balance_splits(splits: Sequence[Split], world_size: int) -> list[list[Split]]:
     """Longest-processing-time assignment of splits to ranks; each rank's list in (file, row) order.
 
@@ -114,6 +188,14 @@ class ArrowShardReader(BaseNode[RawSample]):
         infinite: loop over passes 0, 1, 2, ... without stopping.
         stats: optional `LoaderStats`: seconds under ``read`` (record batch reads and
             column conversion, per batch) and the ``rows_read`` counter.
+        interleave: splits read at once (1: one after the other). With ``k > 1`` the
+            reader has ``k`` lanes, each reading one split of this rank's order at a
+            time; rows come one per lane, round robin, the lanes of pass ``p`` in the
+            order ``permutation(k, seed, SALT_INTERLEAVE, p)``; a lane whose split is
+            done takes the next split of the order when its turn comes (an empty lane
+            with nothing left to take is skipped). A pure function of the seed and the
+            order: the same rows in another order, so every row is still read once per
+            pass. Memory: a record batch / row group / stripe per lane.
 
     Yields ``RawSample(key=Key(index, pass), audio=pyarrow.Buffer | None,
     label=int | None, extras={name: value}, file, row, problem)``; a row with
@@ -121,19 +203,26 @@ class ArrowShardReader(BaseNode[RawSample]):
 
     ``get_state()`` is ``{"pass": int, "split_pos": int, "row": int}``: the pass,
     the position in this rank's split order of that pass, and the rows of that
-    split already yielded.
+    split already yielded. Interleaved, ``split_pos`` is the next split no lane has
+    taken yet (``row`` is 0), ``"lanes"`` holds each lane's ``[position, rows
+    yielded]`` (``[-1, 0]``: empty) and ``"turn"`` the round robin's position in the lane order.
     """
 
     PASS_KEY, SPLIT_POS_KEY, ROW_KEY, CARRY_KEY = "pass", "split_pos", "row", "carry"
+    LANES_KEY, TURN_KEY = "lanes", "turn"
 
     def __init__(self, source_or_dataset: Any, *, audio_column: str = "audio", label_column: str | None = "label",
                  columns: Sequence[str] = (), seed: int = 0, rank: int | None = 0, world_size: int | None = 1,
                  shuffle: bool = True, infinite: bool = False, split_rows: int = 512, filesystem: Any = None,
-                 stats: LoaderStats | None = None, retry: Retry | None = None, filter: Any = None):
+                 stats: LoaderStats | None = None, retry: Retry | None = None, filter: Any = None,
+                 interleave: int = 1):
         super().__init__()
         self.stats = stats
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
+        if isinstance(interleave, bool) or not isinstance(interleave, (int, np.integer)) or interleave < 1:
+            raise ValueError(f"interleave={interleave!r} must be an int >= 1 (the splits read at once; 1: one by one)")
+        self.interleave = int(interleave)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.seed, self.shuffle, self.infinite = int(seed), bool(shuffle), bool(infinite)
         self.dataset = self._dataset(source_or_dataset, audio_column, label_column, columns, split_rows, filesystem,
@@ -148,6 +237,7 @@ class ArrowShardReader(BaseNode[RawSample]):
         self._pending: dict[str, Any] | None = None  # a position to start from at the next reset(None)
         self._order: list[Segment] = []
         self._order_pass = -1
+        self._lane_order: tuple[int, list[int]] = (-1, [])  # (pass, the lanes' round-robin order in that pass)
         self._clear_position(0, 0)
 
     # ----------------------------------------------------------------- construction
@@ -247,15 +337,18 @@ class ArrowShardReader(BaseNode[RawSample]):
             self._started = False
             self._clear_position(0, 0)
             return
-        self._pass, split_pos, row, self._carry = self._checked_state(initial_state)
+        position = self._checked_state(initial_state)
+        self._pass, self._carry = position.pass_index, position.carry
         self._started = False
         self._order_pass = -1
-        self._clear_position(split_pos, row)
+        self._clear_position(position.split_pos, position.row, position.lanes, position.turn)
 
-    def _checked_state(self, state: dict[str, Any]) -> tuple[int, int, int, list[Segment]]:
+    def _checked_state(self, state: dict[str, Any]) -> ReaderPosition:
         try:
             values = [int(state[k]) for k in (self.PASS_KEY, self.SPLIT_POS_KEY, self.ROW_KEY)]
             carry = [Segment.from_list(segment) for segment in state.get(self.CARRY_KEY, ())]
+            lanes = [(int(pos), int(row)) for pos, row in state.get(self.LANES_KEY, ())]
+            turn = int(state.get(self.TURN_KEY, 0))
         except (KeyError, TypeError, ValueError) as error:
             raise CheckpointMismatchError(f"ArrowShardReader state {state!r} lacks a valid {error}; expected "
                                           "{'pass': int, 'split_pos': int, 'row': int}") from None
@@ -265,43 +358,61 @@ class ArrowShardReader(BaseNode[RawSample]):
             row == 0 if split_pos == len(order) else 0 <= row <= self.segment_rows(order[split_pos]))
         fits = fits and all(0 <= s.file_id < len(self.dataset.files) and 0 <= s.start <= s.stop
                             <= self.dataset.files[s.file_id].num_rows for s in carry)
+        fits = fits and self._lanes_fit(lanes, turn, order, split_pos, row)
         if not fits:
             raise CheckpointMismatchError(
                 f"ArrowShardReader state {state!r} does not fit this reader (rank {self.rank} has "
-                f"{len(order)} splits in pass {pass_index}); was it saved with other files, split_rows, "
-                "seed or world_size?", {"reader_state": (dict(state), None)})
-        return pass_index, split_pos, row, carry
+                f"{len(order)} splits in pass {pass_index}, interleave={self.interleave}); was it saved with other "
+                "files, split_rows, seed, world_size or interleave?", {"reader_state": (dict(state), None)})
+        return ReaderPosition(pass_index, split_pos, row, carry, lanes, turn)
 
-    def _clear_position(self, split_pos: int, row: int) -> None:
+    def _lanes_fit(self, lanes: list[tuple[int, int]], turn: int, order: list[Segment],
+                   split_pos: int, row: int) -> bool:
+        """Whether interleaving lanes (``[]``: none started) fit this reader and an order of ``split_pos`` taken."""
+        if self.interleave == 1:
+            return not lanes
+        def lane_fits(pos: int, r: int) -> bool:  # empty, or a split taken before split_pos, partly read
+            return (pos, r) == (-1, 0) or (0 <= pos < split_pos and 0 <= r < self.segment_rows(order[pos]))
+
+        taken = [pos for pos, _ in lanes if pos >= 0]
+        return (row == 0 and 0 <= turn < self.interleave
+                and len(lanes) in (0, self.interleave) and len(set(taken)) == len(taken)
+                and all(lane_fits(pos, r) for pos, r in lanes))
+
+    def _clear_position(self, split_pos: int, row: int, lanes: Sequence[tuple[int, int]] = (),
+                        turn: int = 0) -> None:
         self._split_pos, self._row = split_pos, row
         self._blocks = None  # opened lazily in next(), which may run in another thread
+        self._block: _Block | None = None
         self._i = self._n = 0
+        self._turn = turn
+        self._lanes: list[_Lane | None] = [None] * self.interleave
+        if lanes:
+            order = self._current_order()
+            self._lanes = [None if pos < 0 else _Lane(pos, order[pos], r, self.segment_rows(order[pos]))
+                           for pos, r in lanes]
+        self._active = sum(lane is not None for lane in self._lanes)
 
     def get_state(self) -> dict[str, Any]:
         state = {self.PASS_KEY: self._pass, self.SPLIT_POS_KEY: self._split_pos, self.ROW_KEY: self._row}
         if self._carry:
             state[self.CARRY_KEY] = [segment.to_list() for segment in self._carry]
+        if self.interleave > 1:
+            state[self.LANES_KEY] = [[-1, 0] if lane is None else [lane.pos, lane.row] for lane in self._lanes]
+            state[self.TURN_KEY] = self._turn
         return state
 
     def next(self) -> RawSample:
         self._started = True
+        if self.interleave > 1:
+            return self._next_interleaved()
         i = self._i
         if i >= self._n:
-            self._next_block()
+            self._read_next_block()
             i = 0
         self._i = i + 1
         self._row += 1
-        labels, problems, row = self._labels, self._problems, self._file_rows[i]
-        return RawSample(
-            Key(self._index_offset + row, self._key_pass),
-            self._audio[i],
-            labels[i] if labels is not None else None,
-            {name: values[i] for name, values in self._extras},
-            self._path,
-            row,
-            problems[i] if problems is not None else None,
-            self._checksums[i],
-        )
+        return self._block.sample(i)
 
     # ----------------------------------------------------------------- reading
 
@@ -312,67 +423,98 @@ class ArrowShardReader(BaseNode[RawSample]):
             self._order, self._order_pass = self.segments_for_pass(self._pass), self._pass
         return self._order
 
-    def _next_block(self) -> None:
-        """Load the next non-empty block of rows of this rank's read order; StopIteration at the end."""
-        if self.stats is None:
-            self._read_next_block()
-            return
-        start = time.perf_counter()
-        try:
-            self._read_next_block()
-        finally:
-            self.stats.add_seconds("read", time.perf_counter() - start)
-        self.stats.count("rows_read", self._n)
+    def _end_of_order(self) -> None:
+        """Go on with the next pass (``infinite``), or StopIteration."""
+        if not self.infinite or not self._current_order():
+            raise StopIteration
+        self._pass += 1
+        self._carry = []
+        self._clear_position(0, 0)
 
     def _read_next_block(self) -> None:
+        """Load the next non-empty block of rows of this rank's read order; StopIteration at the end."""
         while True:
             if self._blocks is None:
                 order = self._current_order()
                 if self._split_pos >= len(order):
-                    if not self.infinite or not order:
-                        raise StopIteration
-                    self._pass += 1
-                    self._carry = []
-                    self._split_pos = self._row = 0
+                    self._end_of_order()
                     continue
-                segment = order[self._split_pos]
-                self._blocks = self._read_segment(segment, self._row)
-                file = self.dataset.files[segment.file_id]
-                self._path, self._index_offset, self._key_pass = file.path, file.index_offset, segment.pass_index
-                self._remote = self.dataset.is_remote(segment.file_id)
-            block = next(self._blocks, None)
-            if block is None:
-                self._blocks = None
-                self._split_pos += 1
-                self._row = 0
-                continue
-            if block[0]:
-                self._load(*block)
+                self._blocks = self._blocks_of(order[self._split_pos], self._row)
+            block = self._pull(self._blocks)
+            if block is not None:
+                self._block, self._i, self._n = block, 0, len(block)
                 return
+            self._blocks = None
+            self._split_pos += 1
+            self._row = 0
 
-    def _read_segment(self, segment: Segment, skip: int):
-        """Blocks ``(file rows, BatchColumns)`` of a segment's rows after the first ``skip`` of them."""
+    def _next_interleaved(self) -> RawSample:
+        """The next row of the lane whose turn it is; an empty lane takes the next split of the order first."""
+        while True:
+            lane_id = self._take_turn()
+            lane = self._lanes[lane_id]
+            if lane is None:
+                lane = self._lanes[lane_id] = self._open_lane()
+                if lane is None:  # nothing left to take
+                    if not self._active:
+                        self._end_of_order()
+                    continue
+            sample = lane.next(self)
+            if lane.row == lane.rows:
+                self._lanes[lane_id] = None
+                self._active -= 1
+            return sample
+
+    def _take_turn(self) -> int:
+        """The lane whose turn it is, and the round robin one step on."""
+        pass_index, lanes = self._lane_order
+        if pass_index != self._pass:
+            lanes = permutation(self.interleave, self.seed, SALT_INTERLEAVE, self._pass).tolist()
+            self._lane_order = (self._pass, lanes)
+        lane = lanes[self._turn]
+        self._turn = (self._turn + 1) % self.interleave
+        return lane
+
+    def _open_lane(self) -> _Lane | None:
+        """A lane on the next split of the order no lane has taken (None when none is left)."""
+        order = self._current_order()
+        while self._split_pos < len(order):
+            pos = self._split_pos
+            self._split_pos += 1
+            rows = self.segment_rows(order[pos])
+            if rows:
+                self._active += 1
+                return _Lane(pos, order[pos], 0, rows)
+        return None
+
+    def _pull(self, blocks: Iterator[_Block]) -> _Block | None:
+        """The next block of ``blocks`` (None at its end), timed under ``read`` and counted in ``rows_read``."""
+        if self.stats is None:
+            return next(blocks, None)
+        start = time.perf_counter()
+        try:
+            block = next(blocks, None)
+        finally:
+            self.stats.add_seconds("read", time.perf_counter() - start)
+        if block is not None:
+            self.stats.count("rows_read", len(block))
+        return block
+
+    def _blocks_of(self, segment: Segment, skip: int) -> Iterator[_Block]:
+        """`_Block` s of a segment's rows after the first ``skip`` of them (reads without a row left out)."""
         dataset = self.dataset
+        file = dataset.files[segment.file_id]
+        remote = dataset.is_remote(segment.file_id)
         if segment.take is not None:
             rows = segment.take[skip:]
-            offset = dataset.files[segment.file_id].index_offset
             for start in range(0, len(rows), _TAKE_CHUNK):
                 part = rows[start:start + _TAKE_CHUNK]
-                yield list(part), dataset.columns_of_rows(dataset.read_rows([offset + r for r in part]))
+                cols = dataset.columns_of_rows(dataset.read_rows([file.index_offset + r for r in part]))
+                yield _Block(list(part), cols, remote, file, segment.pass_index)
             return
         for batch, file_rows, picks in dataset.read_kept(segment.file_id, segment.start, segment.stop, skip):
-            yield file_rows, dataset.columns_of(batch, picks)
-
-    def _load(self, file_rows: list[int], cols: Any) -> None:
-        self._audio, self._labels, self._extras, self._problems = cols
-        if self._remote:
-            # A remote row is a copy in memory either way; its own bytes, so that a row held in a
-            # shuffle buffer does not keep its whole record batch / row group alive (measured: 3x).
-            self._audio = [None if audio is None else audio.to_pybytes() for audio in self._audio]
-        self._file_rows = file_rows
-        # Now, right after the read checked the file: a row's bytes are not touched again until it is decoded.
-        self._checksums = [audio_checksum(audio) for audio in cols.audio]
-        self._i, self._n = 0, len(file_rows)
+            if file_rows:
+                yield _Block(file_rows, dataset.columns_of(batch, picks), remote, file, segment.pass_index)
 
     # ----------------------------------------------------------------- random access
 

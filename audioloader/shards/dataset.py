@@ -15,13 +15,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from ..errors import SchemaError, ShardReadError
-from .filters import filter_columns, kept_positions, parquet_row_groups_that_may_match
-from .formats import _FileMeta, _open_random, _scan_all
-from .readers import _audio_values, _IpcFileHandle, _IpcStreamHandle, _ParquetHandle
+from ..errors import ShardReadError
+from .filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
+from .formats import _cheapest_column, _FileMeta, _open_random, _scan_all, listed_meta
+from .readers import _audio_values, _ConformedHandle, _IpcFileHandle, _IpcStreamHandle, _OrcHandle, _ParquetHandle
 from .retry import DEFAULT_RETRY, Retry, with_retries
-from .schema import _check_schema, _label_names
-from .sources import resolve_source
+from .schema import _check_schema, _label_names, check_columns, unify
+from .sources import IcebergTable, TableSnapshot, resolve_iceberg, resolve_source
 from .splits import Split, _file_splits, _numbered
 
 # Open file handles kept per thread (memory maps are cheap; this bounds open fds).
@@ -37,10 +37,10 @@ class ShardFile:
 
     Attributes:
         path: local absolute path or URL.
-        format: ``"ipc_file"``, ``"ipc_stream"`` or ``"parquet"``.
+        format: ``"ipc_file"``, ``"ipc_stream"``, ``"parquet"`` or ``"orc"``.
         size: file size in bytes.
         num_rows: rows in the file.
-        batch_rows: rows per record batch (IPC) or row group (Parquet), in file order.
+        batch_rows: rows per record batch (IPC), row group (Parquet) or stripe (ORC), in file order.
         index_offset: global index of this file's row 0.
     """
 
@@ -94,10 +94,11 @@ class ShardDataset:
     """The shard files of a source: metadata, splits, schema checks and reads.
 
     Args:
-        source: a folder (searched recursively for ``.arrow .ipc .feather .parquet .pq``;
+        source: a folder (searched recursively for ``.arrow .ipc .feather .parquet .pq .orc``;
             a Hugging Face ``save_to_disk`` folder uses its ``state.json``), a glob, a file
             (any name: the format is sniffed), a URL (``s3://``, ``gs://``, ``file://``,
-            any fsspec scheme), or a list of these.
+            any fsspec scheme), or a list of these; or an `IcebergTable` (the data files of
+            one snapshot of an Apache Iceberg table).
         audio_column: encoded audio, binary/large_binary or a struct with a binary ``bytes`` field.
         label_column: integer class ids, or ``None`` for unlabeled data.
         columns: extra columns carried with each row (any type, converted to Python values).
@@ -105,7 +106,8 @@ class ShardDataset:
         filesystem: a ``pyarrow.fs.FileSystem`` in which the source paths are resolved.
         retry: how remote reads are retried (`Retry`); local reads are never retried.
         filter: a ``pyarrow.compute.Expression`` over non-audio columns; only the rows
-            it keeps are read (see `audioloader.shards.filters`: Parquet row groups
+            it keeps are read (see `audioloader.shards.filters`: a table's data files
+            pruned by their partition values and column bounds, Parquet row groups
             pruned by statistics, then the filter's columns read and evaluated, at
             construction). Rows keep their global index.
 
@@ -114,16 +116,23 @@ class ShardDataset:
         splits: the `Split` list in (file, row) order.
         num_rows: total rows (before a filter).
         num_kept_rows: rows the filter keeps (``num_rows`` without one).
-        filter_stats: with a filter, ``{"row_groups_pruned", "units_filtered", "rows_kept"}``: Parquet
-            row groups skipped by their statistics, batches / row groups whose filter columns were
-            read, and rows kept.
-        schema: the first file's full schema (with its metadata).
+        filter_stats: with a filter, ``{"files_pruned", "row_groups_pruned", "units_filtered",
+            "rows_kept"}``: a table's data files skipped by their metadata (never opened), Parquet
+            row groups skipped by their statistics, batches / row groups / stripes whose filter
+            columns were read, and rows kept.
+        schema: the files' unified schema (`schema.unify`): every column of any file, in order
+            of first appearance, each with the type that holds every file's values (files may
+            differ by a column added later, read as nulls where missing, a wider integer or float,
+            large_binary / large_string for binary / string); metadata from the first file. It is a
+            function of the files' schemas, which their identity digests cover: not fingerprinted apart.
         label_names: class names from schema metadata, or ``None``.
+        table: for an `IcebergTable`, the `TableSnapshot` read (table, snapshot id, schema); else None.
 
     Raises:
         SourceNotFoundError: nothing matches the source (a ``ShardReadError`` and ``FileNotFoundError``).
-        ShardReadError: a file is not Arrow/Parquet, or is truncated/unreadable.
-        SchemaError: a column is missing, has the wrong type, or files disagree.
+        ShardReadError: a file is not Arrow/Parquet/ORC, or is truncated/unreadable.
+        SchemaError: a column is in no file or has the wrong type, or files disagree on a used column's
+            type beyond a widening (the message names both files).
         ValueError: bad arguments, or the source has no rows.
     """
 
@@ -134,9 +143,14 @@ class ShardDataset:
         self.columns = self._check_arguments(audio_column, label_column, columns, split_rows, filesystem)
         self.split_rows = split_rows
         self.retry = _check_retry(retry)
-        self._locations = resolve_source(source, filesystem, self.retry)
-        metas = _scan_all(self._locations, self.retry)
-        self._check_schemas(metas)
+        self.table: TableSnapshot | None = None
+        if isinstance(source, IcebergTable):
+            self.table, self._locations = resolve_iceberg(source, filesystem, self.retry, guarantees=filter is not None)
+        else:
+            self._locations = resolve_source(source, filesystem, self.retry)
+        self._pruned = self._pruned_by_table(filter)
+        metas = self._scan()
+        self._unified = self._unify_schemas(metas)
         self._metas = metas
         self.files = self._make_files(metas)
         self.num_rows = sum(f.num_rows for f in self.files)
@@ -146,8 +160,8 @@ class ShardDataset:
         self._offsets = [f.index_offset for f in self.files]
         self._unit_starts = [tuple(np.cumsum((0, *f.batch_rows)).tolist()) for f in self.files]
         self.splits = _numbered([s for i, f in enumerate(self.files) for s in
-                                 _file_splits(i, f.batch_rows, split_rows, f.format != "parquet")])
-        self.schema = metas[0].schema
+                                 _file_splits(i, f.batch_rows, split_rows, f.format in ("ipc_file", "ipc_stream"))])
+        self.schema = self._unified.schema
         self.label_names = _label_names(self.schema, label_column)
         self._tls = threading.local()
         self._kept: list[np.ndarray | None] = [None] * len(self.files)  # file rows a filter keeps (None: all)
@@ -181,20 +195,34 @@ class ShardDataset:
                             "wrap an fsspec filesystem with pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs))")
         return extras
 
-    def _check_schemas(self, metas: list[_FileMeta]) -> None:
-        used = [self.audio_column, *([self.label_column] if self.label_column else []), *self.columns]
-        first = None
-        for loc, meta in zip(self._locations, metas, strict=True):
-            _check_schema(loc.path, meta.schema, self.audio_column, self.label_column, self.columns)
-            if first is None:
-                first = (loc, meta)
-                continue
-            for name in used:
-                theirs, ours = first[1].schema.field(name).type, meta.schema.field(name).type
-                if theirs != ours:
-                    raise SchemaError(f"column {name!r} has type {theirs} in {first[0].path} but {ours} in "
-                                      f"{loc.path}; all shards must agree on the used columns. Re-write the "
-                                      "odd shards with the same schema, or read them as separate sources")
+    def _pruned_by_table(self, expression: Any) -> set[int]:
+        """The files a table's metadata rules out for ``expression`` (`filters.files_that_may_match`)."""
+        if self.table is None or expression is None:
+            return set()
+        may_match = files_that_may_match([loc.listed.guarantee for loc in self._locations], self.table.schema,
+                                         expression)
+        pruned = set() if may_match is None else set(range(len(self._locations))) - may_match
+        if len(pruned) == len(self._locations):
+            raise ValueError(f"filter={expression} keeps none of the {len(pruned)} data files of Iceberg table "
+                             f"{self.table.table!r} (snapshot {self.table.snapshot_id}): their partition values and "
+                             "column bounds rule it out; loosen it or read another table")
+        return pruned
+
+    def _scan(self) -> list[_FileMeta]:
+        """Every file's metadata: scanned, or what its table says for a file a filter pruned (it is never opened)."""
+        scanned = iter(_scan_all([loc for i, loc in enumerate(self._locations) if i not in self._pruned], self.retry))
+        return [listed_meta(loc.listed) if i in self._pruned else next(scanned)
+                for i, loc in enumerate(self._locations)]
+
+    def _unify_schemas(self, metas: list[_FileMeta]) -> Any:
+        """The scanned files' `schema.Unified` schema, after checking each file's audio and label types."""
+        paths = [loc.path for loc, meta in zip(self._locations, metas, strict=True) if meta.schema is not None]
+        schemas = [meta.schema for meta in metas if meta.schema is not None]
+        for path, schema in zip(paths, schemas, strict=True):
+            _check_schema(path, schema, self.audio_column, self.label_column)
+        unified = unify(paths, schemas)
+        check_columns(unified, paths, self.audio_column, self.label_column, self.columns)
+        return unified
 
     def _make_files(self, metas: list[_FileMeta]) -> list[ShardFile]:
         files, offset = [], 0
@@ -209,10 +237,11 @@ class ShardDataset:
     def _apply_filter(self, expression: Any) -> None:
         """Which rows the filter keeps, per file, from the filter's columns only (see `audioloader.shards.filters`)."""
         columns = filter_columns(expression, self.schema, self.audio_column)
+        self._unified.check_used(columns)
         results = [self._keep_of_file(file_id, expression, columns) for file_id in range(len(self.files))]
         self._kept = [kept for kept, _, _ in results]
         self.num_kept_rows = sum(len(kept) for kept in self._kept)
-        self.filter_stats = {"row_groups_pruned": sum(p for _, p, _ in results),
+        self.filter_stats = {"files_pruned": len(self._pruned), "row_groups_pruned": sum(p for _, p, _ in results),
                              "units_filtered": sum(u for _, _, u in results), "rows_kept": self.num_kept_rows}
         if self.num_kept_rows == 0:
             raise ValueError(f"filter={expression} keeps none of the {self.num_rows} rows of {len(self.files)} "
@@ -221,11 +250,15 @@ class ShardDataset:
 
     def _keep_of_file(self, file_id: int, expression: Any, columns: list[str]) -> tuple[np.ndarray, int, int]:
         """``(kept file rows, row groups pruned by statistics, units whose filter columns were read)``."""
+        if file_id in self._pruned:  # ruled out by its table's metadata: never opened
+            return np.zeros(0, dtype=np.int64), 0, 0
         loc, meta = self._locations[file_id], self._metas[file_id]
         units = list(range(len(meta.unit_rows)))
         if meta.format == "parquet" and units:
-            may_match = self._remote_or_local(
-                file_id, "statistics", lambda: parquet_row_groups_that_may_match(loc.fs_path, loc.fs, expression))
+            def by_statistics() -> list[int]:
+                return parquet_row_groups_that_may_match(loc.fs_path, loc.fs, expression, self.schema)
+
+            may_match = self._remote_or_local(file_id, "statistics", by_statistics)
             units = [u for u in units if u in set(may_match)]
         pruned = len(meta.unit_rows) - len(units)
         kept = []
@@ -295,6 +328,8 @@ class ShardDataset:
         }
         if self.filter is not None:
             fingerprint["filter"] = str(self.filter)
+        if self.table is not None:
+            fingerprint["table"] = {"iceberg": self.table.table, "snapshot_id": self.table.snapshot_id}
         return fingerprint
 
     def identity(self) -> dict[str, list[Any]]:
@@ -302,8 +337,9 @@ class ShardDataset:
 
         ``digests``: a hash of the metadata read at construction: the IPC file footer
         (schema with its metadata, every record batch's offset and sizes), every
-        IPC stream message header, or the Parquet footer (schema, row groups, column
-        chunk sizes and statistics). ``mtimes``: modification times in ns (None where
+        IPC stream message header, the Parquet footer (schema, row groups, column
+        chunk sizes and statistics), or the ORC file tail (postscript and footer:
+        schema, stripes and their sizes and rows, statistics). ``mtimes``: modification times in ns (None where
         the storage has none). Computed from bytes read anyway: costs no extra read.
         """
         return {"digests": [m.digest for m in self._metas], "mtimes": [m.mtime_ns for m in self._metas]}
@@ -366,9 +402,22 @@ class ShardDataset:
             handle.close()
 
     def _open_handle(self, file_id: int, columns: Sequence[str] | None = None) -> Any:
-        """A handle reading ``columns`` (default: the used ones) of a file."""
-        loc, meta = self._locations[file_id], self._metas[file_id]
+        """A handle reading ``columns`` (default: the used ones) of a file, in the unified schema's types."""
+        meta = self._metas[file_id]
+        if meta.schema is None:
+            raise IndexError(f"{self.files[file_id].path} was pruned by the filter (its table metadata rules it "
+                             "out), so its rows are not this source's rows and it is never read")
         columns = self.used_columns if columns is None else list(columns)
+        target = pa.schema([self.schema.field(c) for c in columns])
+        present = [c for c in columns if c in meta.schema.names]
+        # A file with none of the columns still reads one, for its rows' count (ORC gives no rows for no columns).
+        handle = self._open_format_handle(file_id, present or [_cheapest_column(meta.schema)])
+        if present != columns or any(meta.schema.field(c).type != target.field(c).type for c in present):
+            return _ConformedHandle(handle, target)  # schema evolution: missing columns, narrower types
+        return handle
+
+    def _open_format_handle(self, file_id: int, columns: list[str]) -> Any:
+        loc, meta = self._locations[file_id], self._metas[file_id]
         f = _open_random(loc)
         try:
             if f.size() != meta.size:
@@ -379,6 +428,8 @@ class ShardDataset:
                 return _IpcFileHandle(f, meta.schema, columns, loc.fs is None, meta.tail)
             if meta.format == "ipc_stream":
                 return _IpcStreamHandle(f, meta.schema, meta.offsets or (), columns)
+            if meta.format == "orc":
+                return _OrcHandle(f, columns, meta.tail)
             return _ParquetHandle(f, columns, meta.parquet_metadata)
         except (OSError, pa.ArrowException) as error:
             f.close()
@@ -407,7 +458,7 @@ class ShardDataset:
 
         Only the used columns; zero-copy for local IPC files and streams (slices of
         the memory map). Batches before ``start_row`` are not read; a Parquet row
-        group is read whole and sliced.
+        group or ORC stripe is read whole and sliced.
         """
         begin, stop = split.start + start_row, split.stop
         starts = self._unit_starts[split.file_id]

@@ -11,12 +11,17 @@ is read:
    are read (a projected read: remotely, ranged reads of those columns only) and
    the expression is evaluated on them; the rows it keeps are recorded per file.
 
+Before both, for a table source (`IcebergTable`), **data files are pruned by
+their metadata** (`files_that_may_match`): each file's partition values and
+column bounds make an expression all its rows satisfy, and pyarrow's dataset
+layer drops the files whose expression rules the filter out. They are never
+opened.
+
 Reading then touches only the kept rows' audio (a record batch or row group
 without a kept row is never read). Rows keep their global index, so keys,
-crops, resume and exactly-once evaluation work as without a filter. The same
-expression is what a table format's partition pruning would take (e.g. an
-Iceberg scan's ``row_filter``): `filter_columns` and `kept_positions` work on any
-Arrow data.
+crops, resume and exactly-once evaluation work as without a filter. This module
+depends only on Arrow: `filter_columns`, `kept_positions` and
+`files_that_may_match` work on any Arrow data.
 """
 
 from __future__ import annotations
@@ -79,7 +84,28 @@ def kept_positions(batches: list[pa.RecordBatch], expression: pc.Expression) -> 
     return table.filter(expression).column(_ROW).to_numpy()
 
 
-def parquet_row_groups_that_may_match(path: str, filesystem: Any, expression: pc.Expression) -> list[int]:
-    """Row groups of a Parquet file whose statistics do not rule out a match (pyarrow prunes them)."""
+def parquet_row_groups_that_may_match(path: str, filesystem: Any, expression: pc.Expression,
+                                      schema: pa.Schema) -> list[int]:
+    """Row groups of a Parquet file whose statistics do not rule out a match (pyarrow prunes them).
+
+    ``schema``: the source's unified schema (a column the file lacks is null there, a narrower type widened).
+    """
     fragment = pads.ParquetFileFormat().make_fragment(path, filesystem=filesystem or pafs.LocalFileSystem())
-    return [group.id for group in fragment.subset(expression).row_groups]
+    return [group.id for group in fragment.subset(expression, schema=schema).row_groups]
+
+
+def files_that_may_match(guarantees: list[pc.Expression], schema: pa.Schema,
+                         expression: pc.Expression) -> set[int] | None:
+    """Positions of the files whose guarantee (an expression every row of the file satisfies) does not rule
+    ``expression`` out, decided by pyarrow's dataset layer (its partition pruning); no file is opened.
+
+    ``schema``: what the guarantees and the expression are bound to. None when the expression
+    does not bind to it (the caller's own checks then report why).
+    """
+    paths = [f"/{i}" for i in range(len(guarantees))]  # never opened: placeholders that carry the position
+    dataset = pads.FileSystemDataset.from_paths(paths, schema=schema, format=pads.ParquetFileFormat(),
+                                                filesystem=pafs.LocalFileSystem(), partitions=guarantees)
+    try:
+        return {int(fragment.path[1:]) for fragment in dataset.get_fragments(filter=expression)}
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
@@ -14,9 +15,9 @@ import pyarrow.parquet as pq
 
 from ..errors import ShardReadError
 from .retry import DEFAULT_RETRY, Retry, with_retries
-from .sources import ACCEPTED, _Location
+from .sources import ACCEPTED, TableFile, _Location
 
-FORMATS = ("ipc_file", "ipc_stream", "parquet")
+FORMATS = ("ipc_file", "ipc_stream", "parquet", "orc")
 
 # Files scanned in parallel at construction (remote metadata reads are latency-bound).
 _SCAN_THREADS = 8
@@ -43,13 +44,62 @@ def _read_at(f: Any, nbytes: int, offset: int) -> bytes:
     return data.to_pybytes() if isinstance(data, pa.Buffer) else bytes(data)
 
 
+class _TailCachedFile(io.RawIOBase):
+    """A remote file whose last bytes (an IPC footer, an ORC tail) come from memory: pyarrow's reader then never
+    reads them again.
+
+    Other reads go to the remote file as ranged reads of exactly what pyarrow asks for.
+    """
+
+    def __init__(self, f: Any, tail: bytes) -> None:
+        super().__init__()
+        self._file, self._tail = f, tail
+        self._size = f.size()
+        self._tail_start = self._size - len(tail)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = {0: 0, 1: self._pos, 2: self._size}[whence] + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        end = self._size if size is None or size < 0 else min(self._size, self._pos + size)
+        if self._pos >= self._tail_start:
+            data = self._tail[self._pos - self._tail_start:end - self._tail_start]
+        else:
+            data = self._file.read_at(end - self._pos, self._pos)
+            data = data.to_pybytes() if isinstance(data, pa.Buffer) else bytes(data)
+        self._pos += len(data)
+        return data
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+def tail_cached(f: Any, tail: bytes) -> pa.PythonFile:
+    """``f`` (a remote random-access file) as a pyarrow file whose last ``len(tail)`` bytes are served from ``tail``."""
+    return pa.PythonFile(_TailCachedFile(f, tail), mode="r")
+
+
 def _sniff(loc: _Location, f: Any, size: int) -> str:
-    """The format from the first bytes: ``ARROW1`` (IPC file), ``PAR1`` (Parquet), 0xFFFFFFFF (stream)."""
+    """The format from the first bytes: ``ARROW1`` (IPC file), ``PAR1`` (Parquet), ``ORC``, 0xFFFFFFFF (stream)."""
     head = _read_at(f, min(8, size), 0)
     if head.startswith(b"ARROW1"):
         return "ipc_file"
     if head.startswith(b"PAR1"):
         return "parquet"
+    if head.startswith(b"ORC"):
+        return "orc"
     if head.startswith(_CONTINUATION):
         return "ipc_stream"
     if len(head) == 8:
@@ -59,7 +109,7 @@ def _sniff(loc: _Location, f: Any, size: int) -> str:
             return "ipc_stream"
     what = "an empty file" if size == 0 else (
         "Feather v1 (not supported)" if head.startswith(b"FEA1") else f"starts with {head[:8]!r}")
-    raise ShardReadError(f"{loc.path} is not an Arrow IPC or Parquet file ({what}). Accepted formats: "
+    raise ShardReadError(f"{loc.path} is not an Arrow IPC, Parquet or ORC file ({what}). Accepted formats: "
                          f"{ACCEPTED}; remove the file from the source or convert it (e.g. `audioloader pack`)")
 
 
@@ -139,7 +189,7 @@ class _FileMeta:
 
     format: str
     size: int
-    schema: pa.Schema
+    schema: pa.Schema | None  # None: a table's data file a filter pruned by its metadata (never opened)
     unit_rows: tuple[int, ...]
     # IPC stream: byte offset of each record batch message, for seeking.
     offsets: tuple[int, ...] | None = None
@@ -147,7 +197,8 @@ class _FileMeta:
     digest: str = ""
     # Parquet: the footer, parsed once here and handed to every reader of the file.
     parquet_metadata: Any = None
-    # Remote IPC file: its last bytes (footer, length, magic), read once here and served to every reader.
+    # Remote IPC file: its last bytes (footer, length, magic); remote ORC file: its last 16 KiB or more (postscript,
+    # footer, stripe statistics). Read once here and served to every reader (`tail_cached`).
     tail: bytes | None = None
 
 
@@ -194,6 +245,67 @@ def _scan_ipc_stream(f: Any, size: int, digest: Any) -> tuple[pa.Schema, tuple[i
     return schema, tuple(r for _, r in batches), tuple(p for p, _ in batches)
 
 
+def orc_module() -> Any:
+    """``pyarrow.orc``, imported when an ORC file is met (pyarrow builds without ORC, e.g. on Windows, lack it)."""
+    try:
+        import pyarrow.orc
+    except ImportError as error:
+        raise ShardReadError(f"this pyarrow ({pa.__version__}) was built without ORC support ({error}); install a "
+                             "pyarrow wheel with ORC (Linux and macOS wheels have it) or convert the ORC files to "
+                             "Parquet") from None
+    return pyarrow.orc
+
+
+def _cheapest_column(schema: pa.Schema) -> str:
+    """The column whose values cost least to read: fixed-width ones by bit width, then strings, binaries, nested."""
+    def cost(field: pa.Field) -> tuple[int, int]:
+        t = field.type
+        if t.num_fields == 0:
+            try:
+                return 0, t.bit_width
+            except ValueError:  # variable width
+                pass
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            return 1, 0
+        return (2, 0) if t.num_fields == 0 else (3, 0)
+    return min(schema, key=cost).name
+
+
+def _stripe_rows(orc_file: Any) -> tuple[int, ...]:
+    """Rows per stripe of an ``pyarrow.orc.ORCFile``.
+
+    pyarrow exposes the file's rows but not each stripe's, so each stripe but the
+    last has its cheapest column read once (a few KB per stripe of integers; see
+    `_cheapest_column`) and the last one gets the rest. A file of one stripe reads nothing.
+    """
+    stripes, total = orc_file.nstripes, orc_file.nrows
+    if stripes <= 1:
+        return (total,) if stripes else ()
+    column = _cheapest_column(orc_file.schema)
+    rows = [orc_file.read_stripe(i, columns=[column]).num_rows for i in range(stripes - 1)]
+    return (*rows, total - sum(rows))
+
+
+#: Bytes at the end of an ORC file that its reader reads first (the ORC library's guess for the tail's size).
+_ORC_TAIL_GUESS = 16384
+
+
+def _scan_orc(f: Any, local: bool, digest: Any) -> tuple[pa.Schema, tuple[int, ...], bytes | None]:
+    """Schema, rows per stripe, and a remote file's tail (see `_FileMeta.tail`).
+
+    The digest takes the serialized file tail (postscript and footer: schema, stripes, statistics).
+    """
+    size, tail = f.size(), None
+    if not local:  # read the tail once, here; the reader and every later handle take it from memory
+        tail = _read_at(f, min(size, _ORC_TAIL_GUESS), max(0, size - _ORC_TAIL_GUESS))
+    orc_file = orc_module().ORCFile(f if tail is None else tail_cached(f, tail))
+    needed = orc_file.stripe_statistics_length + orc_file.file_footer_length + orc_file.file_postscript_length + 1
+    if tail is not None and needed > len(tail):  # a tail past the guess: keep all of it
+        tail = _read_at(f, needed, size - needed)
+    digest.update(orc_file.reader.serialized_file_tail())
+    return orc_file.schema, _stripe_rows(orc_file), tail
+
+
 def _local_mtime_ns(loc: _Location) -> int:
     try:
         return os.stat(loc.fs_path).st_mtime_ns
@@ -212,6 +324,8 @@ def _scan_opened(loc: _Location, f: Any) -> _FileMeta:
         tail = None if loc.fs is None else tail
     elif fmt == "ipc_stream":
         schema, rows, offsets = _scan_ipc_stream(f, size, digest)
+    elif fmt == "orc":
+        schema, rows, tail = _scan_orc(f, loc.fs is None, digest)
     else:
         parquet_metadata = pq.ParquetFile(f).metadata
         schema = parquet_metadata.schema.to_arrow_schema()
@@ -242,6 +356,25 @@ def _remote_mtime_ns(loc: _Location) -> int | None:
     return info.mtime_ns if info.mtime_ns is not None and info.mtime_ns > 0 else None
 
 
+def listed_meta(listed: TableFile) -> _FileMeta:
+    """The `_FileMeta` of a table's data file that is not scanned: its table's word for its format, size and
+    rows (one unit), no schema. Its digest is of that metadata: the table's snapshot pins the content."""
+    digest = _hasher()
+    digest.update(f"{listed.format}:{listed.size}:{listed.rows}".encode())
+    return _FileMeta(listed.format, listed.size, None, (listed.rows,), digest=digest.hexdigest())
+
+
+def _check_listed(loc: _Location, meta: _FileMeta) -> _FileMeta:
+    """``meta``, if it agrees with what the file's table says about it (a table's rows must be the files' rows)."""
+    listed = loc.listed
+    if listed is not None and (meta.format, meta.size, sum(meta.unit_rows)) != (listed.format, listed.size,
+                                                                                 listed.rows):
+        raise ShardReadError(f"data file {loc.path} is {meta.format}, {meta.size} bytes, {sum(meta.unit_rows)} rows, "
+                             f"but its table's metadata says {listed.format}, {listed.size} bytes, {listed.rows} "
+                             "rows: the file was changed outside the table; restore it or repair the table")
+    return meta
+
+
 def _scan_file(loc: _Location, retry: Retry = DEFAULT_RETRY) -> _FileMeta:
     """Format, size, schema, batch / row-group boundaries and identity of one file, without reading audio.
 
@@ -249,8 +382,9 @@ def _scan_file(loc: _Location, retry: Retry = DEFAULT_RETRY) -> _FileMeta:
     """
     try:
         if loc.fs is None:
-            return _scan_once(loc)
-        return with_retries(lambda: _scan_once(loc), what=f"the footer of shard {loc.path}", retry=retry)
+            return _check_listed(loc, _scan_once(loc))
+        return _check_listed(loc, with_retries(lambda: _scan_once(loc), what=f"the footer of shard {loc.path}",
+                                               retry=retry))
     except ShardReadError:
         raise
     except (OSError, EOFError, ValueError, struct.error, IndexError, pa.ArrowException) as error:

@@ -1,8 +1,7 @@
-"""Readers: per-file handles reading one record batch / row group, and zero-copy audio values."""
+"""Readers: per-file handles reading one record batch / row group / stripe, and zero-copy audio values."""
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,52 +9,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-
-class _TailCachedFile(io.RawIOBase):
-    """A remote file whose last bytes (an IPC footer) come from memory: pyarrow's reader then never reads them again.
-
-    Other reads go to the remote file as ranged reads of exactly what pyarrow asks for.
-    """
-
-    def __init__(self, f: Any, tail: bytes) -> None:
-        super().__init__()
-        self._file, self._tail = f, tail
-        self._size = f.size()
-        self._tail_start = self._size - len(tail)
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self._pos = {0: 0, 1: self._pos, 2: self._size}[whence] + offset
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def read(self, size: int = -1) -> bytes:
-        end = self._size if size is None or size < 0 else min(self._size, self._pos + size)
-        if self._pos >= self._tail_start:
-            data = self._tail[self._pos - self._tail_start:end - self._tail_start]
-        else:
-            data = self._file.read_at(end - self._pos, self._pos)
-            data = data.to_pybytes() if isinstance(data, pa.Buffer) else bytes(data)
-        self._pos += len(data)
-        return data
-
-    def close(self) -> None:
-        self._file.close()
-        super().close()
+from .formats import orc_module, tail_cached
 
 
 class _IpcFileHandle:
     """Random access to one IPC file's record batches, projected to the used columns.
 
-    ``tail``: a remote file's footer bytes from construction (see `_TailCachedFile`).
+    ``tail``: a remote file's footer bytes from construction (see `tail_cached`).
     """
 
     def __init__(self, f: Any, schema: pa.Schema, columns: Sequence[str], local: bool, tail: bytes | None = None):
@@ -66,7 +26,7 @@ class _IpcFileHandle:
         else:
             # Remotely, fetch only the used columns' buffers.
             if tail is not None:
-                self._file = f = pa.PythonFile(_TailCachedFile(f, tail), mode="r")
+                self._file = f = tail_cached(f, tail)
             included = sorted(schema.get_field_index(c) for c in columns)
             self._reader = pa.ipc.open_file(f, options=pa.ipc.IpcReadOptions(included_fields=included))
 
@@ -105,6 +65,51 @@ class _ParquetHandle:
 
     def close(self) -> None:
         self._file.close()
+
+
+class _OrcHandle:
+    """One ORC file: a unit is a stripe, read whole (pyarrow reads ORC by stripe, like Parquet by row group).
+
+    ``tail``: a remote file's last bytes from construction (see `tail_cached`).
+    """
+
+    def __init__(self, f: Any, columns: Sequence[str], tail: bytes | None = None):
+        self._file = f if tail is None else tail_cached(f, tail)
+        self._orc = orc_module().ORCFile(self._file)  # reads the file tail (from memory when cached)
+        self._columns = list(columns)
+
+    def unit(self, i: int) -> list[pa.RecordBatch]:
+        return [self._orc.read_stripe(i, columns=self._columns).select(self._columns)]
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class _ConformedHandle:
+    """A handle whose batches are read into a target schema: a file of a source whose schemas evolved."""
+
+    def __init__(self, handle: Any, schema: pa.Schema):
+        self._handle, self._schema = handle, schema
+
+    def unit(self, i: int) -> list[pa.RecordBatch]:
+        return [conform(batch, self._schema) for batch in self._handle.unit(i)]
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with ``schema``'s columns: cast to its types (binary -> large_binary shares the values'
+    buffer), a column the batch lacks as nulls."""
+    arrays = []
+    for field in schema:
+        index = batch.schema.get_field_index(field.name)
+        if index < 0:
+            arrays.append(pa.nulls(batch.num_rows, field.type))
+        else:
+            column = batch.column(index)
+            arrays.append(column if column.type == field.type else column.cast(field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def _audio_values(column: pa.Array) -> tuple[list[Any], np.ndarray | None]:

@@ -1,4 +1,4 @@
-"""Where shards live: a source (folder, glob, file, URL, list) resolved to sorted shard locations."""
+"""Where shards live: a source (folder, glob, file, URL, list, Iceberg table) resolved to sorted shard locations."""
 
 from __future__ import annotations
 
@@ -7,17 +7,19 @@ import glob
 import json
 import os
 import urllib.parse
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from ..errors import ShardReadError
 from .retry import DEFAULT_RETRY, Retry, with_retries
 
-SHARD_EXTENSIONS = (".arrow", ".ipc", ".feather", ".parquet", ".pq")
-ACCEPTED = "Arrow IPC file (.arrow/.feather v2), Arrow IPC stream (Hugging Face save_to_disk) or Parquet"
+SHARD_EXTENSIONS = (".arrow", ".ipc", ".feather", ".parquet", ".pq", ".orc")
+ACCEPTED = "Arrow IPC file (.arrow/.feather v2), Arrow IPC stream (Hugging Face save_to_disk), Parquet or ORC"
 
 _GLOB_CHARS = "*?["
 
@@ -27,17 +29,36 @@ class SourceNotFoundError(ShardReadError, FileNotFoundError):
 
 
 @dataclass(frozen=True)
+class TableFile:
+    """What a table's metadata says about one of its data files.
+
+    Attributes:
+        format: ``"parquet"`` or ``"orc"``.
+        size: bytes.
+        rows: rows (the file must have exactly these: checked when it is scanned).
+        guarantee: a ``pyarrow.compute.Expression`` that every row of the file satisfies
+            (its partition values and column bounds), or None when not asked for.
+    """
+
+    format: str
+    size: int
+    rows: int
+    guarantee: Any = None
+
+
+@dataclass(frozen=True)
 class _Location:
     """Where a file lives: ``fs is None`` means a local path we can memory-map.
 
     ``mtime_ns``: the modification time a remote listing reported (None: not listed; local
-    files are stat'ed when scanned).
+    files are stat'ed when scanned). ``listed``: a table's metadata about the file (Iceberg).
     """
 
     path: str  # shown to users: local absolute path or URL
     fs: Any
     fs_path: str
     mtime_ns: int | None = None
+    listed: TableFile | None = None
 
 
 def _is_url(text: str) -> bool:
@@ -175,6 +196,9 @@ def _expand_remote(item: str, fs: Any, fs_path: str, retry: Retry) -> tuple[list
 def _expand(item: Any, filesystem: Any, retry: Retry) -> tuple[list[_Location], str]:
     if isinstance(item, os.PathLike):
         item = os.fspath(item)
+    if isinstance(item, IcebergTable):
+        raise TypeError(f"{item} is a whole source: pass it alone (source=IcebergTable(...)), or mix it with other "
+                        "sources in an audioloader.Mix")
     if not isinstance(item, str):
         raise TypeError(f"a shard source must be a path, URL, glob or a list of them; got {type(item).__name__}")
     if filesystem is not None and not isinstance(filesystem, pafs.LocalFileSystem):
@@ -214,3 +238,192 @@ def resolve_source(source: Any, filesystem: Any = None, retry: Retry = DEFAULT_R
             + f". Shards are {ACCEPTED} files; in folders only names ending in "
             + ", ".join(SHARD_EXTENSIONS) + " are taken (name a file directly to use another name)")
     return [found[p] for p in sorted(found)]
+
+
+# ----------------------------------------------------------------------------- Iceberg tables
+
+
+@dataclass(frozen=True)
+class IcebergTable:
+    """An Apache Iceberg table as a source: the data files of one snapshot, read like shard files.
+
+    ``source=al.IcebergTable("audio.clips", catalog={"type": "sql", "uri": "sqlite:///wh/catalog.db",
+    "warehouse": "file:///wh"})``. Needs ``pyiceberg`` (imported only when such a source
+    is used). Plain data, so a loader built on it pickles; the table is opened
+    where the loader is built.
+
+    Attributes:
+        table: the table's identifier, ``"namespace.name"``.
+        catalog: pyiceberg catalog properties (``pyiceberg.catalog.load_catalog(catalog_name,
+            **catalog)``: ``type``, ``uri``, ``warehouse``, credentials ...); empty: pyiceberg's
+            configuration (``~/.pyiceberg.yaml``, ``PYICEBERG_CATALOG__*`` variables) for ``catalog_name``.
+        snapshot_id: the snapshot to read; None: the table's current snapshot when the loader is built.
+        catalog_name: the catalog's name in pyiceberg's configuration.
+
+    Rows are the snapshot's data files' rows (Parquet and ORC), files sorted by path;
+    a row's index is its file's offset among *all* the snapshot's data files plus
+    its row, so a ``filter=`` that prunes files (by their partition values and
+    column bounds) shifts no other row. The snapshot id is in the checkpoint's
+    fingerprint: a resume against another snapshot is refused, naming both.
+    Tables with delete files (row-level deletes) are refused: compact them first.
+    """
+
+    table: str
+    catalog: Mapping[str, Any] = field(default_factory=dict)
+    snapshot_id: int | None = None
+    catalog_name: str = "default"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.table, str) or "." not in self.table:
+            raise ValueError(f"IcebergTable(table={self.table!r}): name a table as 'namespace.table'")
+        if not isinstance(self.catalog, Mapping):
+            raise TypeError(f"IcebergTable(catalog=...) takes the catalog's properties as a dict, got "
+                            f"{type(self.catalog).__name__}")
+        if self.snapshot_id is not None and (isinstance(self.snapshot_id, bool) or not isinstance(self.snapshot_id,
+                                                                                                   int)):
+            raise TypeError(f"IcebergTable(snapshot_id={self.snapshot_id!r}) must be an int or None")
+
+    def __str__(self) -> str:
+        return f"Iceberg table {self.table!r}"
+
+
+@dataclass(frozen=True)
+class TableSnapshot:
+    """The snapshot of a table a source reads.
+
+    Attributes:
+        table: the table's identifier.
+        snapshot_id: the snapshot read.
+        schema: the snapshot's schema as Arrow (what file guarantees are bound to).
+    """
+
+    table: str
+    snapshot_id: int
+    schema: pa.Schema
+
+
+_ICEBERG_FORMATS = {"PARQUET": "parquet", "ORC": "orc"}
+
+
+def _iceberg_table(source: IcebergTable) -> Any:
+    """The pyiceberg ``Table`` of ``source`` (imports pyiceberg; a clear error naming it when it is missing)."""
+    try:
+        from pyiceberg.catalog import load_catalog
+        from pyiceberg.exceptions import NoSuchTableError
+    except ImportError as error:
+        raise ImportError(f"{source} needs the pyiceberg package ({error}): pip install 'pyiceberg[sql-sqlite]' "
+                          "(or the extra of your catalog, e.g. pyiceberg[glue], pyiceberg[hive])") from None
+    catalog = load_catalog(source.catalog_name, **dict(source.catalog))
+    try:
+        return catalog.load_table(source.table)
+    except NoSuchTableError as error:
+        raise SourceNotFoundError(f"{source} not found in catalog {source.catalog_name!r} ({error}); check the "
+                                  "namespace and name, and the catalog's uri / warehouse") from None
+
+
+def resolve_iceberg(source: IcebergTable, filesystem: Any = None, retry: Retry = DEFAULT_RETRY,
+                    guarantees: bool = False) -> tuple[TableSnapshot, list[_Location]]:
+    """The snapshot ``source`` reads and its data files as locations sorted by path, each ``listed``.
+
+    ``guarantees``: also build each file's `TableFile.guarantee` (for pruning by a filter).
+    """
+    table = _iceberg_table(source)
+    snapshot = table.current_snapshot() if source.snapshot_id is None else table.snapshot_by_id(source.snapshot_id)
+    if snapshot is None:
+        known = [s.snapshot_id for s in table.snapshots()]
+        raise SourceNotFoundError(f"{source} has no snapshot {source.snapshot_id}; its snapshots are {known}"
+                                  if source.snapshot_id is not None else f"{source} has no snapshot (no data yet)")
+    schema = table.schemas().get(snapshot.schema_id, table.schema())
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    arrow_schema = schema_to_pyarrow(schema)
+    filesystems: dict[tuple[str, str], Any] = {}
+    locations = []
+    for task in table.scan(snapshot_id=snapshot.snapshot_id).plan_files():
+        data = task.file
+        if task.delete_files:
+            raise ValueError(f"{source}, snapshot {snapshot.snapshot_id}: data file {data.file_path} has "
+                             f"{len(task.delete_files)} delete file(s) (row-level deletes), which audioloader does "
+                             "not apply; compact the table (rewrite its data files) or read a snapshot without them")
+        fmt = _ICEBERG_FORMATS.get(data.file_format.name)
+        if fmt is None:
+            raise ValueError(f"{source}: data file {data.file_path} is {data.file_format.name}; audioloader reads "
+                             "Parquet and ORC data files")
+        guarantee = _guarantee(table, schema, arrow_schema, data) if guarantees else None
+        listed = TableFile(fmt, int(data.file_size_in_bytes), int(data.record_count), guarantee)
+        locations.append(_data_file(data.file_path, filesystem, retry, filesystems, listed))
+    if not locations:
+        raise ValueError(f"{source}, snapshot {snapshot.snapshot_id}, has no data files; append rows to it or "
+                         "read another snapshot")
+    return TableSnapshot(source.table, snapshot.snapshot_id, arrow_schema), sorted(locations, key=lambda x: x.path)
+
+
+def _data_file(url: str, filesystem: Any, retry: Retry, filesystems: dict, listed: TableFile) -> _Location:
+    """A data file's location: local, on ``filesystem``, or on its URL's filesystem (one per scheme and bucket)."""
+    parsed = urllib.parse.urlparse(url)
+    if filesystem is not None and not isinstance(filesystem, pafs.LocalFileSystem):
+        path = parsed.netloc + parsed.path if _is_url(url) else url
+        return _Location(path, filesystem, path, listed=listed)
+    if not _is_url(url) or parsed.scheme == "file":
+        path = urllib.parse.unquote(parsed.path) if _is_url(url) else url
+        return _Location(path, None, path, listed=listed)
+    key = (parsed.scheme, parsed.netloc)
+    if key not in filesystems:
+        filesystems[key] = _filesystem_for(url, retry)[0]
+    fs = filesystems[key]
+    if isinstance(fs, pafs.LocalFileSystem):
+        return _Location(parsed.path, None, parsed.path, listed=listed)
+    if isinstance(fs, pafs.PyFileSystem):  # an fsspec filesystem: its own form of paths
+        return _Location(url, fs, _filesystem_for(url, retry)[1], listed=listed)
+    return _Location(url, fs, parsed.netloc + parsed.path, listed=listed)
+
+
+def _guarantee(table: Any, schema: Any, arrow_schema: pa.Schema, data: Any) -> Any:
+    """An expression every row of data file ``data`` satisfies, from its metadata (``pc.scalar(True)``: nothing known).
+
+    Identity partition values give ``column == value`` (or ``is_null``); a column's
+    lower/upper bounds give ``lo <= column <= hi`` where the file says the column has
+    no nulls (and, for floating point, no NaN: bounds leave NaN out); a column that is
+    all nulls gives ``is_null``. Other partition transforms add nothing the bounds do
+    not. Binary columns (the audio) are left out: a filter cannot read them.
+    """
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.transforms import IdentityTransform
+
+    terms = []
+    top = {f.field_id: f for f in schema.fields}
+
+    def scalar(name: str, value: Any) -> Any:
+        return pa.scalar(value, type=arrow_schema.field(name).type)
+
+    spec = table.specs()[data.spec_id]
+    for position, part in enumerate(spec.fields):
+        column = top.get(part.source_id)
+        if column is None or not isinstance(part.transform, IdentityTransform):
+            continue
+        value = data.partition[position]
+        terms.append(pc.field(column.name).is_null() if value is None
+                     else pc.field(column.name) == scalar(column.name, value))
+    nulls, values, nans = data.null_value_counts or {}, data.value_counts or {}, data.nan_value_counts or {}
+    for field_id, column in top.items():
+        arrow_type = arrow_schema.field(column.name).type
+        if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
+            continue
+        if field_id in values and nulls.get(field_id) == values[field_id] and values[field_id] > 0:
+            terms.append(pc.field(column.name).is_null())
+            continue
+        low, high = (data.lower_bounds or {}).get(field_id), (data.upper_bounds or {}).get(field_id)
+        if low is None or high is None or nulls.get(field_id) != 0:
+            continue
+        if pa.types.is_floating(arrow_type) and nans.get(field_id) != 0:
+            continue  # pyiceberg 0.12 records no NaN counts: a NaN row would lie outside the bounds
+        try:
+            low, high = scalar(column.name, from_bytes(column.field_type, low)), \
+                scalar(column.name, from_bytes(column.field_type, high))
+        except (pa.ArrowException, TypeError, ValueError):
+            continue
+        terms.append((pc.field(column.name) >= low) & (pc.field(column.name) <= high))
+    guarantee = pc.scalar(True)
+    for term in terms:
+        guarantee = guarantee & term
+    return guarantee
