@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -92,7 +93,19 @@ def one_try(phase: str, worker_type: str, workers: int, source: Path, checkpoint
         time.sleep(delay)
         sent = time.monotonic()
         os.killpg(child.pid, signal.SIGINT)
-        out, err = child.communicate(timeout=60)
+        try:
+            out, err = child.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            # Report a hang as a result (with where the child was, if py-spy is installed) instead of
+            # ending the whole benchmark: it is the finding this benchmark exists to catch.
+            stacks = subprocess.run(["py-spy", "dump", "--pid", str(child.pid)], capture_output=True,
+                                    text=True).stdout if shutil.which("py-spy") else "(py-spy not installed)"
+            child.kill()
+            out, err = child.communicate()
+            print(f"HANG: {phase} {worker_type} {delay:.2f} s; child printed {out.strip()!r}\n{stacks}",
+                  file=sys.stderr, flush=True)
+            return {"caught_s": float("inf"), "stopped_s": float("inf"), "processes_left": -1,
+                    "threads_left": -1, "tracebacks": err.count("Traceback"), "hang": True}
     finally:
         child.kill()
     fields = out.split()
@@ -120,17 +133,20 @@ def main() -> int:
                        for k in range(args.tries)]
             caught = [r["caught_s"] for r in results]
             stopped = [r["stopped_s"] for r in results]
+            hangs = sum(bool(r.get("hang")) for r in results)
             left = max(r["processes_left"] + r["threads_left"] for r in results)
             tracebacks = max(r["tracebacks"] for r in results)
-            rows.append((worker_type, phase, max(caught), statistics.median(caught), max(stopped), left, tracebacks))
+            rows.append((worker_type, phase, max(caught), statistics.median(caught), max(stopped), left, tracebacks,
+                         hangs))
             print(f"{worker_type:8s} {phase:8s} caught max {max(caught):.3f} s  all stopped max {max(stopped):.3f} s",
                   flush=True)
     print(f"\nCtrl-C latency over {args.tries} tries, {args.workers} workers, {os.cpu_count()} cores "
           "(seconds from SIGINT):")
     print(f"{'workers':8s} {'phase':8s} {'caught max':>10s} {'median':>7s} {'stopped max':>11s} "
-          f"{'left':>5s} {'tracebacks':>10s}")
-    for worker_type, phase, worst, median, stopped, left, tracebacks in rows:
-        print(f"{worker_type:8s} {phase:8s} {worst:10.3f} {median:7.3f} {stopped:11.3f} {left:5d} {tracebacks:10d}")
+          f"{'left':>5s} {'tracebacks':>10s} {'hangs':>5s}")
+    for worker_type, phase, worst, median, stopped, left, tracebacks, hangs in rows:
+        print(f"{worker_type:8s} {phase:8s} {worst:10.3f} {median:7.3f} {stopped:11.3f} {left:5d} {tracebacks:10d} "
+              f"{hangs:5d}")
     return 0
 
 
