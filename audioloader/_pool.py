@@ -42,6 +42,7 @@ from typing import Any
 import tblib
 
 from . import _wire
+from ._threads import join_or_report
 from .samples import Failure
 
 #: Seconds between liveness checks while waiting for a worker.
@@ -260,7 +261,10 @@ class ThreadPool:
         executor, self._executor = self._executor, None
         self.cancel()
         if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
+            executor.shutdown(wait=False, cancel_futures=True)
+            # shutdown(wait=True) would join without a word; a worker that does not stop is reported.
+            for thread in list(getattr(executor, "_threads", ())):
+                join_or_report(thread)
 
 
 # ---------------------------------------------------------------------------------------- processes

@@ -16,9 +16,14 @@ from __future__ import annotations
 
 import sys
 import threading
+import traceback
+import warnings
 from typing import Any
 
 import torch
+
+# How long a stopping thread may take before `join_or_report` says which one it is and where it waits.
+SLOW_STOP_SECONDS = 10.0
 
 _PIN_LOCK = threading.Lock()
 _PINNED = threading.local()
@@ -71,5 +76,26 @@ def shutdown_mapper(mapper: Any) -> None:
     it._mp_stop.set()
     for thread in [getattr(it, "_read_thread", None), getattr(it, "_sort_thread", None),
                    *getattr(it, "_workers", [])]:
-        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
-            thread.join()
+        if thread is not None:
+            join_or_report(thread)
+
+
+def join_or_report(thread: threading.Thread, warn_after: float = SLOW_STOP_SECONDS) -> None:
+    """Wait for ``thread`` to end; if it is still running after ``warn_after`` s, warn with its stack, then wait on.
+
+    Stopping the loader waits for its threads without a deadline: giving up would
+    leave a thread running into the next pass (a leaked thread, or a reader racing
+    with a reset). A thread that does not stop is a bug; the warning names it and
+    shows the line it waits on, so the hang can be reported instead of guessed at.
+    """
+    if not thread.is_alive() or thread is threading.current_thread():
+        return
+    thread.join(warn_after)
+    if not thread.is_alive():
+        return
+    frame = sys._current_frames().get(thread.ident) if thread.ident is not None else None
+    stack = "".join(traceback.format_stack(frame)) if frame is not None else "  (no Python frame)\n"
+    warnings.warn(f"audioloader: thread {thread.name!r} has not stopped {warn_after:g} s after the loader was told "
+                  f"to stop; still waiting for it. Please report this with its stack:\n{stack}",
+                  RuntimeWarning, stacklevel=2)
+    thread.join()

@@ -26,7 +26,7 @@ from torchdata.nodes import BaseNode
 from torchdata.nodes import Loader as _TorchdataLoader
 from torchdata.nodes.loader import LoaderIterator as _TorchdataLoaderIterator
 
-from ._threads import shutdown_mapper
+from ._threads import join_or_report, shutdown_mapper
 from .nodes.catch_failures import raise_failure
 
 T = TypeVar("T")
@@ -151,5 +151,5 @@ def stop_threads(root: BaseNode) -> None:
         elif hasattr(it, "_stop_event"):  # torchdata Prefetcher / PinMemory (_SingleThreadedMapper)
             it._stop_event.set()
             thread = getattr(it, "_thread", None)
-            if thread is not None and thread.is_alive():
-                thread.join()
+            if thread is not None:
+                join_or_report(thread)

@@ -102,7 +102,8 @@ def one_try(phase: str, worker_type: str, workers: int, source: Path, checkpoint
                                     text=True).stdout if shutil.which("py-spy") else "(py-spy not installed)"
             child.kill()
             out, err = child.communicate()
-            print(f"HANG: {phase} {worker_type} {delay:.2f} s; child printed {out.strip()!r}\n{stacks}",
+            print(f"HANG: {phase} {worker_type} {delay:.2f} s; child printed {out.strip()!r}\n{stacks}\n"
+                  f"child's stderr (the loader warns with the stack of a thread that does not stop):\n{err[-4000:]}",
                   file=sys.stderr, flush=True)
             return {"caught_s": float("inf"), "stopped_s": float("inf"), "processes_left": -1,
                     "threads_left": -1, "tracebacks": err.count("Traceback"), "hang": True}

@@ -132,3 +132,52 @@ def test_context_manager_stops_threads():
         next(iter(loader))
         assert threading.active_count() > before
     assert threading.active_count() == before
+
+
+def test_a_thread_that_does_not_stop_is_reported_with_its_stack():
+    # Stopping waits for every thread without a deadline (giving up would leak it); one that
+    # does not stop must at least say which it is and where it waits.
+    import warnings
+
+    from audioloader._threads import join_or_report
+
+    release = threading.Event()
+
+    def waiting_for_release():
+        release.wait()
+
+    thread = threading.Thread(target=waiting_for_release, name="audioloader-stuck")
+    thread.start()
+    shown: list[str] = []
+
+    def show(message, *args, **kwargs):
+        shown.append(str(message))
+        release.set()  # the report came: now let the thread end, and the join return
+
+    # The join runs in a helper with a deadline, so a join that never reports fails instead of hanging.
+    joiner = threading.Thread(target=join_or_report, args=(thread,), kwargs={"warn_after": 0.01})
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        try:
+            joiner.start()
+            joiner.join(30)
+        finally:
+            release.set()
+    joiner.join()
+    assert not thread.is_alive()
+    assert len(shown) == 1
+    assert "'audioloader-stuck' has not stopped" in shown[0] and "waiting_for_release" in shown[0]
+
+
+def test_a_thread_that_stops_is_joined_without_a_report():
+    import warnings
+
+    from audioloader._threads import join_or_report
+
+    thread = threading.Thread(target=lambda: None)
+    thread.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        join_or_report(thread, warn_after=30.0)
+    assert not thread.is_alive()
