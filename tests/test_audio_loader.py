@@ -63,6 +63,22 @@ def roundtrip(state):
     return torch.load(buffer)  # weights_only=True: the state is plain data
 
 
+def assert_resumes_exactly(build, total, cuts, **resumed_options):
+    """Batches cut after each of ``cuts`` and resumed (through torch.save) equal the first ``total`` of one run.
+
+    ``build(**options)`` makes a loader; ``resumed_options`` (e.g. another num_workers) go to the resumed one.
+    """
+    with build() as loader:
+        reference = take(loader, total)
+    for cut in cuts:
+        with build() as first:
+            head = take(first, cut)
+            state = roundtrip(first.state_dict())
+        with build(**resumed_options) as resumed:
+            resumed.load_state_dict(state)
+            assert_same_batches(head + take(resumed, total - cut), reference)
+
+
 def test_eval_yields_every_row_exactly_once(shards):
     with loader_for(shards, train=False) as loader:
         batches = list(loader)

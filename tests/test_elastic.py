@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ import torch
 import audioloader as al
 from tests.ddp_worker import SMALL
 from tests.helpers import make_shards
+from tests.test_audio_loader import roundtrip
 
 ROWS = [13, 9, 18, 7]  # 47 rows
 TOTAL = sum(ROWS)
@@ -35,13 +35,6 @@ def loader_for(source, rank, world_size, **kwargs) -> al.AudioLoader:
         options.update(shuffle_buffer_size=10, shuffle_min_size=5, infinite=False)
     options.update(kwargs)
     return al.AudioLoader(source, **options)
-
-
-def roundtrip(state):
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return torch.load(buffer)
 
 
 def delivered(batch) -> list[int]:

@@ -3,6 +3,7 @@ in the checkpoint. Tables are written here with pyiceberg (an embedded SQLite ca
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import random
@@ -16,7 +17,7 @@ import pytest
 
 import audioloader as al
 from tests.helpers import audio_table, make_shards, write_orc
-from tests.test_audio_loader import SMALL, assert_same_batches, roundtrip, take
+from tests.test_audio_loader import SMALL, assert_resumes_exactly, assert_same_batches, roundtrip, take
 
 pytest.importorskip("pyiceberg", reason="the Iceberg tests need pyiceberg[sql-sqlite] (the dev extra)")
 
@@ -122,15 +123,8 @@ def test_pruning_a_file_shifts_no_other_row(warehouse):
 
 def test_train_resumes_exactly_on_a_table(warehouse):
     source, total = warehouse.table(), 16  # 64 samples: into the second pass over 36 rows
-    with loader_for(source) as loader:
-        reference = take(loader, total)
-    for cut in sorted(random.Random(3).sample(range(1, total), 3)):
-        with loader_for(source) as first:
-            head = take(first, cut)
-            state = roundtrip(first.state_dict())
-        with loader_for(source) as resumed:
-            resumed.load_state_dict(state)
-            assert_same_batches(head + take(resumed, total - cut), reference)
+    assert_resumes_exactly(functools.partial(loader_for, source), total,
+                           sorted(random.Random(3).sample(range(1, total), 3)))
 
 
 def test_a_resume_against_a_newer_snapshot_is_refused_by_name(warehouse):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 from collections import Counter
@@ -12,7 +13,7 @@ import audioloader as al
 from audioloader.nodes import ArrowShardReader
 from audioloader.shards import ShardDataset
 from tests.helpers import make_shards
-from tests.test_audio_loader import SMALL, assert_same_batches, roundtrip, take
+from tests.test_audio_loader import SMALL, assert_resumes_exactly, assert_same_batches, roundtrip, take
 
 ROWS = [13, 9, 18, 7, 11]  # 58 rows, batches of 3: splits of 3-4 rows
 TOTAL = sum(ROWS)
@@ -94,15 +95,8 @@ def loader_for(source, **kwargs) -> al.AudioLoader:
 @pytest.mark.parametrize("shuffle_before_decode", [False, True])
 def test_train_resumes_bit_exactly_at_random_cut_points(shards, shuffle_before_decode):
     total = 34  # more than two passes of 58 rows
-    with loader_for(shards, shuffle_before_decode=shuffle_before_decode) as loader:
-        reference = take(loader, total)
-    for cut in sorted(random.Random(2).sample(range(1, total), 4)):
-        with loader_for(shards, shuffle_before_decode=shuffle_before_decode) as first:
-            head = take(first, cut)
-            state = roundtrip(first.state_dict())
-        with loader_for(shards, shuffle_before_decode=shuffle_before_decode, num_workers=0) as resumed:
-            resumed.load_state_dict(state)
-            assert_same_batches(head + take(resumed, total - cut), reference)
+    assert_resumes_exactly(functools.partial(loader_for, shards, shuffle_before_decode=shuffle_before_decode),
+                           total, sorted(random.Random(2).sample(range(1, total), 4)), num_workers=0)
 
 
 def test_batches_do_not_depend_on_workers(shards):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 from collections import Counter
 
@@ -10,7 +11,7 @@ import pytest
 
 import audioloader as al
 from tests.helpers import audio_table, make_shards, write_orc
-from tests.test_audio_loader import SMALL, assert_same_batches, roundtrip, take
+from tests.test_audio_loader import SMALL, assert_resumes_exactly
 
 ROWS = [13, 9, 18, 7]  # 47 rows in stripes of 4: 4, 3, 5 and 2 stripes
 TOTAL = sum(ROWS)
@@ -82,12 +83,5 @@ def test_eval_reads_every_row_exactly_once_across_ranks(shards, world_size):
 @pytest.mark.parametrize("shuffle_before_decode", [False, True])
 def test_train_resumes_exactly_at_random_cut_points(shards, shuffle_before_decode):
     total = 30  # more than two passes
-    with loader_for(shards, shuffle_before_decode=shuffle_before_decode) as loader:
-        reference = take(loader, total)
-    for cut in sorted(random.Random(14).sample(range(1, total), 3)):
-        with loader_for(shards, shuffle_before_decode=shuffle_before_decode) as first:
-            head = take(first, cut)
-            state = roundtrip(first.state_dict())
-        with loader_for(shards, shuffle_before_decode=shuffle_before_decode, num_workers=1) as resumed:
-            resumed.load_state_dict(state)
-            assert_same_batches(head + take(resumed, total - cut), reference)
+    assert_resumes_exactly(functools.partial(loader_for, shards, shuffle_before_decode=shuffle_before_decode),
+                           total, sorted(random.Random(14).sample(range(1, total), 3)), num_workers=1)
