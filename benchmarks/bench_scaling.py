@@ -145,7 +145,7 @@ def _summary(table: dict[str, dict[str, dict]], ns: list[int]) -> None:
             for n in ns:
                 r = results.get(f"{kind}-{n}")
                 mark = "!" if r and r.get("disturbed") else ""
-            cells.append("-" if rate(r) is None else f"{rate(r):7.1f} ({r.get('cores_used') or 0:4.1f}){mark}")
+                cells.append("-" if rate(r) is None else f"{rate(r):7.1f} ({r.get('cores_used') or 0:4.1f}){mark}")
             print(f"  {kind:17s} " + "  ".join(f"{c:>15s}" for c in cells))
         main = [results.get(f"processes-{n}", {}).get("main_process_cores") for n in ns]
         print(f"  {'main process, processes-N':26s}" + "  ".join(f"{m or 0:6.2f}" for m in main))

@@ -8,7 +8,7 @@ import torch
 from torchdata.nodes import BaseNode
 from torchdata.nodes import Prefetcher as _TorchdataPrefetcher
 
-from .._threads import pin_worker_to_one_thread
+from .._threads import join_or_report, pin_worker_to_one_thread
 
 
 class _OneTorchThread(BaseNode):
@@ -61,5 +61,5 @@ class Prefetcher(_TorchdataPrefetcher):
             return
         it._stop_event.set()
         thread = getattr(it, "_thread", None)
-        if thread is not None and thread.is_alive():
-            thread.join()
+        if thread is not None:
+            join_or_report(thread)
