@@ -296,7 +296,8 @@ class ShardDataset:
         except ShardReadError:
             raise
         except (OSError, EOFError, pa.ArrowException) as error:
-            raise ShardReadError(f"cannot read {what} of shard {path}: {error}") from error
+            raise ShardReadError(f"cannot read {what} of shard {path}: {error}. "
+                                 "Was the file changed or truncated after the loader was built?") from error
 
     def counted(self, splits: Sequence[Split]) -> list[Split]:
         """``splits`` with their kept rows counted and those keeping none dropped (as given without a filter)."""
@@ -439,19 +440,8 @@ class ShardDataset:
 
     def _read_unit(self, file_id: int, unit: int) -> list[pa.RecordBatch]:
         """One record batch / row group; remote reads are retried (`with_retries`), local files checked first."""
-        path = self.files[file_id].path
-        try:
-            if self._locations[file_id].fs is not None:
-                return with_retries(lambda: self._handle(file_id).unit(unit),
-                                    what=f"batch/row group {unit} of shard {path}", retry=self.retry,
-                                    on_failure=lambda: self._drop_handle(file_id))
-            self.check_unchanged(file_id)
-            return self._handle(file_id).unit(unit)
-        except ShardReadError:
-            raise
-        except (OSError, EOFError, pa.ArrowException) as error:
-            raise ShardReadError(f"cannot read batch/row group {unit} of shard {path}: {error}. "
-                                 "Was the file changed or truncated after the loader was built?") from error
+        return self._remote_or_local(file_id, f"batch/row group {unit}", lambda: self._handle(file_id).unit(unit),
+                                     lambda: self._drop_handle(file_id))
 
     def read_split(self, split: Split, start_row: int = 0) -> Iterator[pa.RecordBatch]:
         """Record batches holding rows ``[split.start + start_row, split.stop)`` of the split's file.

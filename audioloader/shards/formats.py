@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from ..errors import ShardReadError
 from .retry import DEFAULT_RETRY, Retry, with_retries
-from .sources import ACCEPTED, TableFile, _Location
+from .sources import ACCEPTED, TableFile, _Location, _mtime_ns
 
 FORMATS = ("ipc_file", "ipc_stream", "parquet", "orc")
 
@@ -206,20 +206,22 @@ def _hasher() -> Any:
     return hashlib.blake2b(digest_size=8)
 
 
-def _footer(f: Any) -> bytes:
-    """An IPC file's footer flatbuffer: its schema (with metadata) and every record batch's offset and sizes."""
+def _footer(f: Any) -> tuple[bytes, bytes]:
+    """An IPC file's footer flatbuffer (its schema with metadata, every record batch's offset and sizes), and
+    the 10 bytes after it (footer length and magic), each read once."""
     size = f.size()
-    footer_length = struct.unpack("<i", _read_at(f, 4, size - 10))[0]
+    trailer = _read_at(f, 10, size - 10)
+    footer_length = struct.unpack("<i", trailer[:4])[0]
     if not 0 < footer_length <= size - 18:
         raise ValueError(f"footer length {footer_length} does not fit a file of {size} bytes (truncated?)")
-    return _read_at(f, footer_length, size - 10 - footer_length)
+    return _read_at(f, footer_length, size - 10 - footer_length), trailer
 
 
 def _scan_ipc_file(f: Any, local: bool, digest: Any) -> tuple[pa.Schema, tuple[int, ...], bytes]:
     """Schema, rows per record batch, and the file's tail (footer + length + magic)."""
-    footer = _footer(f)
+    footer, trailer = _footer(f)
     digest.update(footer)
-    tail = footer + _read_at(f, 10, f.size() - 10)
+    tail = footer + trailer
     if local:  # zero-copy: touches only message headers
         reader = pa.ipc.open_file(f)
         return reader.schema, tuple(reader.get_batch(i).num_rows for i in range(reader.num_record_batches)), tail
@@ -352,8 +354,7 @@ def _scan_once(loc: _Location) -> _FileMeta:
 
 
 def _remote_mtime_ns(loc: _Location) -> int | None:
-    info = loc.fs.get_file_info(loc.fs_path)
-    return info.mtime_ns if info.mtime_ns is not None and info.mtime_ns > 0 else None
+    return _mtime_ns(loc.fs.get_file_info(loc.fs_path))
 
 
 def listed_meta(listed: TableFile) -> _FileMeta:
