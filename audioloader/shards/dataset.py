@@ -252,14 +252,10 @@ class ShardDataset:
         """``(kept file rows, row groups pruned by statistics, units whose filter columns were read)``."""
         if file_id in self._pruned:  # ruled out by its table's metadata: never opened
             return np.zeros(0, dtype=np.int64), 0, 0
-        loc, meta = self._locations[file_id], self._metas[file_id]
+        meta = self._metas[file_id]
         units = list(range(len(meta.unit_rows)))
-        if meta.format == "parquet" and units:
-            def by_statistics() -> list[int]:
-                return parquet_row_groups_that_may_match(loc.fs_path, loc.fs, expression, self.schema)
-
-            may_match = self._remote_or_local(file_id, "statistics", by_statistics)
-            units = [u for u in units if u in set(may_match)]
+        if meta.format == "parquet" and units:  # the footer parsed at the scan: no I/O
+            units = sorted(parquet_row_groups_that_may_match(meta.parquet_metadata, expression, self.schema))
         pruned = len(meta.unit_rows) - len(units)
         kept = []
         handle = None

@@ -84,13 +84,16 @@ def kept_positions(batches: list[pa.RecordBatch], expression: pc.Expression) -> 
     return table.filter(expression).column(_ROW).to_numpy()
 
 
-def parquet_row_groups_that_may_match(path: str, filesystem: Any, expression: pc.Expression,
-                                      schema: pa.Schema) -> list[int]:
+def parquet_row_groups_that_may_match(metadata: Any, expression: pc.Expression, schema: pa.Schema) -> list[int]:
     """Row groups of a Parquet file whose statistics do not rule out a match (pyarrow prunes them).
 
-    ``schema``: the source's unified schema (a column the file lacks is null there, a narrower type widened).
+    ``metadata``: the file's parsed footer (`pyarrow.parquet.FileMetaData`, read once at the scan); pruning
+    needs nothing else, so the file is not opened again. ``schema``: the source's unified schema (a column
+    the file lacks is null there, a narrower type widened).
     """
-    fragment = pads.ParquetFileFormat().make_fragment(path, filesystem=filesystem or pafs.LocalFileSystem())
+    footer = pa.BufferOutputStream()
+    metadata.write_metadata_file(footer)
+    fragment = pads.ParquetFileFormat().make_fragment(pa.BufferReader(footer.getvalue()))
     return [group.id for group in fragment.subset(expression, schema=schema).row_groups]
 
 
