@@ -20,10 +20,12 @@ def _bad(group: Any, name: str, why: str) -> ValueError:
     return ValueError(f"{type(group).__name__}.{name}={getattr(group, name)!r}: {why}")
 
 
-def _positive_int_or_none(group: Any, name: str, minimum: int = 1) -> None:
+def _positive_int_or_none(group: Any, name: str, minimum: int = 1, allow_none: bool = True) -> None:
     value = getattr(group, name)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
-        raise _bad(group, name, f"must be an integer >= {minimum} or None")
+    if value is None and allow_none:
+        return
+    if value is None or isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _bad(group, name, f"must be an integer >= {minimum}" + (" or None" if allow_none else ""))
 
 
 @dataclass(frozen=True)
@@ -96,9 +98,7 @@ class Shuffle:
     def __post_init__(self) -> None:
         _positive_int_or_none(self, "buffer_size")
         _positive_int_or_none(self, "min_size", minimum=0)
-        _positive_int_or_none(self, "interleave")
-        if self.interleave is None:
-            raise _bad(self, "interleave", "must be an integer >= 1")
+        _positive_int_or_none(self, "interleave", allow_none=False)
 
 
 @dataclass(frozen=True)

@@ -82,12 +82,16 @@ def fetch_rows(dataset: ShardDataset, keys: Sequence[Key]) -> list[RawSample]:
     rows = dataset.read_rows([k.index for k in keys])
     out = []
     for key, row in zip(keys, rows, strict=True):
-        audio = row.audio
-        if audio is not None and dataset.is_remote(dataset.locate(key.index)[0]):
-            audio = audio.to_pybytes()  # its own bytes: a held row does not keep its batch alive (see _load)
+        audio = _owned(row.audio) if dataset.is_remote(dataset.locate(key.index)[0]) else row.audio
         out.append(RawSample(key, audio, row.label, row.extras, row.file, row.row, row.problem,
                              audio_checksum(audio)))
     return out
+
+
+def _owned(audio: Any) -> Any:
+    """A remote row's audio as its own bytes (it is a copy in memory either way), so that a row held in a
+    shuffle buffer does not keep its whole record batch / row group alive (measured: 3x the rows' memory)."""
+    return None if audio is None else audio.to_pybytes()
 
 
 class ReaderPosition(NamedTuple):
@@ -111,9 +115,7 @@ class _Block:
         self.file_rows, self.path, self.index_offset, self.key_pass = file_rows, file.path, file.index_offset, key_pass
         self.audio, self.labels, self.extras, self.problems = cols
         if remote:
-            # A remote row is a copy in memory either way; its own bytes, so that a row held in a
-            # shuffle buffer does not keep its whole record batch / row group alive (measured: 3x).
-            self.audio = [None if audio is None else audio.to_pybytes() for audio in self.audio]
+            self.audio = [_owned(audio) for audio in self.audio]
         # Now, right after the read checked the file: a row's bytes are not touched again until it is decoded.
         self.checksums = [audio_checksum(audio) for audio in cols.audio]
 
@@ -391,7 +393,6 @@ class ArrowShardReader(BaseNode[RawSample]):
             order = self._current_order()
             self._lanes = [None if pos < 0 else _Lane(pos, order[pos], r, self.segment_rows(order[pos]))
                            for pos, r in lanes]
-        self._active = sum(lane is not None for lane in self._lanes)
 
     def get_state(self) -> dict[str, Any]:
         state = {self.PASS_KEY: self._pass, self.SPLIT_POS_KEY: self._split_pos, self.ROW_KEY: self._row}
@@ -456,13 +457,12 @@ class ArrowShardReader(BaseNode[RawSample]):
             if lane is None:
                 lane = self._lanes[lane_id] = self._open_lane()
                 if lane is None:  # nothing left to take
-                    if not self._active:
+                    if not any(self._lanes):
                         self._end_of_order()
                     continue
             sample = lane.next(self)
             if lane.row == lane.rows:
                 self._lanes[lane_id] = None
-                self._active -= 1
             return sample
 
     def _take_turn(self) -> int:
@@ -483,7 +483,6 @@ class ArrowShardReader(BaseNode[RawSample]):
             self._split_pos += 1
             rows = self.segment_rows(order[pos])
             if rows:
-                self._active += 1
                 return _Lane(pos, order[pos], 0, rows)
         return None
 
