@@ -68,12 +68,17 @@ class SampleDecoder:
     ``length``: one `LengthPolicy`, or one per source of a mix (indexed by ``key.source``).
     ``augment``: `Augmentations` (or None): speed while cutting, then the waveform
     augmentations, SpecAugment on the features, and the draws of the per-batch stage.
+    ``guard``: ``guard(path)`` runs first on each row with audio (`ShardDataset.file_guard`): it raises
+    `ShardReadError` when the row's memory-mapped shard changed since it was read, before the row's
+    bytes are touched (touching the missing pages of a truncated map is a SIGBUS).
     """
 
     def __init__(self, features: FeatureConfig, *, seed: int, train: bool, window: bool,
                  augment: Augmentations | None, stats: LoaderStats, fetch: Fetch | None = None,
-                 compute_features: bool = True, length: LengthPolicy | Sequence[LengthPolicy] = DEFAULT_LENGTH) -> None:
+                 compute_features: bool = True, length: LengthPolicy | Sequence[LengthPolicy] = DEFAULT_LENGTH,
+                 guard: Callable[[str], None] | None = None) -> None:
         self.features = features
+        self.guard = guard
         self.seed = seed
         self.train = train
         self.window = window
@@ -96,6 +101,8 @@ class SampleDecoder:
     def __call__(self, raw: RawSample | BatchEnd) -> Sample | BadRow | BatchEnd:
         if isinstance(raw, BatchEnd):
             return raw  # a batch boundary from a DurationBucketer: passed on as is
+        if self.guard is not None and raw.audio is not None:
+            self.guard(raw.file)
         key = raw.key
         if raw.problem is not None or raw.audio is None:
             return BadRow(key, raw.file, raw.row, raw.problem or "audio is null")
@@ -211,31 +218,6 @@ class SampleDecoder:
         return [next(fetched) if isinstance(item, Key) else item for item in items]
 
 
-class _Guarded:
-    """A `SampleDecoder` that first runs ``guard(raw.file)`` on each row with audio (same pool hooks).
-
-    The guard (`ShardDataset.file_guard`) raises `ShardReadError` when the row's
-    memory-mapped shard changed since it was read, before the decoder touches the
-    row's bytes (touching the missing pages of a truncated map is a SIGBUS).
-    """
-
-    def __init__(self, decoder: SampleDecoder, guard: Callable[[str], None]) -> None:
-        self.decoder = decoder
-        self.guard = guard
-        self.stats = decoder.stats  # a worker process drains it after each chunk
-
-    def __call__(self, raw: RawSample | BatchEnd) -> Sample | BadRow | BatchEnd:
-        if isinstance(raw, RawSample) and raw.audio is not None:
-            self.guard(raw.file)
-        return self.decoder(raw)
-
-    def encode(self, raw: RawSample) -> RawSample | Key:
-        return self.decoder.encode(raw)
-
-    def prepare(self, items: list[RawSample | Key]) -> list[RawSample]:
-        return self.decoder.prepare(items)
-
-
 class DecodeSpectrogram(BaseNode[Sample]):
     """Decode, resample, crop/pad and log-mel each `RawSample` in ``num_workers`` threads or processes.
 
@@ -328,9 +310,8 @@ class DecodeSpectrogram(BaseNode[Sample]):
         prepare(features)  # build the cached filterbanks once, here, not in every thread
         self._decoder = SampleDecoder(features, seed=self.seed, train=self.train, window=self.window,
                                       augment=self.augment, stats=self.stats, fetch=fetch,
-                                      compute_features=compute_features, length=length)
-        self._job = self._decoder if guard is None else _Guarded(self._decoder, guard)
-        self._mapper = ParallelMap(source, self._job, num_workers=self.num_workers, backend=worker_type,
+                                      compute_features=compute_features, length=length, guard=guard)
+        self._mapper = ParallelMap(source, self._decoder, num_workers=self.num_workers, backend=worker_type,
                                    chunk_size=chunk_size, start_method=start_method, stats=self.stats,
                                    thread_initializer=self._pin_thread, what="decode worker")
         self._rows_seen = 0
@@ -348,7 +329,7 @@ class DecodeSpectrogram(BaseNode[Sample]):
         Pure function of ``raw`` and the constructor's arguments; safe in any
         thread. Exceptions other than bad audio (e.g. from ``augment``) propagate.
         """
-        return self._job(raw)
+        return self._decoder(raw)
 
     def decode_many(self, raws: Sequence[RawSample]) -> list[Sample | BadRow]:
         """`decode` each row on this node's workers; results in input order.
