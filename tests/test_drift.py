@@ -96,3 +96,17 @@ def test_metadata_digest_follows_content_not_location(tmp_path, fmt):
     make_shards(tmp_path / "b", [10], fmt, batch_rows=5, seconds=0.1)  # same rows, other batches / row groups
     digest = {name: al.ShardDataset(tmp_path / name).identity()["digests"][0] for name in ("a", "copy", "b")}
     assert digest["a"] == digest["copy"] and digest["a"] != digest["b"]
+
+
+def test_rows_held_by_the_duration_bucketer_are_verified(shards):
+    # Whole utterances batched by duration: rows wait in the bucketer's buckets, and its checkpoint
+    # holds their checksums (taken when each row was read).
+    options = dict(length=al.LengthPolicy(crop=None), batching=al.Bucketing(max_duration=2.0, num_buckets=2),
+                   shuffle_buffer_size=1, shuffle_min_size=0)
+    state = checkpoint(shards, batches=2, **options)
+    for i in range(len(ROWS)):
+        rewrite_same_size(shards / f"part-{i:05d}.arrow", sum(ROWS[:i]), keep_mtime=True)
+    with loader_for(shards, **options) as resumed:
+        resumed.load_state_dict(state)
+        with pytest.raises(al.CheckpointMismatchError, match="held in the duration bucketer"):
+            next(iter(resumed))

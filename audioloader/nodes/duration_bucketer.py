@@ -52,24 +52,22 @@ def estimate_boundaries(durations: Iterable[float], num_buckets: int) -> list[fl
 
 
 class _Buckets:
-    """The rows held per bucket: the items, their durations and content checksums."""
+    """The rows held per bucket: the items and their durations."""
 
     def __init__(self, count: int) -> None:
         self.items: list[list[Any]] = [[] for _ in range(count)]
         self.seconds: list[list[float]] = [[] for _ in range(count)]
-        self.checksums: list[list[int]] = [[] for _ in range(count)]
         self.totals = [0.0] * count
 
-    def add(self, bucket: int, item: Any, seconds: float, checksum: int) -> None:
+    def add(self, bucket: int, item: Any, seconds: float) -> None:
         self.items[bucket].append(item)
         self.seconds[bucket].append(seconds)
-        self.checksums[bucket].append(checksum)
         self.totals[bucket] += seconds
 
-    def take(self, bucket: int) -> tuple[list[Any], list[int]]:
-        items, checksums = self.items[bucket], self.checksums[bucket]
-        self.items[bucket], self.seconds[bucket], self.checksums[bucket], self.totals[bucket] = [], [], [], 0.0
-        return items, checksums
+    def take(self, bucket: int) -> list[Any]:
+        items = self.items[bucket]
+        self.items[bucket], self.seconds[bucket], self.totals[bucket] = [], [], 0.0
+        return items
 
 
 def plan(durations: Iterable[float], boundaries: Sequence[float], max_duration: float,
@@ -115,7 +113,7 @@ class DurationBucketer(BaseNode):
     (tested; see docs/benchmarks.md).
 
     State: the keys and durations of the rows held in buckets and of the batch
-    being handed out, their audio checksums (computed as rows arrive), and the
+    being handed out, their audio checksums (taken when each row was read), and the
     source's state; ``reset(state)`` reads the rows back through ``restore(keys)``
     (e.g. ``reader.fetch``) and checks their checksums. A few kilobytes.
 
@@ -160,7 +158,6 @@ class DurationBucketer(BaseNode):
     def _clear(self) -> None:
         self._buckets = _Buckets(len(self.boundaries) + 1)
         self._ready: deque[Any] = deque()  # rows and BatchEnd markers being handed out
-        self._ready_checksums: deque[int | None] = deque()  # beside _ready (None for a marker)
         self._batches = 0
         self._exhausted = False
 
@@ -187,11 +184,11 @@ class DurationBucketer(BaseNode):
                 self._exhausted = True
                 continue
             self._add(item)
-        self._ready_checksums.popleft()
         return self._ready.popleft()
 
     def get_state(self) -> dict[str, Any]:
-        keys = [self.key_fn(item) for bucket in self._buckets.items for item in bucket]
+        held = [item for bucket in self._buckets.items for item in bucket]
+        keys = [self.key_fn(item) for item in held]
         ready = [None if isinstance(item, BatchEnd) else self.key_fn(item) for item in self._ready]
         return {
             self.SOURCE_KEY: self.source.state_dict(),
@@ -199,8 +196,9 @@ class DurationBucketer(BaseNode):
             "indices": [k.index for k in keys], "passes": [k.pass_index for k in keys],
             "seconds": [s for bucket in self._buckets.seconds for s in bucket],
             "ready": [None if k is None else [k.index, k.pass_index] for k in ready],
-            "checksums": ([c for bucket in self._buckets.checksums for c in bucket]
-                          + [c for c in self._ready_checksums if c is not None]),
+            # Each row's checksum was taken when it was read (`item_checksum` only fetches it).
+            "checksums": [item_checksum(item) for item in held]
+                         + [item_checksum(item) for item in self._ready if not isinstance(item, BatchEnd)],
             "batches": self._batches, "exhausted": self._exhausted,
         }
 
@@ -211,16 +209,13 @@ class DurationBucketer(BaseNode):
         b = bisect.bisect_right(self.boundaries, seconds)
         if self._buckets.items[b] and self._buckets.totals[b] + seconds > self.max_duration:
             self._emit(b)
-        self._buckets.add(b, item, seconds, item_checksum(item))
+        self._buckets.add(b, item, seconds)
         if self.max_batch_size is not None and len(self._buckets.items[b]) >= self.max_batch_size:
             self._emit(b)
 
     def _emit(self, bucket: int) -> None:
-        items, checksums = self._buckets.take(bucket)
-        self._ready.extend(items)
-        self._ready_checksums.extend(checksums)
+        self._ready.extend(self._buckets.take(bucket))
         self._ready.append(BatchEnd(self._batches))
-        self._ready_checksums.append(None)
         self._batches += 1
         if self.stats is not None:
             self.stats.count("bucketed_batches")
@@ -253,16 +248,13 @@ class DurationBucketer(BaseNode):
         for b, size in enumerate(state["bucket_sizes"]):
             for _ in range(size):
                 row = next(rows)
-                self._buckets.add(b, row, next(seconds), item_checksum(row))
+                self._buckets.add(b, row, next(seconds))
         marker = state["batches"] - sum(k is None for k in ready)
         for k in ready:
             if k is None:
                 self._ready.append(BatchEnd(marker))
-                self._ready_checksums.append(None)
                 marker += 1
             else:
-                row = next(rows)
-                self._ready.append(row)
-                self._ready_checksums.append(item_checksum(row))
+                self._ready.append(next(rows))
         self._batches = state["batches"]
         self._exhausted = state["exhausted"]
