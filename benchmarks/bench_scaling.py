@@ -38,7 +38,7 @@ from pathlib import Path
 
 from audioloader.bench import dataset as bench_dataset
 from audioloader.bench.contenders import RESULT_PREFIX, cores
-from audioloader.bench.runner import run_contender
+from audioloader.bench.runner import DISTURBED_CORES, run_contender
 
 
 def decode_processes(source: Path, n: int, seconds: float) -> dict:
@@ -154,7 +154,8 @@ def _summary(table: dict[str, dict[str, dict]], ns: list[int]) -> None:
             a, b = rate(results.get(f"processes-{n}")), rate(results.get(f"decode-processes-{n}"))
             ratios.append("-" if not (a and b) else f"{a / b:.2f}")
         print(f"  {'processes-N / limit':26s}" + "  ".join(f"{x:>6s}" for x in ratios) + "   (target >= 0.9)")
-        print("  (cores used by the contender's process tree; ! = other processes used > 0.25 cores meanwhile)")
+        print(f"  (cores used by the contender's process tree; ! = other processes used > {DISTURBED_CORES} cores "
+              "meanwhile)")
         best_al = max((rate(results.get(f"{k}-{n}")) or 0, f"{k}-{n}") for k in ("threads", "processes") for n in ns)
         best_dl = max((rate(results.get(f"dataloader-{n}")) or 0, f"dataloader-{n}") for n in ns)
         if best_dl[0]:

@@ -153,6 +153,8 @@ def run_round(base: dict, batch_size: int | None) -> dict[str, dict]:
 
 
 def main() -> int:
+    from audioloader.bench.settings import DISTURBED_CORES
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--utterances", type=int, default=600)
@@ -188,9 +190,11 @@ def main() -> int:
             continue
         per_round = " / ".join(f"{r['audio_s_per_s']:.0f}" for r in ok)
         others = max((r["others_cores"] or 0.0) for r in ok)
+        mark = "!" if any(r["disturbed"] for r in ok) else " "
         print(f"{name:24s} {median(ok, 'audio_s_per_s'):10.1f} {per_round:>18s} {median(ok, 'batches_per_s'):10.2f} "
-              f"{median(ok, 'padding_efficiency'):12.3f} {others:6.2f}{'!' if others > 0.25 else ' '}")
-    print("others: the most cores other processes used while a round of it ran (! = over 0.25: re-run)")
+              f"{median(ok, 'padding_efficiency'):12.3f} {others:6.2f}{mark}")
+    print("others: the most cores other processes used while a round of it ran "
+          f"(! = over {DISTURBED_CORES}: re-run)")
     ratios = [r["audioloader-bucketing"]["audio_s_per_s"] / r["lhotse"]["audio_s_per_s"] for r in rounds
               if r["lhotse"]["ok"] and r["audioloader-bucketing"]["ok"]]
     if ratios:

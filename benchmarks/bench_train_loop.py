@@ -172,6 +172,7 @@ def main() -> int:
     import torch
 
     from audioloader.bench import dataset as bench_dataset
+    from audioloader.bench.settings import DISTURBED_CORES
 
     gpu = torch.cuda.is_available()
     step = args.step or ("cnn" if gpu else "standin")
@@ -210,7 +211,7 @@ def main() -> int:
             print(f"{name:7s} {label:26s} {r['samples_per_s']:9.1f} {r['wait_fraction']:9.1%} {r['step_ms']:8.1f} "
                   f"{r['process_cores']:6.2f} {others:>7s}")
     print("cores: CPU of the training process itself (its loader threads included, worker processes not); "
-          "others: cores other processes used meanwhile (! = over 0.25: re-run)")
+          f"others: cores other processes used meanwhile (! = over {DISTURBED_CORES}: re-run)")
     return 0
 
 

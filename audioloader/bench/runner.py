@@ -72,6 +72,14 @@ def _machine_busy_ticks() -> int | None:
     return sum(values[:8]) - values[3] - values[4]
 
 
+def _others_cores(busy_before: int | None, busy_after: int | None, used_s: float, wall: float) -> float | None:
+    """Cores other processes used over ``wall`` s: machine busy time less ``used_s`` (ours and the measured
+    children's CPU seconds); None where /proc/stat is missing."""
+    if busy_before is None or busy_after is None or wall <= 0:
+        return None
+    return max(0.0, ((busy_after - busy_before) / os.sysconf("SC_CLK_TCK") - used_s) / wall)
+
+
 class Disturbance:
     """Cores that *other* processes used while a child ran: ``with Disturbance() as d: subprocess.run(...)``.
 
@@ -90,11 +98,8 @@ class Disturbance:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        busy, wall = _machine_busy_ticks(), time.perf_counter() - self._start
-        if busy is None or self._busy is None or wall <= 0:
-            return
         used = (_children_cpu_seconds() - self._children) + (time.process_time() - self._own)
-        self.cores = max(0.0, ((busy - self._busy) / os.sysconf("SC_CLK_TCK") - used) / wall)
+        self.cores = _others_cores(self._busy, _machine_busy_ticks(), used, time.perf_counter() - self._start)
 
     @property
     def disturbed(self) -> bool:
@@ -166,7 +171,6 @@ def run_contender(spec: dict[str, Any], timeout: float, log) -> dict[str, Any]:
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update(spec.get("env") or {})
-    tick = os.sysconf("SC_CLK_TCK")
     busy_before = _machine_busy_ticks()
     own_before = time.process_time()
     started = time.perf_counter()
@@ -219,11 +223,10 @@ def run_contender(spec: dict[str, Any], timeout: float, log) -> dict[str, Any]:
     if exit_hang:
         log(f"  warning: {spec['kind']} printed its result but did not exit within 30 s; killed "
             f"(stderr tail: {stderr_tail[-500:]!r})")
-    if busy_before is not None and busy_after is not None and wall > 0:
-        own = time.process_time() - own_before
-        others = (busy_after - busy_before) / tick - sampler.cpu_seconds - own
-        result["others_cores"] = max(0.0, others / wall)
-        result["disturbed"] = result["others_cores"] > DISTURBED_CORES
+    others = _others_cores(busy_before, busy_after, sampler.cpu_seconds + time.process_time() - own_before, wall)
+    if others is not None:
+        result["others_cores"] = others
+        result["disturbed"] = others > DISTURBED_CORES
     return result
 
 
