@@ -514,23 +514,25 @@ class ShardDataset:
 
         ``picks``: only these rows of the batch, in this order (None: every row).
         """
-        if picks is not None:
-            cols = self.columns_of(batch)
-            return BatchColumns([cols.audio[i] for i in picks],
-                                None if cols.labels is None else [cols.labels[i] for i in picks],
-                                [(name, [values[i] for i in picks]) for name, values in cols.extras],
-                                None if cols.problems is None else [cols.problems[i] for i in picks])
-        audio, audio_null = _audio_values(batch.column(self.audio_column))
+        # Only the picked rows become Python values (a filter may keep few rows of a batch); the audio
+        # stays zero-copy views of the whole column's buffer.
+        taken = pa.array(picks, pa.int64()) if picks is not None else None
+
+        def values_of(name: str) -> pa.Array:
+            array = batch.column(name)
+            return array if taken is None else array.take(taken)
+
+        audio, audio_null = _audio_values(batch.column(self.audio_column), picks)
         labels = label_null = None
         if self.label_column is not None:
-            label_array = batch.column(self.label_column)
+            label_array = values_of(self.label_column)
             labels = label_array.to_pylist()
             if label_array.null_count:
                 label_null = ~label_array.is_valid().to_numpy(zero_copy_only=False)
-        extras = [(name, batch.column(name).to_pylist()) for name in self.columns]
+        extras = [(name, values_of(name).to_pylist()) for name in self.columns]
         problems = None
         if audio_null is not None or label_null is not None:
-            problems = [None] * batch.num_rows
+            problems = [None] * len(audio)
             if label_null is not None:
                 for i in np.flatnonzero(label_null).tolist():
                     problems[i] = "label is null"

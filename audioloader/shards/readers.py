@@ -112,11 +112,12 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _audio_values(column: pa.Array) -> tuple[list[Any], np.ndarray | None]:
+def _audio_values(column: pa.Array, picks: Sequence[int] | None = None) -> tuple[list[Any], np.ndarray | None]:
     """Per-row zero-copy ``pyarrow.Buffer`` views (``None`` for nulls), and the null mask or None.
 
     For a struct column (Hugging Face Audio) the ``bytes`` field is used; a row is
-    null when the struct or its bytes are null.
+    null when the struct or its bytes are null. ``picks``: only these rows, in this
+    order (None: every row).
     """
     valid = None
     if pa.types.is_struct(column.type):
@@ -127,15 +128,18 @@ def _audio_values(column: pa.Array) -> tuple[list[Any], np.ndarray | None]:
         child_valid = column.is_valid().to_numpy(zero_copy_only=False)
         valid = child_valid if valid is None else valid & child_valid
     n = len(column)
+    rows = range(n) if picks is None else picks
     if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
         _, offsets_buf, data = column.buffers()
         dtype = np.int32 if pa.types.is_binary(column.type) else np.int64
         offsets = np.frombuffer(offsets_buf, dtype=dtype)[column.offset:column.offset + n + 1].tolist()
         if data is None:
             data = pa.py_buffer(b"")
-        values = [data.slice(offsets[i], offsets[i + 1] - offsets[i]) for i in range(n)]
+        values = [data.slice(offsets[i], offsets[i + 1] - offsets[i]) for i in rows]
     else:  # binary_view and other layouts: per-scalar (still zero-copy)
-        values = [column[i].as_buffer() if column[i].is_valid else None for i in range(n)]
+        values = [column[i].as_buffer() if column[i].is_valid else None for i in rows]
     if valid is not None:
+        if picks is not None:
+            valid = valid[np.asarray(picks, dtype=np.int64)]
         values = [v if ok else None for v, ok in zip(values, valid.tolist(), strict=True)]
     return values, None if valid is None else ~valid
