@@ -33,7 +33,7 @@ from torchdata.nodes import BaseNode, PinMemory
 
 from ._hashing import SALT_ELASTIC, permutation
 from .errors import CheckpointMismatchError
-from .nodes.arrow_shard_reader import ArrowShardReader, Segment
+from .nodes.arrow_shard_reader import ArrowShardReader, ReaderPosition, Segment
 from .nodes.batch_augment import BatchAugment
 from .nodes.batch_features import BatchFeatures
 from .nodes.batcher import Batcher
@@ -127,9 +127,8 @@ class _Pieces:
         self.dataset = reader.dataset
         self.segments: list[Segment] = []
 
-    def add_rest_of(self, old: ArrowShardReader, state: dict[str, Any], last_pass: int) -> None:
-        """What ``old`` (a reader of the old layout) has left from ``state`` up to the end of ``last_pass``."""
-        at = old._checked_state(state)
+    def add_rest_of(self, old: ArrowShardReader, at: ReaderPosition, last_pass: int) -> None:
+        """What ``old`` (a reader of the old layout) has left from position ``at`` up to the end of ``last_pass``."""
         order = at.carry if at.carry else old.segments_for_pass(at.pass_index)
         for pos, row in at.lanes:  # an interleaving reader: the rest of each split its lanes were reading
             if pos >= 0:
@@ -218,8 +217,8 @@ def plan(root: BaseNode, reader: ArrowShardReader, states: Sequence[dict[str, An
     last_pass = max([position.pass_index for position in positions]
                     + [key.pass_index for left in lefts for key in (*left.held, *left.delivered)])
     pieces = _Pieces(reader)
-    for old, left in zip(olds, lefts, strict=True):
-        pieces.add_rest_of(old, left.reader_state, last_pass)
+    for old, position in zip(olds, positions, strict=True):
+        pieces.add_rest_of(old, position, last_pass)
     pieces.remove([key for left in lefts for key in left.delivered])
     for left in lefts:
         pieces.add_held(left.held)
