@@ -430,12 +430,12 @@ class AudioLoader:
         rows = self.reader.fetch([Key(int(i), 0) for i in picks])
         return estimate_boundaries((row_seconds(r, self._duration_column) for r in rows), self.batching.num_buckets)
 
-    def _resumed_batches(self, start: elastic.Plan, chain_states: list[dict[str, Any]]) -> int:
+    def _resumed_batches(self, start: elastic.Plan) -> int:
         """Eval, after an elastic resume: batches every new rank yields in the rest of the pass (equal on all)."""
         if self.batching is None:
             rows = start.rows_per_rank
             return min(rows) // self.batch_size if self.drop_last else math.ceil(max(rows) / self.batch_size)
-        return self._planned_batches(chain_states)
+        return self._planned_batches(start)
 
     def _count_batches(self) -> int:
         """Eval: batches every rank yields (equal across ranks, see Batcher.num_batches)."""
@@ -446,15 +446,15 @@ class AudioLoader:
             return min(rows) // self.batch_size
         return math.ceil(max(rows) / self.batch_size)
 
-    def _planned_batches(self, chain_states: list[dict[str, Any]] | None = None) -> int:
+    def _planned_batches(self, start: elastic.Plan | None = None) -> int:
         """Eval with bucketing: the most batches a rank's rows make, each rank's read in its reader's order
-        (interleaved too), from the pass's start or, after an elastic resume of ``chain_states``, from its carry."""
+        (interleaved too), from the pass's start or, after an elastic resume (``start``), from its carry."""
         counts = []
         for rank in range(self.world_size):
             rows = ArrowShardReader(self.reader.dataset, seed=self.seed, rank=rank, world_size=self.world_size,
                                     shuffle=self.train, infinite=False, interleave=self.interleave)
-            if chain_states is not None:
-                rows.start_from(elastic.plan(self._loader.root, rows, chain_states).reader_state)
+            if start is not None:
+                rows.start_from(start.state_for(rows))
             counts.append(len(plan((row_seconds(r, self._duration_column) for r in rows), self._boundaries,
                                    self.batching.max_duration, self.batching.max_batch_size, self.drop_last)))
         return max(counts)
@@ -647,9 +647,9 @@ class AudioLoader:
         self._check_fingerprint(by_rank[0]["fingerprint"], ignore=("rank", "world_size"))
         chain_states = [state["loader"]["root"] for state in by_rank]
         start = elastic.plan(self._loader.root, self.reader, chain_states)
-        self.reader.start_from(start.reader_state)
+        self.reader.start_from(start.state_for(self.reader))
         if self.num_batches is not None:
-            self._batcher.start_pass_with(self._resumed_batches(start, chain_states))
+            self._batcher.start_pass_with(self._resumed_batches(start))
         self._loader.start_fresh()  # the next iteration starts the chain anew, at the reader's carry
 
     def _check_file_identity(self, theirs: dict[str, Any] | None) -> None:

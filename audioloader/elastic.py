@@ -113,10 +113,19 @@ def _left_of(node: BaseNode, state: dict[str, Any]) -> _Left:
 
 @dataclass
 class Plan:
-    """The new rank's start: its reader's state (with the carry) and, in evaluation, its batches for that pass."""
+    """Where every new rank starts in the rest of the interrupted pass ``last_pass``: its part of the rows left."""
 
-    reader_state: dict[str, Any]
+    parts: list[list[Segment]]  # by new rank
     rows_per_rank: list[int]
+    last_pass: int
+
+    def state_for(self, reader: ArrowShardReader) -> dict[str, Any]:
+        """The reader state (with its carry) of ``reader``'s rank (a reader of the new layout)."""
+        part = self.parts[reader.rank]
+        if part:
+            return {"pass": self.last_pass, "split_pos": 0, "row": 0, "carry": [s.to_list() for s in part]}
+        # nothing left for this rank: at the end of the last pass
+        return {"pass": self.last_pass, "split_pos": len(reader.segments_for_pass(self.last_pass)), "row": 0}
 
 
 class _Pieces:
@@ -203,7 +212,7 @@ class _Pieces:
 
 
 def plan(root: BaseNode, reader: ArrowShardReader, states: Sequence[dict[str, Any]]) -> Plan:
-    """This rank's start after a resume of ``states`` (the chain states of old ranks 0..W-1, in rank order).
+    """Every new rank's start after a resume of ``states`` (the chain states of old ranks 0..W-1, in rank order).
 
     ``root``: this loader's chain (the same nodes as the old ranks', built with the same
     arguments); ``reader``: its reader (the new layout).
@@ -227,10 +236,4 @@ def plan(root: BaseNode, reader: ArrowShardReader, states: Sequence[dict[str, An
         order = permutation(len(pieces.segments), reader.seed, SALT_ELASTIC, last_pass, old_world, reader.world_size)
         pieces.segments = [pieces.segments[i] for i in order.tolist()]
     parts = pieces.cut(reader.world_size)
-    mine = parts[reader.rank]
-    rows = [sum(reader.segment_rows(s) for s in part) for part in parts]
-    if mine:
-        state = {"pass": last_pass, "split_pos": 0, "row": 0, "carry": [s.to_list() for s in mine]}
-    else:  # nothing left for this rank: at the end of the last pass
-        state = {"pass": last_pass, "split_pos": len(reader.segments_for_pass(last_pass)), "row": 0}
-    return Plan(state, rows)
+    return Plan(parts, [sum(reader.segment_rows(s) for s in part) for part in parts], last_pass)
