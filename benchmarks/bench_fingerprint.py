@@ -53,7 +53,7 @@ def build_seconds(folder: Path, identity: bool) -> float:
     else:
         with mock.patch.object(formats, "_hasher", _NoDigest), \
                 mock.patch.object(formats, "_local_mtime_ns", lambda loc: None), \
-                mock.patch.object(formats, "_footer", lambda f: b""):
+                mock.patch.object(formats, "_footer", lambda f: (b"", b"")):
             ShardDataset(folder)
     return time.perf_counter() - start
 
