@@ -39,7 +39,10 @@ from ..dsp.hashing import SALT_INTERLEAVE, SALT_SPLIT_ORDER, audio_checksum, per
 from ..errors import CheckpointMismatchError
 from ..samples import Key, RawSample
 from ..shards import Retry, ShardDataset, Split, subdivide
+from ..shards.readahead import ReadAhead
+from ..shards.storage import Storage
 from ..stats import LoaderStats
+from .read_order import units_ahead
 
 logger = logging.getLogger(__name__)
 
@@ -198,6 +201,9 @@ class ArrowShardReader(BaseNode[RawSample]):
             with nothing left to take is skipped). A pure function of the seed and the
             order: the same rows in another order, so every row is still read once per
             pass. Memory: a record batch / row group / stripe per lane.
+        storage: how remote files are read (`Storage`); with remote files and
+            ``readahead_bytes > 0`` the reader fetches its upcoming record batches / row
+            groups ahead (`audioloader.shards.readahead`), in the order it reads them.
 
     Yields ``RawSample(key=Key(index, pass), audio=pyarrow.Buffer | None,
     label=int | None, extras={name: value}, file, row, problem)``; a row with
@@ -217,7 +223,7 @@ class ArrowShardReader(BaseNode[RawSample]):
                  columns: Sequence[str] = (), seed: int = 0, rank: int | None = 0, world_size: int | None = 1,
                  shuffle: bool = True, infinite: bool = False, split_rows: int = 512, filesystem: Any = None,
                  stats: LoaderStats | None = None, retry: Retry | None = None, filter: Any = None,
-                 interleave: int = 1):
+                 interleave: int = 1, storage: Storage | None = None):
         super().__init__()
         self.stats = stats
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -228,7 +234,11 @@ class ArrowShardReader(BaseNode[RawSample]):
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.seed, self.shuffle, self.infinite = int(seed), bool(shuffle), bool(infinite)
         self.dataset = self._dataset(source_or_dataset, audio_column, label_column, columns, split_rows, filesystem,
-                                     retry, filter)
+                                     retry, filter, storage)
+        budget = self.dataset.storage.readahead_bytes
+        remote = any(self.dataset.is_remote(i) and f.format != "orc" for i, f in enumerate(self.dataset.files))
+        self._readahead = ReadAhead(self.dataset, budget, stats) if remote and budget else None
+        self._ahead_from_here = True  # the read-ahead starts over at the next row (a new position)
         self.splits = self._splits_for_world()
         self._eval_assignment = None if self.shuffle else balance_splits(self.splits, self.world_size)
         if self._eval_assignment is not None:
@@ -246,10 +256,12 @@ class ArrowShardReader(BaseNode[RawSample]):
 
     @staticmethod
     def _dataset(source: Any, audio_column: str, label_column: str | None, columns: Sequence[str],
-                 split_rows: int, filesystem: Any, retry: Retry | None, filter: Any) -> ShardDataset:
+                 split_rows: int, filesystem: Any, retry: Retry | None, filter: Any,
+                 storage: Storage | None) -> ShardDataset:
         if not isinstance(source, ShardDataset):
             return ShardDataset(source, audio_column=audio_column, label_column=label_column, columns=columns,
-                                split_rows=split_rows, filesystem=filesystem, retry=retry, filter=filter)
+                                split_rows=split_rows, filesystem=filesystem, retry=retry, filter=filter,
+                                storage=storage)
         given = {"audio_column": (audio_column, "audio", source.audio_column),
                  "label_column": (label_column, "label", source.label_column),
                  "columns": (list(columns), [], list(source.columns)),
@@ -258,9 +270,9 @@ class ArrowShardReader(BaseNode[RawSample]):
             if value != default and value != actual:
                 raise ValueError(f"{name}={value!r} differs from the ShardDataset's {actual!r}; "
                                  f"leave {name} out when passing a ShardDataset, or build the dataset with it")
-        if filesystem is not None or retry is not None or filter is not None:
-            raise ValueError("filesystem=, retry= and filter= are for sources; a ShardDataset already has its "
-                             "files (pass them to the ShardDataset)")
+        if filesystem is not None or retry is not None or filter is not None or storage is not None:
+            raise ValueError("filesystem=, retry=, filter= and storage= are for sources; a ShardDataset already has "
+                             "its files (pass them to the ShardDataset)")
         return source
 
     def _splits_for_world(self) -> list[Split]:
@@ -328,6 +340,7 @@ class ArrowShardReader(BaseNode[RawSample]):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
+        self._ahead_from_here = True
         if initial_state is None and self._pending is not None:
             initial_state, self._pending = self._pending, None
         elif initial_state is None:
@@ -405,6 +418,10 @@ class ArrowShardReader(BaseNode[RawSample]):
 
     def next(self) -> RawSample:
         self._started = True
+        if self._ahead_from_here:
+            self._ahead_from_here = False
+            if self._readahead is not None:  # fetch from this position on, in the order the rows will be read
+                self._readahead.start(units_ahead(self))
         if self.interleave > 1:
             return self._next_interleaved()
         i = self._i
@@ -504,14 +521,16 @@ class ArrowShardReader(BaseNode[RawSample]):
         dataset = self.dataset
         file = dataset.files[segment.file_id]
         remote = dataset.is_remote(segment.file_id)
+        read_unit = self._readahead.read_unit if self._readahead is not None else None
         if segment.take is not None:
             rows = segment.take[skip:]
             for start in range(0, len(rows), _TAKE_CHUNK):
                 part = rows[start:start + _TAKE_CHUNK]
-                cols = dataset.columns_of_rows(dataset.read_rows([file.index_offset + r for r in part]))
+                cols = dataset.columns_of_rows(dataset.read_rows([file.index_offset + r for r in part], read_unit))
                 yield _Block(list(part), cols, remote, file, segment.pass_index)
             return
-        for batch, file_rows, picks in dataset.read_kept(segment.file_id, segment.start, segment.stop, skip):
+        for batch, file_rows, picks in dataset.read_kept(segment.file_id, segment.start, segment.stop, skip,
+                                                         read_unit):
             if file_rows:
                 yield _Block(file_rows, dataset.columns_of(batch, picks), remote, file, segment.pass_index)
 

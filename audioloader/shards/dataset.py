@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import bisect
 import operator
-import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -16,13 +15,22 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..errors import ShardReadError
+from .changes import _check_local, _LocalFileGuard
 from .filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
-from .formats import _cheapest_column, _FileMeta, _open_random, _scan_all, listed_meta
+from .formats import _cheapest_column, _FileMeta, _open_local, _scan_all, listed_meta
 from .readers import _audio_values, _ConformedHandle, _IpcFileHandle, _IpcStreamHandle, _OrcHandle, _ParquetHandle
-from .retry import DEFAULT_RETRY, Retry, with_retries
+from .remote import RemoteFiles, SparseFile
+from .retry import DEFAULT_RETRY, Retry
 from .schema import _check_schema, _label_names, check_columns, unify
 from .sources import IcebergTable, TableSnapshot, resolve_iceberg, resolve_source
 from .splits import Split, _file_splits, _numbered
+from .storage import DEFAULT_STORAGE, Storage
+from .units import coalesce, unit_ranges
+
+#: Bytes of remote units a random-access read (`ShardDataset.read_rows`) fetches at once.
+RANDOM_ACCESS_BYTES = 64 * 1024 * 1024
+#: ``read_unit(file_id, unit) -> [RecordBatch]``: reads one unit (see `ShardDataset.read_kept`).
+UnitReader = Callable[[int, int], list[pa.RecordBatch]]
 
 # Open file handles kept per thread (memory maps are cheap; this bounds open fds).
 _HANDLES_PER_THREAD = 16
@@ -105,6 +113,7 @@ class ShardDataset:
         split_rows: target rows per split (batches / row groups are merged up to this).
         filesystem: a ``pyarrow.fs.FileSystem`` in which the source paths are resolved.
         retry: how remote reads are retried (`Retry`); local reads are never retried.
+        storage: how remote files are read (`Storage`: requests in flight, read-ahead, metadata index).
         filter: a ``pyarrow.compute.Expression`` over non-audio columns; only the rows
             it keeps are read (see `audioloader.shards.filters`: a table's data files
             pruned by their partition values and column bounds, Parquet row groups
@@ -138,11 +147,13 @@ class ShardDataset:
 
     def __init__(self, source: Any, *, audio_column: str = "audio", label_column: str | None = "label",
                  columns: Sequence[str] = (), split_rows: int = 512, filesystem: Any = None,
-                 retry: Retry | None = None, filter: Any = None):
+                 retry: Retry | None = None, filter: Any = None, storage: Storage | None = None):
         self.audio_column, self.label_column = audio_column, label_column
         self.columns = self._check_arguments(audio_column, label_column, columns, split_rows, filesystem)
         self.split_rows = split_rows
         self.retry = _check_retry(retry)
+        self.storage = _check_storage(storage)
+        self.remote = RemoteFiles(self.retry, self.storage.max_requests)  # every remote byte is fetched through it
         self.table: TableSnapshot | None = None
         if isinstance(source, IcebergTable):
             self.table, self._locations = resolve_iceberg(source, filesystem, self.retry, guarantees=filter is not None)
@@ -210,7 +221,8 @@ class ShardDataset:
 
     def _scan(self) -> list[_FileMeta]:
         """Every file's metadata: scanned, or what its table says for a file a filter pruned (it is never opened)."""
-        scanned = iter(_scan_all([loc for i, loc in enumerate(self._locations) if i not in self._pruned], self.retry))
+        scanned = iter(_scan_all([loc for i, loc in enumerate(self._locations) if i not in self._pruned], self.retry,
+                                 self.remote))
         return [listed_meta(loc.listed) if i in self._pruned else next(scanned)
                 for i, loc in enumerate(self._locations)]
 
@@ -282,16 +294,18 @@ class ShardDataset:
         return rows.astype(np.int64), pruned, len(units)
 
     def _remote_or_local(self, file_id: int, what: str, read: Any, on_failure: Any = None) -> Any:
-        """``read()``, retried for a remote file (`with_retries`), after a change check for a local one."""
+        """``read()``, after a change check for a local file; a remote file's requests are retried each
+        (`RemoteFiles.read`). Errors name the file."""
         path = self.files[file_id].path
         try:
-            if self._locations[file_id].fs is not None:
-                return with_retries(read, what=f"{what} of shard {path}", retry=self.retry, on_failure=on_failure)
-            self.check_unchanged(file_id)
+            if self._locations[file_id].fs is None:
+                self.check_unchanged(file_id)
             return read()
         except ShardReadError:
             raise
         except (OSError, EOFError, pa.ArrowException) as error:
+            if on_failure is not None:
+                on_failure()
             raise ShardReadError(f"cannot read {what} of shard {path}: {error}. "
                                  "Was the file changed or truncated after the loader was built?") from error
 
@@ -415,31 +429,86 @@ class ShardDataset:
 
     def _open_format_handle(self, file_id: int, columns: list[str]) -> Any:
         loc, meta = self._locations[file_id], self._metas[file_id]
-        f = _open_random(loc)
-        try:
+        sparse = None
+        if loc.fs is None:
+            f = _open_local(loc)
             if f.size() != meta.size:
+                f.close()
                 raise ShardReadError(f"shard {loc.path} changed after the loader was built: it has {f.size()} "
                                      f"bytes, {meta.size} when it was scanned. Do not rewrite shards while a loader "
                                      "reads them; build the loader again to read the new content")
+        else:  # no request here: the footer is in memory, and unit bytes are fetched when read
+            tail = [(meta.size - len(meta.tail), pa.py_buffer(meta.tail))] if meta.tail else []
+            sparse = SparseFile(loc, meta.size, self.remote, tail)
+            f = sparse.as_arrow()
+        try:
             if meta.format == "ipc_file":
-                return _IpcFileHandle(f, meta.schema, columns, loc.fs is None, meta.tail)
-            if meta.format == "ipc_stream":
-                return _IpcStreamHandle(f, meta.schema, meta.offsets or (), columns)
-            if meta.format == "orc":
-                return _OrcHandle(f, columns, meta.tail)
-            return _ParquetHandle(f, columns, meta.parquet_metadata)
+                handle: Any = _IpcFileHandle(f, meta.schema, columns, loc.fs is None)
+            elif meta.format == "ipc_stream":
+                handle = _IpcStreamHandle(f, meta.schema, meta.offsets or (), columns)
+            elif meta.format == "orc":
+                handle = _OrcHandle(f, columns)
+            else:
+                handle = _ParquetHandle(f, columns, meta.parquet_metadata)
         except (OSError, pa.ArrowException) as error:
             f.close()
-            if isinstance(error, ShardReadError) or loc.fs is not None:  # remote: for with_retries to judge
+            if isinstance(error, ShardReadError):
                 raise
             raise ShardReadError(f"cannot open shard {loc.path}: {error}") from error
+        handle.sparse = sparse
+        return handle
+
+    def unit_ranges(self, file_id: int, unit: int) -> list[tuple[int, int]] | None:
+        """The byte ranges a read of a remote file's unit needs (`units.unit_ranges`); None for a local file,
+        or where they are not known (ORC)."""
+        if self._locations[file_id].fs is None:
+            return None
+        return unit_ranges(self._metas[file_id], unit, self._present_columns(file_id))
+
+    def _present_columns(self, file_id: int) -> list[str]:
+        schema = self._metas[file_id].schema
+        present = [c for c in self.used_columns if c in schema.names]
+        return present or [_cheapest_column(schema)]
+
+    def read_unit_from(self, file_id: int, unit: int, provided: list[tuple[int, pa.Buffer]]) -> list[pa.RecordBatch]:
+        """A remote unit read from bytes already fetched (``[(offset, buffer)]``, covering `unit_ranges`)."""
+        def read() -> list[pa.RecordBatch]:
+            handle = self._handle(file_id)
+            for offset, buffer in provided:
+                handle.sparse.provide(offset, buffer)
+            try:
+                return handle.unit(unit)
+            finally:
+                for offset, _ in provided:
+                    handle.sparse.forget(offset)
+
+        return self._remote_or_local(file_id, f"batch/row group {unit}", read, lambda: self._drop_handle(file_id))
+
+    def fetch_units(self, units: Sequence[tuple[int, int]]) -> dict[tuple[int, int], list[tuple[int, pa.Buffer]]]:
+        """The bytes of remote units ``[(file_id, unit)]``, fetched concurrently (coalesced per file): what
+        `read_unit_from` takes. Units whose ranges are unknown (ORC) are left out."""
+        wanted: dict[int, list[tuple[int, int]]] = {}
+        for file_id, unit in units:
+            ranges = self.unit_ranges(file_id, unit)
+            if ranges is not None:
+                wanted.setdefault(file_id, []).extend(ranges)
+        futures = [(file_id, offset, self.remote.submit(self.remote.read, self._locations[file_id], offset, length))
+                   for file_id, ranges in wanted.items() for offset, length in coalesce(ranges)]
+        fetched: dict[int, list[tuple[int, pa.Buffer]]] = {}
+        for file_id, offset, future in futures:
+            fetched.setdefault(file_id, []).append((offset, future.result()))
+        return {(file_id, unit): fetched[file_id] for file_id, unit in units if file_id in fetched}
 
     def _read_unit(self, file_id: int, unit: int) -> list[pa.RecordBatch]:
-        """One record batch / row group; remote reads are retried (`with_retries`), local files checked first."""
+        """One record batch / row group: a remote one's bytes in as few requests as its ranges allow (retried
+        each), a local one after a change check."""
+        if self._locations[file_id].fs is not None and self.unit_ranges(file_id, unit) is not None:
+            return self.read_unit_from(file_id, unit, self.fetch_units([(file_id, unit)])[(file_id, unit)])
         return self._remote_or_local(file_id, f"batch/row group {unit}", lambda: self._handle(file_id).unit(unit),
                                      lambda: self._drop_handle(file_id))
 
-    def read_split(self, split: Split, start_row: int = 0) -> Iterator[pa.RecordBatch]:
+    def read_split(self, split: Split, start_row: int = 0,
+                   read_unit: UnitReader | None = None) -> Iterator[pa.RecordBatch]:
         """Record batches holding rows ``[split.start + start_row, split.stop)`` of the split's file.
 
         Only the used columns; zero-copy for local IPC files and streams (slices of
@@ -451,7 +520,8 @@ class ShardDataset:
         unit = bisect.bisect_right(starts, begin) - 1
         while begin < stop and unit < len(starts) - 1:
             if starts[unit + 1] > begin:
-                yield from _slice_batches(self._read_unit(split.file_id, unit), starts[unit], begin, stop)
+                yield from _slice_batches((read_unit or self._read_unit)(split.file_id, unit), starts[unit], begin,
+                                          stop)
                 begin = starts[unit + 1]
             unit += 1
 
@@ -473,8 +543,8 @@ class ShardDataset:
         first = int(np.searchsorted(kept, start)) + skip
         return int(kept[first]) if first < len(kept) and kept[first] < stop else stop
 
-    def read_kept(self, file_id: int, start: int, stop: int,
-                  skip: int = 0) -> Iterator[tuple[pa.RecordBatch, list[int], list[int] | None]]:
+    def read_kept(self, file_id: int, start: int, stop: int, skip: int = 0,
+                  read_unit: UnitReader | None = None) -> Iterator[tuple[pa.RecordBatch, list[int], list[int] | None]]:
         """``(batch, file rows, picks)`` for the kept rows of ``[start, stop)`` after the first ``skip`` of them.
 
         ``picks``: the positions in ``batch`` of the rows in ``file rows`` (None: every row
@@ -485,7 +555,7 @@ class ShardDataset:
         kept = self._kept[file_id]
         if kept is None:
             pos = start + skip
-            for batch in self.read_split(Split(-1, file_id, start, stop), skip):
+            for batch in self.read_split(Split(-1, file_id, start, stop), skip, read_unit):
                 yield batch, list(range(pos, pos + batch.num_rows)), None
                 pos += batch.num_rows
             return
@@ -495,11 +565,30 @@ class ShardDataset:
         for unit in dict.fromkeys(units.tolist()):  # in order, each unit once
             wanted = rows[units == unit]
             pos = starts[unit]
-            for batch in self._read_unit(file_id, unit):
+            for batch in (read_unit or self._read_unit)(file_id, unit):
                 inside = wanted[(wanted >= pos) & (wanted < pos + batch.num_rows)]
                 if len(inside):
                     yield batch, inside.tolist(), (inside - pos).tolist()
                 pos += batch.num_rows
+
+    def units_of(self, file_id: int, start: int, stop: int, skip: int = 0) -> list[tuple[int, int]]:
+        """``(rows before it, unit)`` for each unit `read_kept` reads, in order: the units holding the kept rows of
+        ``[start, stop)`` after the first ``skip`` of them, each with how many of those rows come before its first."""
+        starts = self._unit_starts[file_id]
+        kept = self._kept[file_id]
+        if kept is None:
+            begin = min(start + skip, stop)
+            first = bisect.bisect_right(starts, begin) - 1
+            return [(max(starts[u], begin) - begin, u) for u in range(max(first, 0), len(starts) - 1)
+                    if starts[u] < stop and starts[u + 1] > begin]
+        rows = kept[np.searchsorted(kept, start):np.searchsorted(kept, stop)][skip:]
+        units = np.searchsorted(starts, rows, side="right") - 1
+        firsts = np.flatnonzero(np.r_[True, units[1:] != units[:-1]]) if len(units) else units
+        return [(int(i), int(units[i])) for i in firsts]
+
+    def units_of_rows(self, file_id: int, rows: Sequence[int]) -> list[int]:
+        """The units holding file rows ``rows``, in the order `read_rows` reads them (ascending)."""
+        return sorted({bisect.bisect_right(self._unit_starts[file_id], r) - 1 for r in rows})
 
     def columns_of_rows(self, rows: Sequence[ShardRow]) -> BatchColumns:
         """`BatchColumns` of rows read by random access (`read_rows`)."""
@@ -541,11 +630,13 @@ class ShardDataset:
                     problems[i] = "audio is null"
         return BatchColumns(audio, labels, extras, problems)
 
-    def read_rows(self, indices: Sequence[int]) -> list[ShardRow]:
+    def read_rows(self, indices: Sequence[int], read_unit: UnitReader | None = None) -> list[ShardRow]:
         """Random access: one `ShardRow` per index, in the given order (duplicates allowed).
 
-        Each needed record batch / row group is read once. Safe to call from any
-        thread (each thread has its own file handles).
+        Each needed record batch / row group is read once; a remote file's are fetched
+        concurrently, up to ``RANDOM_ACCESS_BYTES`` at a time. Safe to call from any
+        thread (each thread has its own file handles). ``read_unit``: reads units instead
+        of this dataset (a read-ahead that fetched them already).
         """
         located = [(self.locate(i), k) for k, i in enumerate(indices)]
         groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -553,13 +644,35 @@ class ShardDataset:
             unit = bisect.bisect_right(self._unit_starts[file_id], row) - 1
             groups.setdefault((file_id, unit), []).append((row, k))
         out: list[ShardRow | None] = [None] * len(located)
-        for (file_id, unit), rows in sorted(groups.items()):  # file order reuses open handles
-            batches = self._read_unit(file_id, unit)
+        fetched: dict[tuple[int, int], list[tuple[int, pa.Buffer]]] = {}
+        units = sorted(groups)  # file order reuses open handles
+        for n, (file_id, unit) in enumerate(units):
+            if read_unit is not None:
+                batches = read_unit(file_id, unit)
+            else:
+                if (file_id, unit) not in fetched and self.unit_ranges(file_id, unit) is not None:
+                    fetched = self.fetch_units(self._next_units(units, n))  # the next ones at once, bounded
+                provided = fetched.pop((file_id, unit), None)
+                batches = (self._read_unit(file_id, unit) if provided is None
+                           else self.read_unit_from(file_id, unit, provided))
             unit_start = self._unit_starts[file_id][unit]
-            for row, k in rows:
+            for row, k in groups[(file_id, unit)]:
                 batch, at = _batch_at(batches, row - unit_start)
                 out[k] = self._row_from(batch.slice(at, 1), file_id, row)
         return out  # type: ignore[return-value]
+
+    def _next_units(self, units: Sequence[tuple[int, int]], start: int) -> list[tuple[int, int]]:
+        """``units[start:]`` up to ``RANDOM_ACCESS_BYTES`` of remote bytes (at least one), ranges known."""
+        taken, total = [], 0
+        for file_id, unit in units[start:]:
+            ranges = self.unit_ranges(file_id, unit)
+            if ranges is None:
+                continue
+            total += sum(length for _, length in ranges)
+            if taken and total > RANDOM_ACCESS_BYTES:
+                break
+            taken.append((file_id, unit))
+        return taken
 
     def _row_from(self, one_row: pa.RecordBatch, file_id: int, row: int) -> ShardRow:
         cols = self.columns_of(one_row)
@@ -586,49 +699,20 @@ class ShardDataset:
                 f"{len(self.splits)} splits, audio={self.audio_column!r}, label={self.label_column!r})")
 
 
+def _check_storage(storage: Any) -> Storage:
+    if storage is None:
+        return DEFAULT_STORAGE
+    if not isinstance(storage, Storage):
+        raise TypeError(f"storage must be an audioloader.Storage, got {type(storage).__name__}")
+    return storage
+
+
 def _check_retry(retry: Any) -> Retry:
     if retry is None:
         return DEFAULT_RETRY
     if not isinstance(retry, Retry):
         raise TypeError(f"retry must be an audioloader.Retry, got {type(retry).__name__}")
     return retry
-
-
-def _check_local(path: str, size: int, mtime_ns: int | None) -> None:
-    """`ShardReadError` naming ``path`` and what changed, when its size or modification time differ."""
-    try:
-        now = os.stat(path)
-    except OSError as error:
-        raise ShardReadError(f"shard {path} cannot be read any more ({error}); it was removed or replaced "
-                             "after the loader was built") from error
-    changes = []
-    if now.st_size != size:
-        changes.append(f"size {size} -> {now.st_size} bytes")
-    if mtime_ns is not None and now.st_mtime_ns != mtime_ns:
-        changes.append(f"modification time {mtime_ns} -> {now.st_mtime_ns} ns")
-    if changes:
-        raise ShardReadError(f"shard {path} changed while it was being read ({', '.join(changes)}). A shard must not "
-                             "be rewritten or truncated while a loader reads it (a memory-mapped read of a "
-                             "truncated file would crash the process); build the loader again to read the new content")
-
-
-class _LocalFileGuard:
-    """``guard(path)``: `ShardReadError` if the local shard at ``path`` changed since it was scanned.
-
-    The decode stage runs it just before it touches a row's audio, which for a
-    memory-mapped shard is a view of the file: a row held in a shuffle buffer
-    while its file was truncated would otherwise crash the process (SIGBUS).
-    Paths it does not know (remote files: their rows are copies) pass. One
-    ``stat`` per row (about a microsecond).
-    """
-
-    def __init__(self, expected: dict[str, tuple[int, int | None]]) -> None:
-        self.expected = expected
-
-    def __call__(self, path: str) -> None:
-        expected = self.expected.get(path)
-        if expected is not None:
-            _check_local(path, *expected)
 
 
 def _batch_at(batches: Sequence[pa.RecordBatch], row: int) -> tuple[pa.RecordBatch, int]:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import struct
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -14,25 +14,28 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import ShardReadError
-from .retry import DEFAULT_RETRY, Retry, with_retries
+from .remote import RemoteFiles, SparseFile
+from .retry import DEFAULT_RETRY, Retry
 from .sources import ACCEPTED, TableFile, _Location, _mtime_ns
 
 FORMATS = ("ipc_file", "ipc_stream", "parquet", "orc")
 
-# Files scanned in parallel at construction (remote metadata reads are latency-bound).
-_SCAN_THREADS = 8
+# Files scanned in parallel at construction: local scans are quick, remote ones wait on the network.
+_SCAN_THREADS_LOCAL = 8
+_SCAN_THREADS_REMOTE = 64
+#: Bytes read from the end of a remote file in its first request at construction: the footer of a Parquet or IPC
+#: file (pyarrow's Parquet reader reads the same 64 KiB), an ORC file's tail, and the whole of a small file.
+TAIL_BYTES = 64 * 1024
+#: Remote IPC record batch headers not in the tail are fetched in runs: headers fewer bytes apart than this share
+#: one request (the bodies between them are read and dropped).
+_HEADER_GAP_BYTES = 256 * 1024
 
 _CONTINUATION = b"\xff\xff\xff\xff"
 _MSG_SCHEMA, _MSG_DICTIONARY, _MSG_RECORD_BATCH = 1, 2, 3
 
 
-def _open_random(loc: _Location) -> Any:
-    """A random-access pyarrow file: a memory map for local files.
-
-    A remote file's errors are raised as they are, for `with_retries` to judge.
-    """
-    if loc.fs is not None:
-        return loc.fs.open_input_file(loc.fs_path)
+def _open_local(loc: _Location) -> Any:
+    """A local shard as a memory map (zero-copy reads)."""
     try:
         return pa.memory_map(loc.fs_path, "r")
     except (OSError, pa.ArrowException) as error:
@@ -42,53 +45,6 @@ def _open_random(loc: _Location) -> Any:
 def _read_at(f: Any, nbytes: int, offset: int) -> bytes:
     data = f.read_at(nbytes, offset)
     return data.to_pybytes() if isinstance(data, pa.Buffer) else bytes(data)
-
-
-class _TailCachedFile(io.RawIOBase):
-    """A remote file whose last bytes (an IPC footer, an ORC tail) come from memory: pyarrow's reader then never
-    reads them again.
-
-    Other reads go to the remote file as ranged reads of exactly what pyarrow asks for.
-    """
-
-    def __init__(self, f: Any, tail: bytes) -> None:
-        super().__init__()
-        self._file, self._tail = f, tail
-        self._size = f.size()
-        self._tail_start = self._size - len(tail)
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self._pos = {0: 0, 1: self._pos, 2: self._size}[whence] + offset
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def read(self, size: int = -1) -> bytes:
-        end = self._size if size is None or size < 0 else min(self._size, self._pos + size)
-        if self._pos >= self._tail_start:
-            data = self._tail[self._pos - self._tail_start:end - self._tail_start]
-        else:
-            data = self._file.read_at(end - self._pos, self._pos)
-            data = data.to_pybytes() if isinstance(data, pa.Buffer) else bytes(data)
-        self._pos += len(data)
-        return data
-
-    def close(self) -> None:
-        self._file.close()
-        super().close()
-
-
-def tail_cached(f: Any, tail: bytes) -> pa.PythonFile:
-    """``f`` (a remote random-access file) as a pyarrow file whose last ``len(tail)`` bytes are served from ``tail``."""
-    return pa.PythonFile(_TailCachedFile(f, tail), mode="r")
 
 
 def _sniff(loc: _Location, f: Any, size: int) -> str:
@@ -193,12 +149,15 @@ class _FileMeta:
     unit_rows: tuple[int, ...]
     # IPC stream: byte offset of each record batch message, for seeking.
     offsets: tuple[int, ...] | None = None
+    # IPC file: each record batch's (offset, metadata length, body length) from the footer (what the read-ahead
+    # fetches: one contiguous range per batch).
+    blocks: tuple[tuple[int, int, int], ...] | None = None
     mtime_ns: int | None = None
     digest: str = ""
     # Parquet: the footer, parsed once here and handed to every reader of the file.
     parquet_metadata: Any = None
     # Remote IPC file: its last bytes (footer, length, magic); remote ORC file: its last 16 KiB or more (postscript,
-    # footer, stripe statistics). Read once here and served to every reader (`tail_cached`).
+    # footer, stripe statistics). Read once here and served from memory to every reader (`SparseFile`).
     tail: bytes | None = None
 
 
@@ -217,21 +176,60 @@ def _footer(f: Any) -> tuple[bytes, bytes]:
     return _read_at(f, footer_length, size - 10 - footer_length), trailer
 
 
-def _scan_ipc_file(f: Any, local: bool, digest: Any) -> tuple[pa.Schema, tuple[int, ...], bytes]:
-    """Schema, rows per record batch, and the file's tail (footer + length + magic)."""
+def footer_blocks(footer: bytes, slot: int = 3) -> tuple[tuple[int, int, int], ...]:
+    """``(offset, metadata length, body length)`` of each block of an IPC file footer (File.fbs ``Footer``):
+    its record batches (``slot`` 3) or dictionaries (2)."""
+    root = struct.unpack_from("<I", footer, 0)[0]
+    pos = _fb_field(footer, root, slot)
+    if pos is None:
+        return ()
+    vector = pos + struct.unpack_from("<I", footer, pos)[0]
+    count = struct.unpack_from("<I", footer, vector)[0]
+    return tuple(struct.unpack_from("<qi4xq", footer, vector + 4 + 24 * i) for i in range(count))
+
+
+def _batch_rows(f: Any, sparse: SparseFile | None, blocks: Sequence[tuple[int, int, int]]) -> tuple[int, ...]:
+    """Rows of each record batch, from its message header (remote: headers not yet in memory are fetched
+    together first, in runs, concurrently)."""
+    if sparse is not None:
+        runs: list[list[int]] = []  # [start, stop) byte runs of headers not in memory
+        for offset, meta_length, _ in blocks:
+            if sparse.covers(offset, meta_length):
+                continue
+            if runs and offset - runs[-1][1] <= _HEADER_GAP_BYTES:
+                runs[-1][1] = offset + meta_length
+            else:
+                runs.append([offset, offset + meta_length])
+        fetched = sparse.remote.read_many(sparse.loc, [(a, b - a) for a, b in runs])
+        for (start, _), data in zip(runs, fetched, strict=True):
+            sparse.provide(start, data)
+    rows = []
+    for offset, meta_length, _ in blocks:
+        head = _read_at(f, meta_length, offset)
+        prefix = 8 if head.startswith(_CONTINUATION) else 4
+        length = struct.unpack_from("<i", head, prefix - 4)[0]
+        header_type, _, n = _message_header(head[prefix:prefix + length])
+        if header_type != _MSG_RECORD_BATCH:
+            raise ValueError(f"the footer's record batch at byte {offset} is not a record batch message")
+        rows.append(n)
+    return tuple(rows)
+
+
+def _scan_ipc_file(f: Any, sparse: SparseFile | None, digest: Any) -> tuple[pa.Schema, tuple[int, ...], bytes,
+                                                                            tuple[tuple[int, int, int], ...]]:
+    """Schema, rows per record batch, the file's tail (footer + length + magic) and its record batch blocks.
+
+    Remote (``sparse``): the schema comes from the footer (in memory), the rows from each batch's message
+    header; bodies are never read.
+    """
     footer, trailer = _footer(f)
     digest.update(footer)
-    tail = footer + trailer
-    if local:  # zero-copy: touches only message headers
-        reader = pa.ipc.open_file(f)
-        return reader.schema, tuple(reader.get_batch(i).num_rows for i in range(reader.num_record_batches)), tail
-    # Remote: message headers only, never bodies, and the footer only once (above).
-    messages = _scan_messages(f, 8, f.size() - 10 - len(footer))
-    if not messages or messages[0][1] != _MSG_SCHEMA:
-        raise ValueError("the file does not start with a schema message")
-    first_batch = next((pos for pos, t, _ in messages if t != _MSG_SCHEMA), f.size() - 10 - len(footer))
-    schema = pa.ipc.read_schema(pa.py_buffer(_read_at(f, first_batch - 8, 8)))
-    return schema, tuple(r for _, t, r in messages if t == _MSG_RECORD_BATCH), tail
+    blocks = footer_blocks(footer)
+    reader = pa.ipc.open_file(f)
+    if sparse is None:  # local, zero-copy: get_batch touches only message headers
+        return reader.schema, tuple(reader.get_batch(i).num_rows for i in range(reader.num_record_batches)), \
+            footer + trailer, blocks
+    return reader.schema, _batch_rows(f, sparse, blocks), footer + trailer, blocks
 
 
 def _scan_ipc_stream(f: Any, size: int, digest: Any) -> tuple[pa.Schema, tuple[int, ...], tuple[int, ...]]:
@@ -298,9 +296,9 @@ def _scan_orc(f: Any, local: bool, digest: Any) -> tuple[pa.Schema, tuple[int, .
     The digest takes the serialized file tail (postscript and footer: schema, stripes, statistics).
     """
     size, tail = f.size(), None
-    if not local:  # read the tail once, here; the reader and every later handle take it from memory
+    if not local:  # the tail is in memory (the scan's first read): kept for every later handle
         tail = _read_at(f, min(size, _ORC_TAIL_GUESS), max(0, size - _ORC_TAIL_GUESS))
-    orc_file = orc_module().ORCFile(f if tail is None else tail_cached(f, tail))
+    orc_file = orc_module().ORCFile(f)
     needed = orc_file.stripe_statistics_length + orc_file.file_footer_length + orc_file.file_postscript_length + 1
     if tail is not None and needed > len(tail):  # a tail past the guess: keep all of it
         tail = _read_at(f, needed, size - needed)
@@ -315,14 +313,14 @@ def _local_mtime_ns(loc: _Location) -> int:
         raise ShardReadError(f"cannot open shard {loc.path}: {error}") from error
 
 
-def _scan_opened(loc: _Location, f: Any) -> _FileMeta:
-    """`_scan_file` on an open file: format, schema, units, and the content digest."""
+def _scan_opened(loc: _Location, f: Any, sparse: SparseFile | None = None) -> _FileMeta:
+    """`_scan_file` on an open file (remote: ``f`` reads ``sparse``): format, schema, units, the content digest."""
     size = f.size()
-    fmt = _sniff(loc, f, size)
-    offsets = parquet_metadata = tail = None
+    fmt = _sniff_tail(sparse) or _sniff(loc, f, size)
+    offsets = parquet_metadata = tail = blocks = None
     digest = _hasher()
     if fmt == "ipc_file":
-        schema, rows, tail = _scan_ipc_file(f, loc.fs is None, digest)
+        schema, rows, tail, blocks = _scan_ipc_file(f, sparse, digest)
         tail = None if loc.fs is None else tail
     elif fmt == "ipc_stream":
         schema, rows, offsets = _scan_ipc_stream(f, size, digest)
@@ -335,20 +333,34 @@ def _scan_opened(loc: _Location, f: Any) -> _FileMeta:
         serialized = pa.BufferOutputStream()
         parquet_metadata.write_metadata_file(serialized)  # the footer: schema, row groups, sizes, statistics
         digest.update(serialized.getvalue())
-    return _FileMeta(fmt, size, schema, rows, offsets, digest=digest.hexdigest(),
+    return _FileMeta(fmt, size, schema, rows, offsets, blocks=blocks, digest=digest.hexdigest(),
                      parquet_metadata=parquet_metadata, tail=tail)
 
 
-def _scan_once(loc: _Location) -> _FileMeta:
+def _sniff_tail(sparse: SparseFile | None) -> str | None:
+    """The format from a remote file's last bytes (in memory), or None (then its first bytes tell)."""
+    if sparse is None or sparse.size() < 12:
+        return None
+    end = sparse.read_at(6, sparse.size() - 6).to_pybytes()
+    return "ipc_file" if end == b"ARROW1" else "parquet" if end.endswith(b"PAR1") else None
+
+
+def _scan_once(loc: _Location, remote: RemoteFiles) -> _FileMeta:
     # The modification time first: a rewrite during the scan then shows as a change later.
     mtime = _local_mtime_ns(loc) if loc.fs is None else loc.mtime_ns
     if loc.fs is not None and mtime is None:
         mtime = _remote_mtime_ns(loc)
-    f = _open_random(loc)
-    try:
-        meta = _scan_opened(loc, f)
-    finally:
-        f.close()
+    if loc.fs is None:
+        f = _open_local(loc)
+        try:
+            meta = _scan_opened(loc, f)
+        finally:
+            f.close()
+    else:  # one request for the tail (the whole of a small file), in memory from then on
+        size = loc.size if loc.size is not None else remote.size(loc)
+        n = min(size, TAIL_BYTES)
+        sparse = SparseFile(loc, size, remote, [(size - n, remote.read(loc, size - n, n))] if n else [])
+        meta = _scan_opened(loc, sparse.as_arrow(), sparse)
     meta.mtime_ns = mtime
     return meta
 
@@ -376,16 +388,13 @@ def _check_listed(loc: _Location, meta: _FileMeta) -> _FileMeta:
     return meta
 
 
-def _scan_file(loc: _Location, retry: Retry = DEFAULT_RETRY) -> _FileMeta:
+def _scan_file(loc: _Location, remote: RemoteFiles) -> _FileMeta:
     """Format, size, schema, batch / row-group boundaries and identity of one file, without reading audio.
 
-    Remote files are scanned again from the start after a transient fault (see `with_retries`).
+    Remote: each request is retried on a transient fault (`RemoteFiles.read`).
     """
     try:
-        if loc.fs is None:
-            return _check_listed(loc, _scan_once(loc))
-        return _check_listed(loc, with_retries(lambda: _scan_once(loc), what=f"the footer of shard {loc.path}",
-                                               retry=retry))
+        return _check_listed(loc, _scan_once(loc, remote))
     except ShardReadError:
         raise
     except (OSError, EOFError, ValueError, struct.error, IndexError, pa.ArrowException) as error:
@@ -393,9 +402,12 @@ def _scan_file(loc: _Location, retry: Retry = DEFAULT_RETRY) -> _FileMeta:
                              f"corrupt; re-write it or remove it from the source ({ACCEPTED})") from error
 
 
-def _scan_all(locations: list[_Location], retry: Retry = DEFAULT_RETRY) -> list[_FileMeta]:
+def _scan_all(locations: list[_Location], retry: Retry = DEFAULT_RETRY,
+              remote: RemoteFiles | None = None) -> list[_FileMeta]:
+    """Every file's `_FileMeta`, scanned concurrently (remote files: many at once, latency-bound)."""
+    remote = remote if remote is not None else RemoteFiles(retry)
     if len(locations) < 4:
-        return [_scan_file(loc, retry) for loc in locations]
-    with ThreadPoolExecutor(max_workers=min(_SCAN_THREADS, len(locations)),
-                            thread_name_prefix="audioloader-scan") as pool:
-        return list(pool.map(lambda loc: _scan_file(loc, retry), locations))
+        return [_scan_file(loc, remote) for loc in locations]
+    threads = _SCAN_THREADS_REMOTE if any(loc.fs is not None for loc in locations) else _SCAN_THREADS_LOCAL
+    with ThreadPoolExecutor(max_workers=min(threads, len(locations)), thread_name_prefix="audioloader-scan") as pool:
+        return list(pool.map(lambda loc: _scan_file(loc, remote), locations))

@@ -9,24 +9,30 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .formats import orc_module, tail_cached
+from .formats import orc_module
+from .remote import SparseFile
 
 
-class _IpcFileHandle:
+class _Handle:
+    """A reader of one file's units. ``sparse``: a remote file's `SparseFile` (where the read-ahead puts a
+    unit's fetched bytes before the unit is read), None for a local one."""
+
+    sparse: SparseFile | None = None
+
+
+class _IpcFileHandle(_Handle):
     """Random access to one IPC file's record batches, projected to the used columns.
 
-    ``tail``: a remote file's footer bytes from construction (see `tail_cached`).
+    ``f``: a memory map (``local``) or a remote file (a `SparseFile` holding the footer).
     """
 
-    def __init__(self, f: Any, schema: pa.Schema, columns: Sequence[str], local: bool, tail: bytes | None = None):
+    def __init__(self, f: Any, schema: pa.Schema, columns: Sequence[str], local: bool):
         self._file, self._columns = f, list(columns)
         if local:
             # On a memory map every read is a zero-copy view; included_fields would copy.
             self._reader = pa.ipc.open_file(f)
         else:
-            # Remotely, fetch only the used columns' buffers.
-            if tail is not None:
-                self._file = f = tail_cached(f, tail)
+            # Remotely, read only the used columns' buffers.
             included = sorted(schema.get_field_index(c) for c in columns)
             self._reader = pa.ipc.open_file(f, options=pa.ipc.IpcReadOptions(included_fields=included))
 
@@ -37,7 +43,7 @@ class _IpcFileHandle:
         self._file.close()
 
 
-class _IpcStreamHandle:
+class _IpcStreamHandle(_Handle):
     """Random access to one IPC stream's record batches via the message offsets found at construction."""
 
     def __init__(self, f: Any, schema: pa.Schema, offsets: Sequence[int], columns: Sequence[str]):
@@ -52,7 +58,7 @@ class _IpcStreamHandle:
         self._file.close()
 
 
-class _ParquetHandle:
+class _ParquetHandle(_Handle):
     """One Parquet file: a unit is a row group, read whole (Parquet cannot seek inside one)."""
 
     def __init__(self, f: Any, columns: Sequence[str], metadata: Any = None):
@@ -67,15 +73,12 @@ class _ParquetHandle:
         self._file.close()
 
 
-class _OrcHandle:
-    """One ORC file: a unit is a stripe, read whole (pyarrow reads ORC by stripe, like Parquet by row group).
+class _OrcHandle(_Handle):
+    """One ORC file: a unit is a stripe, read whole (pyarrow reads ORC by stripe, like Parquet by row group)."""
 
-    ``tail``: a remote file's last bytes from construction (see `tail_cached`).
-    """
-
-    def __init__(self, f: Any, columns: Sequence[str], tail: bytes | None = None):
-        self._file = f if tail is None else tail_cached(f, tail)
-        self._orc = orc_module().ORCFile(self._file)  # reads the file tail (from memory when cached)
+    def __init__(self, f: Any, columns: Sequence[str]):
+        self._file = f
+        self._orc = orc_module().ORCFile(self._file)  # reads the file tail (a remote one's from memory)
         self._columns = list(columns)
 
     def unit(self, i: int) -> list[pa.RecordBatch]:
@@ -85,11 +88,12 @@ class _OrcHandle:
         self._file.close()
 
 
-class _ConformedHandle:
+class _ConformedHandle(_Handle):
     """A handle whose batches are read into a target schema: a file of a source whose schemas evolved."""
 
     def __init__(self, handle: Any, schema: pa.Schema):
         self._handle, self._schema = handle, schema
+        self.sparse = handle.sparse
 
     def unit(self, i: int) -> list[pa.RecordBatch]:
         return [conform(batch, self._schema) for batch in self._handle.unit(i)]

@@ -50,8 +50,8 @@ class TableFile:
 class _Location:
     """Where a file lives: ``fs is None`` means a local path we can memory-map.
 
-    ``mtime_ns``: the modification time a remote listing reported (None: not listed; local
-    files are stat'ed when scanned). ``listed``: a table's metadata about the file (Iceberg).
+    ``mtime_ns``, ``size``: the modification time and size a remote listing reported (None: not
+    listed; local files are stat'ed when scanned). ``listed``: a table's metadata about the file (Iceberg).
     """
 
     path: str  # shown to users: local absolute path or URL
@@ -59,6 +59,7 @@ class _Location:
     fs_path: str
     mtime_ns: int | None = None
     listed: TableFile | None = None
+    size: int | None = None
 
 
 def _is_url(text: str) -> bool:
@@ -163,8 +164,13 @@ def _mtime_ns(info: pafs.FileInfo) -> int | None:
     return info.mtime_ns if info.mtime_ns is not None and info.mtime_ns > 0 else None
 
 
-def _expand_remote(item: str, fs: Any, fs_path: str, retry: Retry) -> tuple[list[tuple[str, int | None]], str]:
-    """Files (as ``(fs path, mtime_ns)``) for one entry on a pyarrow filesystem."""
+def _listed(info: pafs.FileInfo) -> tuple[str, int | None, int | None]:
+    return info.path, _mtime_ns(info), info.size if info.size is not None and info.size >= 0 else None
+
+
+def _expand_remote(item: str, fs: Any, fs_path: str,
+                   retry: Retry) -> tuple[list[tuple[str, int | None, int | None]], str]:
+    """Files (as ``(fs path, mtime_ns, size)``) for one entry on a pyarrow filesystem."""
     def listing(selector: Any) -> list[pafs.FileInfo]:
         return with_retries(lambda: fs.get_file_info(selector), what=f"the listing of {item!r}", retry=retry)
 
@@ -173,8 +179,7 @@ def _expand_remote(item: str, fs: Any, fs_path: str, retry: Retry) -> tuple[list
         fixed = next(i for i, p in enumerate(parts) if any(c in p for c in _GLOB_CHARS))
         base = "/".join(parts[:fixed])
         infos = listing(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-        files = [(i.path, _mtime_ns(i)) for i in infos
-                 if i.type == pafs.FileType.File and _glob_match(i.path, fs_path)]
+        files = [_listed(i) for i in infos if i.type == pafs.FileType.File and _glob_match(i.path, fs_path)]
         return files, f"glob {item!r} ({len(files)} matches)"
     info = listing(fs_path)
     if info.type == pafs.FileType.Directory:
@@ -183,13 +188,12 @@ def _expand_remote(item: str, fs: Any, fs_path: str, retry: Retry) -> tuple[list
                 return f.read().decode("utf-8")
         listed = _hf_state_files(read_text, fs_path)
         if listed is not None:
-            return [(p, None) for p in listed], f"Hugging Face dataset folder {item!r} (state.json)"
+            return [(p, None, None) for p in listed], f"Hugging Face dataset folder {item!r} (state.json)"
         infos = listing(pafs.FileSelector(fs_path, recursive=True))
-        files = [(i.path, _mtime_ns(i)) for i in infos
-                 if i.type == pafs.FileType.File and _has_shard_extension(i.path)]
+        files = [_listed(i) for i in infos if i.type == pafs.FileType.File and _has_shard_extension(i.path)]
         return files, f"folder {item!r} and its subfolders for *{'/*'.join(SHARD_EXTENSIONS)}"
     if info.type == pafs.FileType.File:
-        return [(fs_path, _mtime_ns(info))], f"file {item!r}"
+        return [_listed(info)], f"file {item!r}"
     raise SourceNotFoundError(f"shard source {item!r}: no such file or folder")
 
 
@@ -205,7 +209,7 @@ def _expand(item: Any, filesystem: Any, retry: Retry) -> tuple[list[_Location], 
         parsed = urllib.parse.urlparse(item)
         fs_path = parsed.netloc + parsed.path if _is_url(item) else item
         files, searched = _expand_remote(item, filesystem, fs_path, retry)
-        return [_Location(p, filesystem, p, mtime) for p, mtime in files], searched
+        return [_Location(p, filesystem, p, mtime, size=size) for p, mtime, size in files], searched
     if item.startswith("file://"):
         item = urllib.parse.unquote(urllib.parse.urlparse(item).path)
     if filesystem is not None or not _is_url(item):
@@ -217,7 +221,7 @@ def _expand(item: Any, filesystem: Any, retry: Retry) -> tuple[list[_Location], 
         return [_Location(p, None, p) for p in files], searched
     scheme = urllib.parse.urlparse(item).scheme
     files, searched = _expand_remote(item, fs, fs_path, retry)
-    return [_Location(_url_for(scheme, p), fs, p, mtime) for p, mtime in files], searched
+    return [_Location(_url_for(scheme, p), fs, p, mtime, size=size) for p, mtime, size in files], searched
 
 
 def resolve_source(source: Any, filesystem: Any = None, retry: Retry = DEFAULT_RETRY) -> list[_Location]:
