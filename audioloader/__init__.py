@@ -5,8 +5,8 @@
 """
 
 from .audio_loader import AudioLoader
-from .augment import AddNoise, Gain, Mixup, Reverb, SpecAugment, SpeedPerturb, mixup_targets
-from .config import FbankConfig, LengthPolicy, MelSpectrogramConfig, WaveformConfig
+from .dsp.augment import AddNoise, Gain, Mixup, Reverb, SpecAugment, SpeedPerturb, mixup_targets
+from .dsp.config import FbankConfig, LengthPolicy, MelSpectrogramConfig, WaveformConfig
 from .errors import (
     AudioLoaderError,
     CheckpointMismatchError,
@@ -20,7 +20,7 @@ from .mix import Mix, Source
 from .options import Bucketing, Shuffle, Workers
 from .samples import BadRow, Key, RawSample, Sample
 from .shards import IcebergTable, Retry, ShardDataset, SourceNotFoundError
-from .writer import ShardWriter
+from .shards.writer import ShardWriter
 
 __version__ = "0.1.0"
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from audioloader.cli import main
+from audioloader.tools.cli import main
 
 sys.exit(main())

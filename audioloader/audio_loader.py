@@ -23,9 +23,9 @@ import torch
 from torchdata.nodes import BaseNode, PinMemory
 
 from . import elastic
-from .augment import Augmentations
-from .config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, check_features
 from .distributed import resolve_rank
+from .dsp.augment import Augmentations
+from .dsp.config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, check_features
 from .errors import CheckpointMismatchError
 from .loader import Loader
 from .mix import Mix, check_columns, check_lengths, fetch_mixed, source_seed
@@ -111,7 +111,7 @@ class AudioLoader:
         augment: optional ``augment(waveform: np.ndarray float32 [clip_samples],
             rng: np.random.Generator) -> np.ndarray``; ``rng`` is seeded from (seed, key).
             Or a list of augmentations (`Gain`, `AddNoise`, `Reverb`, `SpeedPerturb`,
-            `SpecAugment`, `Mixup`; see `audioloader.augment`) and such functions, in
+            `SpecAugment`, `Mixup`; see `audioloader.dsp.augment`) and such functions, in
             that order of stages: each a pure function of (seed, key).
         audio_column: binary column, or a struct with a ``bytes`` field (HF ``Audio``).
         label_column: integer column, or None for unlabeled data.

@@ -31,7 +31,7 @@ from typing import Any
 
 from torchdata.nodes import BaseNode, PinMemory
 
-from ._hashing import SALT_ELASTIC, permutation
+from .dsp.hashing import SALT_ELASTIC, permutation
 from .errors import CheckpointMismatchError
 from .nodes.arrow_shard_reader import ArrowShardReader, ReaderPosition, Segment
 from .nodes.batch_augment import BatchAugment

@@ -26,8 +26,8 @@ from torchdata.nodes import BaseNode
 from torchdata.nodes import Loader as _TorchdataLoader
 from torchdata.nodes.loader import LoaderIterator as _TorchdataLoaderIterator
 
-from ._threads import join_or_report, shutdown_mapper
 from .nodes.catch_failures import raise_failure
+from .workers.threads import join_or_report, shutdown_mapper
 
 T = TypeVar("T")
 

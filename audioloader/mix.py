@@ -17,8 +17,8 @@ from typing import Any
 import pyarrow as pa
 from torchdata.nodes import StopCriteria
 
-from . import _hashing
-from .config import FeatureConfig, LengthPolicy
+from .dsp import hashing
+from .dsp.config import FeatureConfig, LengthPolicy
 from .nodes.arrow_shard_reader import fetch_rows
 from .samples import Key, RawSample
 from .shards import ShardDataset
@@ -176,7 +176,7 @@ def fetch_mixed(datasets: Sequence[ShardDataset], keys: Sequence[Key]) -> list[R
 
 def source_seed(seed: int, position: int) -> int:
     """The seed of a mix's source ``position`` (its split order per pass): its own, unless it is the first."""
-    return seed if position == 0 else _hashing.mix(seed, _hashing.SALT_SOURCE, position) >> 1
+    return seed if position == 0 else hashing.mix(seed, hashing.SALT_SOURCE, position) >> 1
 
 
 def check_lengths(names: Sequence[str], lengths: Sequence[LengthPolicy], features: FeatureConfig) -> None:

@@ -2,7 +2,7 @@
 
 Each group is a small frozen dataclass; ``None`` fields take the mode's preset
 (see `AudioLoader`). What the samples look like (features, length) is in
-`audioloader.config`.
+`audioloader.dsp.config`.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ class Key(NamedTuple):
     source: int = 0
 
     def parts(self) -> tuple[int, ...]:
-        """The integers every random choice about this sample hashes (see `audioloader._hashing`).
+        """The integers every random choice about this sample hashes (see `audioloader.dsp.hashing`).
 
         ``(index, pass)`` for source 0, ``(index, pass, source)`` otherwise: a
         single-source loader draws exactly what it drew before sources existed
@@ -79,7 +79,7 @@ class Sample:
             ``[samples]`` when features are computed per batch instead.
         label, extras, file, row: carried over from the ``RawSample``.
         batch_params: parameters of augmentations that run per batch, after the
-            decode workers (`audioloader.augment`: SpecAugment masks where features
+            decode workers (`audioloader.dsp.augment`: SpecAugment masks where features
             are computed per batch, Mixup draws), ``{name: numpy array}``, or None.
             Drawn in the worker from ``(seed, key)`` like every other random choice.
         checksum: `audio_checksum` of the row's encoded audio (0: not computed), so a

@@ -39,7 +39,7 @@ import torch
 from torchdata.nodes import IterableWrapper
 
 import audioloader as al
-from audioloader.augment import Augmentations
+from audioloader.dsp.augment import Augmentations
 from audioloader.nodes.batch_augment import BatchAugment
 from audioloader.nodes.batcher import BATCH_PARAMS_KEY
 from audioloader.nodes.decode_spectrogram import SampleDecoder

@@ -35,10 +35,10 @@ import soundfile as sf
 import torch
 from torchdata.nodes import IterableWrapper
 
-from audioloader import _hashing, audio
-from audioloader.audio import load_clip
-from audioloader.config import MelSpectrogramConfig
-from audioloader.features import log_mel
+from audioloader.dsp import audio, hashing
+from audioloader.dsp.audio import load_clip
+from audioloader.dsp.config import MelSpectrogramConfig
+from audioloader.dsp.features import log_mel
 from audioloader.nodes.decode_spectrogram import DecodeSpectrogram
 from audioloader.samples import Key, RawSample
 
@@ -58,7 +58,7 @@ def make_clips(n: int, seconds: float, rate: int, channels: int) -> list[bytes]:
 
 
 def draw_for(index: int):
-    return lambda n: _hashing.uniform_int(n, 0, _hashing.SALT_CROP, index, 0)
+    return lambda n: hashing.uniform_int(n, 0, hashing.SALT_CROP, index, 0)
 
 
 def one_sample(clip: bytes, index: int, cfg: MelSpectrogramConfig, window: bool, stages: dict) -> None:

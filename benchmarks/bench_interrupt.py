@@ -75,7 +75,7 @@ CHILD = textwrap.dedent("""
 
 def make_dataset(folder: Path) -> Path:
     """400 clips of 6 s, 44.1 kHz FLAC, in 4 IPC shards (long enough to decode that a fill takes seconds)."""
-    from audioloader.bench.dataset import DatasetSpec, standard_dataset
+    from audioloader.tools.bench.dataset import DatasetSpec, standard_dataset
 
     return standard_dataset(DatasetSpec(clips=400, seconds=6.0), folder, log=lambda *_: None)
 

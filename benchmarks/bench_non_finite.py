@@ -20,7 +20,7 @@ import time
 import numpy as np
 import soundfile as sf
 
-from audioloader.config import MelSpectrogramConfig
+from audioloader.dsp.config import MelSpectrogramConfig
 from audioloader.nodes import decode_spectrogram
 from audioloader.nodes.decode_spectrogram import SampleDecoder
 from audioloader.samples import Key, RawSample

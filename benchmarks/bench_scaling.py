@@ -2,12 +2,12 @@
 
 For each dataset (the standard 10 s 44.1 kHz FLAC shards, and the same clips
 packed at 32 kHz PCM16) and each N, every contender runs in a fresh process
-(`audioloader.bench.runner.run_contender`) and produces the same batches (64
+(`audioloader.tools.bench.runner.run_contender`) and produces the same batches (64
 log-mel spectrograms [128, 501]):
 
 - ``threads-N``: ``AudioLoader(worker_type="thread", num_workers=N)``;
 - ``processes-N``: ``AudioLoader(worker_type="process", num_workers=N)``;
-- ``dataloader-N``: the user baseline (`audioloader.bench.baseline`) under
+- ``dataloader-N``: the user baseline (`audioloader.tools.bench.baseline`) under
   ``torch.utils.data.DataLoader(num_workers=N)`` (needs torchaudio);
 - ``decode-threads-N``: the library's per-sample function in N plain threads;
 - ``decode-processes-N``: the same function in N processes started together,
@@ -36,16 +36,16 @@ import sys
 import time
 from pathlib import Path
 
-from audioloader.bench import dataset as bench_dataset
-from audioloader.bench.contenders import RESULT_PREFIX, cores
-from audioloader.bench.runner import DISTURBED_CORES, run_contender
+from audioloader.tools.bench import dataset as bench_dataset
+from audioloader.tools.bench.contenders import RESULT_PREFIX, cores
+from audioloader.tools.bench.runner import DISTURBED_CORES, run_contender
 
 
 def decode_processes(source: Path, n: int, seconds: float) -> dict:
     """N `ceiling` contenders started together (each waits for GO after its warm-up); rates summed."""
     spec = {"kind": "ceiling", "source": str(source), "warmup_samples": 4, "measure_seconds": seconds,
             "min_samples": 8, "max_samples": max(64, int(seconds * 400)), "wait_go": True}
-    children = [subprocess.Popen([sys.executable, "-m", "audioloader.bench._child", json.dumps(spec)],
+    children = [subprocess.Popen([sys.executable, "-m", "audioloader.tools.bench._child", json.dumps(spec)],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(n)]
     for child in children:
         if child.stdout.readline().strip() != "READY":

@@ -48,8 +48,8 @@ def make_corpus(folder: Path, utterances: int) -> tuple[Path, Path, list[float]]
     import pyarrow as pa
     import soundfile as sf
 
-    from audioloader.bench.dataset import DatasetSpec, synth_clip
-    from audioloader.writer import ShardWriter
+    from audioloader.shards.writer import ShardWriter
+    from audioloader.tools.bench.dataset import DatasetSpec, synth_clip
 
     root = folder / f"speech-n{utterances}-v1"
     files, shards = root / "audio", root / "shards"
@@ -122,7 +122,7 @@ def measure(batches, spec: dict) -> dict:
 
 
 def in_child(spec: dict) -> dict:
-    from audioloader.bench.runner import Disturbance
+    from audioloader.tools.bench.runner import Disturbance
 
     with Disturbance() as disturbance:
         done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
@@ -153,7 +153,7 @@ def run_round(base: dict, batch_size: int | None) -> dict[str, dict]:
 
 
 def main() -> int:
-    from audioloader.bench.settings import DISTURBED_CORES
+    from audioloader.tools.bench.settings import DISTURBED_CORES
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)

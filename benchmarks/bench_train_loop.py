@@ -16,7 +16,7 @@ step share the machine as they would in training). The step is:
 
 Loaders: AudioLoader with threads and with processes (both pinned on a GPU),
 AudioLoader with features on the GPU (``device="cuda"``, GPU only), and the
-DataLoader baseline (`audioloader.bench.baseline`, ``num_workers=N``).
+DataLoader baseline (`audioloader.tools.bench.baseline`, ``num_workers=N``).
 
 Reported: samples/s, data wait (seconds in ``next()`` / wall seconds), the
 mean step time excluding the wait, and the consuming process's CPU use.
@@ -49,7 +49,7 @@ def make_step(kind: str, python_ms: float, device_ms: float):
 
     if kind == "standin":
         return lambda x, y: stand_in_step(python_ms, device_ms), torch.device("cpu")
-    from audioloader.demo import SmallCNN
+    from audioloader.tools.demo import SmallCNN
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
@@ -72,8 +72,8 @@ def run_one(spec: dict) -> dict:
     import torch
 
     from audioloader import AudioLoader
-    from audioloader.bench.baseline import make_loader
-    from audioloader.bench.contenders import _features
+    from audioloader.tools.bench.baseline import make_loader
+    from audioloader.tools.bench.contenders import _features
 
     step, device = make_step(spec["step"], spec["python_ms"], spec["device_ms"])
     pin = device.type == "cuda"
@@ -138,7 +138,7 @@ def compute_only(spec: dict) -> dict:
 
 
 def in_child(spec: dict) -> dict:
-    from audioloader.bench.runner import Disturbance
+    from audioloader.tools.bench.runner import Disturbance
 
     with Disturbance() as disturbance:
         done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
@@ -171,8 +171,8 @@ def main() -> int:
 
     import torch
 
-    from audioloader.bench import dataset as bench_dataset
-    from audioloader.bench.settings import DISTURBED_CORES
+    from audioloader.tools.bench import dataset as bench_dataset
+    from audioloader.tools.bench.settings import DISTURBED_CORES
 
     gpu = torch.cuda.is_available()
     step = args.step or ("cnn" if gpu else "standin")

@@ -33,7 +33,7 @@ from torchdata.nodes import Mapper
 
 import audioloader as al
 from audioloader.nodes import ArrowShardReader, Batcher, CatchFailures, DecodeSpectrogram, Prefetcher, ShuffleBuffer
-from audioloader.synthetic import make_classification_dataset
+from audioloader.tools.synthetic import make_classification_dataset
 
 FEATURES = al.MelSpectrogramConfig(sample_rate=16000, clip_seconds=2.0, n_fft=512, hop_length=256, n_mels=64)
 

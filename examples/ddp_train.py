@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import audioloader as al
-from audioloader.synthetic import make_classification_dataset
+from audioloader.tools.synthetic import make_classification_dataset
 
 FEATURES = al.MelSpectrogramConfig(sample_rate=16000, clip_seconds=2.0, n_fft=512, hop_length=256, n_mels=64)
 

@@ -26,7 +26,7 @@ import torch
 
 import audioloader as al
 from audioloader.shards import ShardDataset
-from audioloader.synthetic import CLASS_NAMES, make_clip
+from audioloader.tools.synthetic import CLASS_NAMES, make_clip
 
 FEATURES = al.MelSpectrogramConfig(sample_rate=16000, clip_seconds=2.0, n_fft=512, hop_length=256, n_mels=64)
 

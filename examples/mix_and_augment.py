@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 import audioloader as al
-from audioloader.synthetic import make_classification_dataset
+from audioloader.tools.synthetic import make_classification_dataset
 
 RATE = 16000
 # 1 s crops, 40 mels: [40, 101] per clip; small enough to train on two cores in seconds.

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 import audioloader as al
-from audioloader.synthetic import make_classification_dataset
+from audioloader.tools.synthetic import make_classification_dataset
 
 FEATURES = al.MelSpectrogramConfig(sample_rate=16000, clip_seconds=2.0, n_fft=512, hop_length=256, n_mels=64)
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 import audioloader as al
-from audioloader.synthetic import CLASS_NAMES, make_clip
+from audioloader.tools.synthetic import CLASS_NAMES, make_clip
 
 FEATURES = al.FbankConfig(num_mel_bins=80)  # 16 kHz, 25 ms frames every 10 ms, povey window
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")

@@ -23,7 +23,7 @@ from torch import nn
 
 import audioloader as al
 from audioloader.shards import ShardDataset
-from audioloader.synthetic import make_classification_dataset
+from audioloader.tools.synthetic import make_classification_dataset
 
 # 16 kHz, 2 s crops, 64 mels: [64, 126] per clip; small enough to train on a CPU.
 FEATURES = al.MelSpectrogramConfig(sample_rate=16000, clip_seconds=2.0, n_fft=512, hop_length=256, n_mels=64)

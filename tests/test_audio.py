@@ -1,4 +1,4 @@
-"""audioloader.audio: decode, mixdown, resample, crop/pad, and window decode == full decode."""
+"""audioloader.dsp.audio: decode, mixdown, resample, crop/pad, and window decode == full decode."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 import soxr
 
-from audioloader import audio
+from audioloader.dsp import audio
 from audioloader.errors import DecodeError
 from tests.helpers import encode, tone
 
@@ -334,7 +334,7 @@ def test_memfd_is_per_thread_and_reused():
 @pytest.mark.parametrize("seconds", [0.3, 1.0, 2.7])
 @pytest.mark.parametrize("train", [True, False])
 def test_pcm16_wav_fast_path_equals_soundfile_path(channels, seconds, train):
-    from audioloader.audio import _pcm16_wav, load_clip
+    from audioloader.dsp.audio import _pcm16_wav, load_clip
 
     rate, clip = 16000, 16000
     data = encode(tone(seconds, rate, channels=channels, seed=3), rate, "WAV", "PCM_16")
@@ -351,13 +351,13 @@ def test_pcm16_wav_fast_path_equals_soundfile_path(channels, seconds, train):
 
 @pytest.mark.parametrize(("fmt", "subtype"), [("WAV", "FLOAT"), ("WAV", "PCM_24"), ("FLAC", "PCM_16")])
 def test_pcm16_wav_fast_path_declines_other_encodings(fmt, subtype):
-    from audioloader.audio import _pcm16_wav
+    from audioloader.dsp.audio import _pcm16_wav
 
     assert _pcm16_wav(encode(tone(0.2, 8000), 8000, fmt, subtype)) is None
 
 
 def test_pcm16_wav_fast_path_declines_truncated_files():
-    from audioloader.audio import _pcm16_wav
+    from audioloader.dsp.audio import _pcm16_wav
 
     data = encode(tone(0.5, 8000), 8000, "WAV", "PCM_16")
     assert _pcm16_wav(data[: len(data) // 2]) is None

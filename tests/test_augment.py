@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import audioloader as al
-from audioloader import _hashing
-from audioloader.augment import Augmentations, apply_masks, mixup_pairs
+from audioloader.dsp import hashing
+from audioloader.dsp.augment import Augmentations, apply_masks, mixup_pairs
 from audioloader.nodes.decode_spectrogram import SampleDecoder
 from audioloader.samples import BadRow, Key, RawSample
 from audioloader.stats import LoaderStats
@@ -197,11 +197,11 @@ def test_user_function_beside_builtins_gets_the_seeded_rng():
         return wave
 
     decoder([al.Gain(0, 0), record])(raw(3))
-    expected = _hashing.generator(5, _hashing.salt_at(_hashing.SALT_AUGMENT, 1), 3, 0).integers(1 << 30)
+    expected = hashing.generator(5, hashing.salt_at(hashing.SALT_AUGMENT, 1), 3, 0).integers(1 << 30)
     assert seen == [expected]
     seen.clear()
     decoder(record)(raw(3))  # alone, at position 0: exactly the rng of the old augment=fn
-    assert seen == [_hashing.generator(5, _hashing.SALT_AUGMENT, 3, 0).integers(1 << 30)]
+    assert seen == [hashing.generator(5, hashing.SALT_AUGMENT, 3, 0).integers(1 << 30)]
 
 
 # ------------------------------------------------------------------------------------------- draws

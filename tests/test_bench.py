@@ -15,8 +15,8 @@ import pyarrow as pa
 import pytest
 import soundfile as sf
 
-from audioloader import bench, cli
-from audioloader.bench import dataset
+from audioloader.tools import bench, cli
+from audioloader.tools.bench import dataset
 
 # A few 6 s clips (longer than the 5 s crop), batches of 2, no measurement window:
 # every contender yields one or two batches and exits.

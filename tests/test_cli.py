@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from audioloader import cli
+from audioloader.tools import cli
 from tests.helpers import encode, tone
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,35 +81,35 @@ def test_main_in_process(tmp_path, src, capsys):
 @pytest.mark.parametrize("name", ["demo", "bench"])
 def test_lazy_command_not_available(monkeypatch, capsys, name):
     # None in sys.modules makes the import fail exactly like a module that does not exist.
-    monkeypatch.setitem(sys.modules, f"audioloader.{name}", None)
+    monkeypatch.setitem(sys.modules, f"audioloader.tools.{name}", None)
     assert cli.main([name, "--anything"]) == 2
     assert "not available yet" in capsys.readouterr().err
 
 
 def test_lazy_command_gets_argv_or_namespace(monkeypatch):
     seen = []
-    plain = types.ModuleType("audioloader.demo")
+    plain = types.ModuleType("audioloader.tools.demo")
     plain.main = lambda args: seen.append(args)
-    monkeypatch.setitem(sys.modules, "audioloader.demo", plain)
+    monkeypatch.setitem(sys.modules, "audioloader.tools.demo", plain)
     assert cli.main(["demo", "--steps", "3"]) == 0
     assert seen == [["--steps", "3"]]
 
-    parsed = types.ModuleType("audioloader.bench")
+    parsed = types.ModuleType("audioloader.tools.bench")
     parsed.add_arguments = lambda parser: parser.add_argument("--steps", type=int)
     parsed.main = lambda args: seen.append(args) or 7
-    monkeypatch.setitem(sys.modules, "audioloader.bench", parsed)
+    monkeypatch.setitem(sys.modules, "audioloader.tools.bench", parsed)
     assert cli.main(["bench", "--steps", "3"]) == 7
     assert seen[-1].steps == 3
 
 
 def test_lazy_command_errors_are_reported(monkeypatch, capsys):
-    failing = types.ModuleType("audioloader.demo")
+    failing = types.ModuleType("audioloader.tools.demo")
 
     def main(args):
         raise ValueError("bad data folder")
 
     failing.main = main
-    monkeypatch.setitem(sys.modules, "audioloader.demo", failing)
+    monkeypatch.setitem(sys.modules, "audioloader.tools.demo", failing)
     assert cli.main(["demo"]) == 1
     assert "audioloader demo: error: bad data folder" in capsys.readouterr().err
 
@@ -150,8 +150,8 @@ def test_inspect_json_parquet(tmp_path, src):
 
 
 def test_inspect_function_unlabeled_bad_audio_and_odd_labels(tmp_path):
-    from audioloader.inspect_shards import format_report, inspect
-    from audioloader.writer import ShardWriter
+    from audioloader.shards.writer import ShardWriter
+    from audioloader.tools.inspect_shards import format_report, inspect
 
     good = encode(tone(0.25, 8000), 8000, "FLAC")
     with ShardWriter(tmp_path / "u.arrow", labeled=False) as w:

@@ -12,11 +12,11 @@ import pytest
 import torch
 from torchdata.nodes import BaseNode, IterableWrapper, Loader
 
-from audioloader import _hashing
-from audioloader.audio import load_clip
-from audioloader.config import MelSpectrogramConfig
+from audioloader.dsp import hashing
+from audioloader.dsp.audio import load_clip
+from audioloader.dsp.config import MelSpectrogramConfig
+from audioloader.dsp.features import log_mel
 from audioloader.errors import DecodeError, ErrorBudgetExceeded
-from audioloader.features import log_mel
 from audioloader.nodes.decode_spectrogram import DecodeSpectrogram
 from audioloader.samples import BadRow, Key, RawSample, Sample
 from audioloader.stats import LoaderStats
@@ -95,7 +95,7 @@ def next_within(iterator, seconds: float = 60.0):
 
 def expected_sample(r: RawSample, *, seed: int = 0, train: bool = True) -> torch.Tensor:
     def draw(n):
-        return _hashing.uniform_int(n, seed, _hashing.SALT_CROP, r.key.index, r.key.pass_index)
+        return hashing.uniform_int(n, seed, hashing.SALT_CROP, r.key.index, r.key.pass_index)
 
     clip = load_clip(r.audio, CFG.sample_rate, CFG.clip_samples, train=train, draw=draw, window=False)
     return log_mel(clip, CFG)

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 import soundfile as sf
 
-from audioloader import synthetic
 from audioloader.shards import ShardDataset
+from audioloader.tools import synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -97,7 +97,7 @@ def test_documentation_snippets_run(page, tmp_path, monkeypatch):
 
     Signatures that are not meant to run are in ```py blocks.
     """
-    from audioloader.synthetic import make_classification_dataset
+    from audioloader.tools.synthetic import make_classification_dataset
 
     make_classification_dataset(tmp_path / "shards", 3, num_classes=2, num_shards=2, max_seconds=6.0)
     make_classification_dataset(tmp_path / "eval_shards", 2, num_classes=2, num_shards=1, first_clip=50)

@@ -1,4 +1,4 @@
-"""audioloader.features: log-mel and Kaldi fbank equal to torchaudio, shapes, caching, config validation."""
+"""audioloader.dsp.features: log-mel and Kaldi fbank equal to torchaudio, shapes, caching, config validation."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from audioloader.config import FbankConfig, MelSpectrogramConfig, WaveformConfig
-from audioloader.features import compute_features, features_batch, hann_window, kaldi_fbank, log_mel, mel_filterbank
+from audioloader.dsp.config import FbankConfig, MelSpectrogramConfig, WaveformConfig
+from audioloader.dsp.features import compute_features, features_batch, hann_window, kaldi_fbank, log_mel, mel_filterbank
 
 CONFIGS = {
     "defaults": MelSpectrogramConfig(),
@@ -82,7 +82,7 @@ def test_accepts_tensor_and_silence():
 
 
 def test_library_does_not_import_torchaudio():
-    code = ("import sys, audioloader.audio, audioloader.features, audioloader.nodes.decode_spectrogram; "
+    code = ("import sys, audioloader.dsp.audio, audioloader.dsp.features, audioloader.nodes.decode_spectrogram; "
             "bad = [m for m in sys.modules if m.startswith('torchaudio')]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 

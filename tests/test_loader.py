@@ -139,7 +139,7 @@ def test_a_thread_that_does_not_stop_is_reported_with_its_stack():
     # does not stop must at least say which it is and where it waits.
     import warnings
 
-    from audioloader._threads import join_or_report
+    from audioloader.workers.threads import join_or_report
 
     release = threading.Event()
 
@@ -173,7 +173,7 @@ def test_a_thread_that_does_not_stop_is_reported_with_its_stack():
 def test_a_thread_that_stops_is_joined_without_a_report():
     import warnings
 
-    from audioloader._threads import join_or_report
+    from audioloader.workers.threads import join_or_report
 
     thread = threading.Thread(target=lambda: None)
     thread.start()

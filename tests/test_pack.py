@@ -1,4 +1,4 @@
-"""audioloader.pack: class folders and CSV in, shards out; re-encoding; errors that name the input."""
+"""audioloader.tools.pack: class folders and CSV in, shards out; re-encoding; errors that name the input."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import soundfile as sf
 import soxr
 
-from audioloader.pack import collect_inputs, pack
+from audioloader.tools.pack import collect_inputs, pack
 from tests.helpers import encode, tone
 
 # class -> [(relative path inside the class folder, format, sample rate, channels)]

@@ -17,10 +17,10 @@ import pytest
 import torch
 from torchdata.nodes import BaseNode, Loader
 
-from audioloader import _pool
-from audioloader._pool import ProcessPool, WorkerError
 from audioloader.nodes.parallel_map import ParallelMap
 from audioloader.stats import LoaderStats
+from audioloader.workers import pool as _pool
+from audioloader.workers.pool import ProcessPool, WorkerError
 
 SETUPS = [(0, "thread"), (1, "thread"), (3, "thread"), (1, "process"), (2, "process")]
 
@@ -358,7 +358,7 @@ def test_every_start_method_gives_the_same_results(method):
 
 
 def test_fork_only_while_this_is_the_only_python_thread():
-    from audioloader._pool import DEFAULT_START_METHOD, choose_start_method
+    from audioloader.workers.pool import DEFAULT_START_METHOD, choose_start_method
 
     if not sys.platform.startswith("linux"):
         pytest.skip("fork is chosen on Linux only")

@@ -12,8 +12,8 @@ import torch
 from torchdata.nodes import BaseNode
 
 import audioloader as al
-from audioloader.audio import load_clip, probe_seconds
-from audioloader.features import compute_features
+from audioloader.dsp.audio import load_clip, probe_seconds
+from audioloader.dsp.features import compute_features
 from audioloader.nodes import DurationBucketer
 from audioloader.nodes.duration_bucketer import estimate_boundaries, plan
 from audioloader.samples import BatchEnd

@@ -34,8 +34,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from .._hashing import SALT_INTERLEAVE, SALT_SPLIT_ORDER, audio_checksum, permutation
 from ..distributed import resolve_rank
+from ..dsp.hashing import SALT_INTERLEAVE, SALT_SPLIT_ORDER, audio_checksum, permutation
 from ..errors import CheckpointMismatchError
 from ..samples import Key, RawSample
 from ..shards import Retry, ShardDataset, Split, subdivide

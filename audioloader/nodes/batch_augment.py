@@ -6,7 +6,7 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from ..augment import Augmentations, apply_masks, mixup_batch
+from ..dsp.augment import Augmentations, apply_masks, mixup_batch
 from .batcher import BATCH_PARAMS_KEY
 
 
@@ -21,7 +21,7 @@ class BatchAugment(BaseNode[dict]):
       `BatchFeatures`): the same masks, the same fill as the per-sample path;
     - ``mixup``: `Mixup`: features mixed in pairs, plus ``mixup_weights``
       float32 ``[B, 2]``, ``mixup_partner`` int64 ``[B]`` and ``mixup_labels``
-      int64 ``[B, 2]`` (see `audioloader.augment.Mixup`).
+      int64 ``[B, 2]`` (see `audioloader.dsp.augment.Mixup`).
 
     Stateless: its state is its source's, unchanged (adding it changes no checkpoint).
 

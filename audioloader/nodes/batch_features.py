@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torchdata.nodes import BaseNode
 
-from ..config import FeatureConfig, check_features
-from ..features import features_batch
+from ..dsp.config import FeatureConfig, check_features
+from ..dsp.features import features_batch
 
 
 class BatchFeatures(BaseNode[dict]):
@@ -17,7 +17,7 @@ class BatchFeatures(BaseNode[dict]):
     Put it after the `Batcher` of a chain whose decode stage delivers
     waveforms (``DecodeSpectrogram(..., compute_features=False)``). For a batch
     of equal-length crops the features are one batched call
-    (`audioloader.features.features_batch`) instead of ~10 calls per clip in the
+    (`audioloader.dsp.features.features_batch`) instead of ~10 calls per clip in the
     decode workers: for log-mel on an H100 0.6 ms for 64 clips of 5 s, against
     ~150 ms of one CPU core. A batch of whole utterances (it has ``lengths``) is
     computed utterance by utterance on the device (so edge frames equal the

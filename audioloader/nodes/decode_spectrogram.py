@@ -13,15 +13,16 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
-from .. import _hashing, _memory
-from .._threads import pin_worker_to_one_thread
-from ..audio import fit, load_clip, probe_seconds
-from ..augment import Augmentations, change_speed
-from ..config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, check_features
+from ..dsp import hashing
+from ..dsp.audio import fit, load_clip, probe_seconds
+from ..dsp.augment import Augmentations, change_speed
+from ..dsp.config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, check_features
+from ..dsp.features import compute_features, prepare
 from ..errors import DecodeError, ErrorBudgetExceeded
-from ..features import compute_features, prepare
 from ..samples import BadRow, BatchEnd, Key, RawSample, Sample
 from ..stats import MAX_REPORTED_BAD_ROWS, LoaderStats
+from ..workers import memory
+from ..workers.threads import pin_worker_to_one_thread
 from .parallel_map import BACKENDS, ParallelMap
 
 #: ``fetch(keys) -> [RawSample]``: random access to rows by key (see `ArrowShardReader.fetch`).
@@ -136,15 +137,15 @@ class SampleDecoder:
             features = torch.from_numpy(clip)
         if self.augment is not None:
             params = self.augment.batch_params(key, len(clip))
-        _memory.after_decode()
-        return Sample(key, features, raw.label, raw.extras, raw.file, raw.row, params, _hashing.item_checksum(raw))
+        memory.after_decode()
+        return Sample(key, features, raw.label, raw.extras, raw.file, raw.row, params, hashing.item_checksum(raw))
 
     def _cut(self, raw: RawSample, rule: _LengthRule, speed: float) -> np.ndarray:
         """Decode, resample and cut the row's clip: float32 ``[samples]``, ``speed`` times faster."""
         key = raw.key
 
         def draw(n: int) -> int:
-            return _hashing.uniform_int(n, self.seed, _hashing.SALT_CROP, *key.parts())
+            return hashing.uniform_int(n, self.seed, hashing.SALT_CROP, *key.parts())
 
         rate = self.features.sample_rate
         wanted = rule.clip if rule.clip else rule.max
@@ -198,10 +199,10 @@ class SampleDecoder:
         if not getattr(self.features, "dither", 0.0):
             return None
         generator = torch.Generator()
-        generator.manual_seed(_hashing.mix(self.seed, _hashing.SALT_DITHER, *key.parts()) >> 1)
+        generator.manual_seed(hashing.mix(self.seed, hashing.SALT_DITHER, *key.parts()) >> 1)
         return generator
 
-    # -- hooks of the process pool (see audioloader._pool) -------------------------------------
+    # -- hooks of the process pool (see audioloader.workers.pool) -------------------------------------
 
     def encode(self, raw: RawSample) -> RawSample | Key:
         """Consumer side: a readable row travels as its key."""
@@ -241,7 +242,7 @@ class DecodeSpectrogram(BaseNode[Sample]):
             reach the caller with their type and attributes (from a thread, with the
             original traceback; from a process, with its text as ``__cause__``).
             With ``worker_type="process"`` it must be importable (a module-level function).
-            Or a list of augmentations (`audioloader.augment`) and such functions;
+            Or a list of augmentations (`audioloader.dsp.augment`) and such functions;
             the per-batch ones (`Mixup`, and `SpecAugment` when ``compute_features``
             is False) are only drawn here, into ``Sample.batch_params``, and applied by `BatchAugment`.
         on_error: ``"skip"``: bad rows are counted, reported in ``stats`` and
@@ -264,7 +265,7 @@ class DecodeSpectrogram(BaseNode[Sample]):
         fetch: ``fetch(keys) -> [RawSample]``, random access to the source's rows;
             with processes, rows travel as keys and workers read them (worth it for
             memory-mapped shards).
-        start_method: process start method (default: a fork server, see `audioloader._pool`).
+        start_method: process start method (default: a fork server, see `audioloader.workers.pool`).
         chunk_size: rows per task handed to a worker (default 8 for processes, 4 for threads).
         compute_features: False yields the cropped waveform instead of the log-mel.
         guard: ``guard(path)``, run before a row's audio is touched; raises when the

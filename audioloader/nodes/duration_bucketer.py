@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from .._hashing import item_checksum
-from ..audio import probe_seconds
+from ..dsp.audio import probe_seconds
+from ..dsp.hashing import item_checksum
 from ..errors import DecodeError
 from ..samples import BatchEnd, Key, RawSample
 from ..stats import LoaderStats

@@ -10,9 +10,9 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from .._pool import PoolClosed, ProcessPool, ThreadPool, WorkerError, run_chunk
 from ..samples import Failure
 from ..stats import LoaderStats
+from ..workers.pool import PoolClosed, ProcessPool, ThreadPool, WorkerError, run_chunk
 
 BACKENDS = ("thread", "process")
 
@@ -85,12 +85,12 @@ class ParallelMap(BaseNode):
     Args:
         source: the upstream node, pulled in the thread that calls ``next()``.
         job: ``job(item) -> result``; for ``backend="process"`` it must pickle
-            (see `audioloader._pool` for its optional ``encode``/``prepare`` hooks).
+            (see `audioloader.workers.pool` for its optional ``encode``/``prepare`` hooks).
         num_workers: threads or processes; 0 maps in the calling thread.
         backend: ``"thread"`` or ``"process"``.
         chunk_size: items per task (None: 8 for processes, 4 for threads, 1 inline).
         depth: chunks in flight per worker.
-        start_method: process start method (see `audioloader._pool.DEFAULT_START_METHOD`).
+        start_method: process start method (see `audioloader.workers.pool.DEFAULT_START_METHOD`).
         thread_initializer: run once in each worker thread.
         stats: `LoaderStats` that receives the counters worker processes report.
         what: how error messages name the workers.

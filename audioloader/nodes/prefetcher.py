@@ -8,7 +8,7 @@ import torch
 from torchdata.nodes import BaseNode
 from torchdata.nodes import Prefetcher as _TorchdataPrefetcher
 
-from .._threads import join_or_report, pin_worker_to_one_thread
+from ..workers.threads import join_or_report, pin_worker_to_one_thread
 
 
 class _OneTorchThread(BaseNode):

@@ -7,7 +7,7 @@ from typing import Any, Generic, TypeVar
 
 from torchdata.nodes import BaseNode
 
-from .._hashing import SALT_SHUFFLE, item_checksum, uniform_int
+from ..dsp.hashing import SALT_SHUFFLE, item_checksum, uniform_int
 from ..errors import CheckpointMismatchError
 from ..samples import Key
 from ..stats import LoaderStats

@@ -10,7 +10,7 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from .._hashing import SALT_MIX, uniform
+from ..dsp.hashing import SALT_MIX, uniform
 from ..errors import CheckpointMismatchError
 from ..mix import stop_criterion
 from ..samples import Key

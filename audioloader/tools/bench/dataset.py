@@ -28,8 +28,8 @@ Layout of one cached dataset::
 
 Command line (prints the shards folder)::
 
-    python -m audioloader.bench.dataset --clips 1000 --seconds 10 --codec flac
-    python -m audioloader.bench.dataset --clips 1000 --packed 32000:pcm16
+    python -m audioloader.tools.bench.dataset --clips 1000 --seconds 10 --codec flac
+    python -m audioloader.tools.bench.dataset --clips 1000 --packed 32000:pcm16
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def standard_dataset(spec: DatasetSpec | None = None, cache_dir: str | os.PathLi
         The folder of ``shard-NNNNN.arrow`` files (rows in a seeded shuffled order, so
         every shard mixes the classes; columns ``audio``, ``label``, ``path``).
     """
-    from audioloader.pack import pack
+    from audioloader.tools.pack import pack
 
     spec = spec or DatasetSpec()
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -275,7 +275,7 @@ def packed_dataset(spec: DatasetSpec | None = None, sample_rate: int = 32000, co
     ``codec`` is `pack`'s: ``"flac"`` or ``"pcm16"``. Same rows, same order, same
     shard boundaries as `standard_dataset` (same ``shuffle_seed``).
     """
-    from audioloader.pack import pack
+    from audioloader.tools.pack import pack
 
     spec = spec or DatasetSpec()
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -302,7 +302,8 @@ def dataset_bytes(folder: str | os.PathLike[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m audioloader.bench.dataset", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m audioloader.tools.bench.dataset",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--clips", type=int, default=DatasetSpec.clips)
     parser.add_argument("--seconds", type=float, default=DatasetSpec.seconds)
     parser.add_argument("--sample-rate", type=int, default=DatasetSpec.sample_rate)

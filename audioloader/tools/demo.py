@@ -31,8 +31,9 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from audioloader import AudioLoader, MelSpectrogramConfig, synthetic
+from audioloader import AudioLoader, MelSpectrogramConfig
 from audioloader.shards import ShardDataset
+from audioloader.tools import synthetic
 
 __all__ = ["DemoPlan", "SmallCNN", "add_arguments", "default_cache_dir", "main", "prepare_synthetic_data",
            "run_demo"]

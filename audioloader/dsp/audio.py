@@ -57,7 +57,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from .errors import DecodeError
+from ..errors import DecodeError
 
 #: Resampler quality (soxr "HQ": 20-bit, passband to 91% of Nyquist).
 RESAMPLE_QUALITY = "HQ"
@@ -341,7 +341,7 @@ def crop_offset(length: int, clip_samples: int, *, train: bool, draw: Callable[[
     """Offset of the crop in a signal of ``length`` samples.
 
     ``train``: ``draw(max_offset + 1)``, an integer in ``[0, max_offset]`` (a pure
-    function of the sample's key, see `audioloader._hashing.uniform_int`).
+    function of the sample's key, see `audioloader.dsp.hashing.uniform_int`).
     Eval: the centre, ``(length - clip_samples) // 2``. 0 for clips not longer than the crop.
     """
     max_offset = max(length - clip_samples, 0)

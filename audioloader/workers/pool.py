@@ -15,7 +15,7 @@ goes on with the next item.
 
 Processes: each worker owns ``depth`` `SharedSlot` s, one per chunk it may
 have in flight; a chunk's inputs and then its results travel through its slot
-(see `audioloader._wire`), the socket carries only small pickles. Workers
+(see `audioloader.workers.wire`), the socket carries only small pickles. Workers
 ignore SIGINT (Ctrl-C is the consumer's to handle), run torch with one
 intra-op thread, exit when their socket closes (so they never outlive the
 consumer), and are watched: a worker that dies (killed by the OOM killer, a
@@ -41,9 +41,9 @@ from typing import Any
 
 import tblib
 
-from . import _wire
-from ._threads import join_or_report
-from .samples import Failure
+from ..samples import Failure
+from . import wire
+from .threads import join_or_report
 
 #: Seconds between liveness checks while waiting for a worker.
 POLL_SECONDS = 0.1
@@ -108,7 +108,7 @@ def _mkl_free_buffers_function() -> Any:
 
 
 #: Modules the fork server imports once, so each worker starts in milliseconds.
-_PRELOAD = ["audioloader._worker_preload"]
+_PRELOAD = ["audioloader.workers.preload"]
 
 
 class PoolClosed(Exception):
@@ -286,7 +286,7 @@ def _describe_exit(code: int | None) -> str:
 class _Worker:
     """The consumer's side of one worker process."""
 
-    def __init__(self, process: Any, conn: Any, slots: list[_wire.SharedSlot], control: _wire.SharedSlot) -> None:
+    def __init__(self, process: Any, conn: Any, slots: list[wire.SharedSlot], control: wire.SharedSlot) -> None:
         self.process = process
         self.conn = conn
         self.slots = slots
@@ -359,9 +359,9 @@ class ProcessPool:
         except RuntimeError as error:
             raise WorkerError(_start_failed_message(self.what, error)) from error
         theirs.close()
-        control = _wire.SharedSlot.create(8)
+        control = wire.SharedSlot.create(8)
         _set_generation(control, self._generation)
-        slots = [_wire.SharedSlot.create(self.slot_bytes) for _ in range(self.depth)]
+        slots = [wire.SharedSlot.create(self.slot_bytes) for _ in range(self.depth)]
         for slot in [control, *slots]:
             reduction.send_handle(ours, slot.fd, process.pid)
         return _Worker(process, ours, slots, control)
@@ -404,7 +404,7 @@ class ProcessPool:
         slot = self._slot_of(seq)
         if self._encode is not None:
             items = [self._encode(item) for item in items]
-        data, table, size = _wire.dumps(items, worker.slots[slot])
+        data, table, size = wire.dumps(items, worker.slots[slot])
         self._send(worker, ("chunk", seq, self._generation, slot, data, table, size))
         self._in_flight.add(seq)
 
@@ -421,7 +421,7 @@ class ProcessPool:
         if kind == "cancelled":
             return [], None
         _, _, slot, data, table, size, stats = reply
-        results = _wire.loads(data, table, worker.slots[slot], size, copy=True)
+        results = wire.loads(data, table, worker.slots[slot], size, copy=True)
         return [r.to_failure() if isinstance(r, _RemoteFailure) else r for r in results], stats
 
     def cancel(self) -> None:
@@ -493,7 +493,7 @@ def _main_module_hidden(hide: bool):
         main.__dict__.update(saved)
 
 
-def _set_generation(control: _wire.SharedSlot, generation: int) -> None:
+def _set_generation(control: wire.SharedSlot, generation: int) -> None:
     with contextlib.suppress(ValueError, TypeError):
         control.view(0, 8).cast("q")[0] = generation
 
@@ -566,8 +566,8 @@ def worker_main(conn: Any, job_bytes: bytes, depth: int, consumer: int) -> None:
     import torch
 
     torch.set_num_threads(1)
-    control = _wire.SharedSlot(reduction.recv_handle(conn), 8)
-    slots = [_wire.SharedSlot(reduction.recv_handle(conn), 0) for _ in range(depth)]
+    control = wire.SharedSlot(reduction.recv_handle(conn), 8)
+    slots = [wire.SharedSlot(reduction.recv_handle(conn), 0) for _ in range(depth)]
     try:
         job = pickle.loads(job_bytes)
     except Exception as error:
@@ -593,7 +593,7 @@ def worker_main(conn: Any, job_bytes: bytes, depth: int, consumer: int) -> None:
         def cancelled(generation: int = generation) -> bool:
             return generation_view[0] != generation
 
-        items = _wire.loads(data, table, slot, size, copy=False)
+        items = wire.loads(data, table, slot, size, copy=False)
         try:
             if prepare is not None and not cancelled():
                 items = prepare(items)
@@ -606,7 +606,7 @@ def worker_main(conn: Any, job_bytes: bytes, depth: int, consumer: int) -> None:
         else:
             results = [_RemoteFailure(r.error) if isinstance(r, Failure) else r for r in results]
             delta = stats.drain() if stats is not None and hasattr(stats, "drain") else None
-            data, table, size = _wire.dumps(results, slot)
+            data, table, size = wire.dumps(results, slot)
             reply = ("done", seq, slot_index, data, table, size, delta)
         try:
             conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))

@@ -40,9 +40,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from audioloader.audio import probe_seconds
+from audioloader.dsp.audio import probe_seconds
 from audioloader.errors import DecodeError
-from audioloader.writer import FORMATS, ShardWriter
+from audioloader.shards.writer import FORMATS, ShardWriter
 
 __all__ = ["AUDIO_EXTENSIONS", "CODECS", "PackItem", "add_arguments", "collect_inputs", "pack", "reencode",
            "run"]

@@ -10,4 +10,4 @@ import soxr  # noqa: F401
 import torch  # noqa: F401
 
 import audioloader  # noqa: F401
-from audioloader import _pool  # noqa: F401
+from audioloader.workers import pool  # noqa: F401

@@ -175,7 +175,7 @@ def run_contender(spec: dict[str, Any], timeout: float, log) -> dict[str, Any]:
     own_before = time.process_time()
     started = time.perf_counter()
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "audioloader.bench._child", json.dumps(spec)],
+        proc = subprocess.Popen([sys.executable, "-m", "audioloader.tools.bench._child", json.dumps(spec)],
                                 env=env, stdout=subprocess.PIPE, stderr=err, text=True)
         sampler = TreeSampler(proc.pid)
         sampler.start()

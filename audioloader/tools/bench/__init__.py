@@ -1,7 +1,7 @@
 """``audioloader bench``: AudioLoader against a plain torch DataLoader and the machine's ceiling.
 
 Runs the standard comparison on the standard dataset (synthetic 10 s clips,
-44.1 kHz FLAC, in Arrow shards; see `audioloader.bench.dataset`), every
+44.1 kHz FLAC, in Arrow shards; see `audioloader.tools.bench.dataset`), every
 contender in its own fresh process, all producing the same batches (64 log-mel
 spectrograms of 5 s crops at 32 kHz, 128 mels). Prints a table of throughput,
 time to first batch, peak memory and checkpoint cost, the ratios to the user
@@ -110,7 +110,7 @@ def _plan(settings: Settings, standard: Path) -> list[tuple[str, dict[str, Any]]
     if "ceiling" not in settings.skip:
         plan.append(("ceiling", _ceiling_spec(settings, standard)))
     if settings.experiments:
-        # Knobs next to the defaults: the heap trimming interval (audioloader/_memory.py; 0 = off) and
+        # Knobs next to the defaults: the heap trimming interval (audioloader/workers/memory.py; 0 = off) and
         # both compositions (buffer of decoded samples / of raw rows), same buffer sizes.
         for every in (0, 64):
             plan.append((f"audioloader-train-w{w0}+trim_every={every}", _throughput_spec(

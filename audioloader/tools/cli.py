@@ -28,8 +28,8 @@ __all__ = ["build_parser", "main"]
 
 #: Commands whose module is imported only when the command runs.
 LAZY_COMMANDS = {
-    "demo": "run the end-to-end demo (audioloader.demo)",
-    "bench": "measure loading throughput (audioloader.bench)",
+    "demo": "run the end-to-end demo (audioloader.tools.demo)",
+    "bench": "measure loading throughput (audioloader.tools.bench)",
 }
 
 
@@ -40,7 +40,7 @@ def _first_paragraph(doc: str | None) -> str | None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``audioloader`` (``pack`` and ``inspect`` fully; ``demo``/``bench`` listed)."""
-    from audioloader import inspect_shards, pack
+    from audioloader.tools import inspect_shards, pack
 
     parser = argparse.ArgumentParser(
         prog="audioloader",
@@ -85,7 +85,7 @@ def _report_errors(command: str, fn: Callable[[], Any]) -> int:
 
 
 def _run_lazy(name: str, argv: list[str]) -> int:
-    module_name = f"audioloader.{name}"
+    module_name = f"audioloader.tools.{name}"
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:

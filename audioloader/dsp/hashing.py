@@ -21,7 +21,7 @@ SALT_AUGMENT = 0x41554753  # "AUGS"
 SALT_SPLIT_ORDER = 0x53504C54  # "SPLT"
 SALT_SHUFFLE = 0x53485546  # "SHUF"
 SALT_DITHER = 0x44495448  # "DITH"
-# Mixing and augmentation (audioloader.mix, audioloader.augment): one salt per choice.
+# Mixing and augmentation (audioloader.mix, audioloader.dsp.augment): one salt per choice.
 SALT_MIX = 0x4D495853  # "MIXS": which source the next draw of a mix takes
 SALT_SOURCE = 0x53524345  # "SRCE": a source's own seed (its split order per pass)
 SALT_APPLY = 0x4150504C  # "APPL": whether an augmentation applies to a sample (its probability p)

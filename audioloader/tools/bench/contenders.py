@@ -1,4 +1,4 @@
-"""The benchmark contenders. Each one runs in its own fresh process, started by `audioloader.bench`.
+"""The benchmark contenders. Each one runs in its own fresh process, started by `audioloader.tools.bench`.
 
 Every contender produces the same output from the same shards: batches of 64
 log-mel spectrograms of a 5 s crop at 32 kHz (n_fft 1024, hop 320, 128 mel
@@ -7,7 +7,7 @@ bands, ``log(mel + 1e-6)``), float32 ``[64, 128, 501]``, plus labels.
 Contenders (``kind`` in the spec):
 
 - ``audioloader``: `audioloader.AudioLoader`, train or eval mode.
-- ``baseline``: what a user writes today without audioloader (`audioloader.bench.baseline`):
+- ``baseline``: what a user writes today without audioloader (`audioloader.tools.bench.baseline`):
   a map-style ``torch.utils.data.Dataset`` over the same shards (pyarrow
   memory-mapped tables, soundfile decode of the whole file,
   ``torchaudio.functional.resample`` or soxr, random 5 s crop,
@@ -23,9 +23,9 @@ Contenders (``kind`` in the spec):
   buffer is filled to capacity, checkpointed with ``torch.save``; then, in a
   new process, ``load_state_dict`` and the first batch.
 
-Protocol: ``python -m audioloader.bench._child '<json spec>'`` prints one line
+Protocol: ``python -m audioloader.tools.bench._child '<json spec>'`` prints one line
 ``BENCH-RESULT <json>`` on stdout. The parent samples the memory of this
-process and its children from /proc while it runs (see `audioloader.bench.runner`).
+process and its children from /proc while it runs (see `audioloader.tools.bench.runner`).
 
 Units: seconds (``*_s``), bytes (``*_bytes``), samples per second (``samples_per_s``).
 """
@@ -176,7 +176,7 @@ def measure_stream(batches: Iterator[Any], *, started: float, batch_size: int, w
 
 
 def _features():
-    from audioloader.config import MelSpectrogramConfig
+    from audioloader.dsp.config import MelSpectrogramConfig
 
     return MelSpectrogramConfig(**FEATURES, log=True, log_offset=LOG_OFFSET)
 
@@ -250,7 +250,7 @@ def _valid_count(batch: dict[str, Any]) -> int:
 
 
 def run_baseline(spec: dict[str, Any]) -> dict[str, Any]:
-    """The user baseline (`audioloader.bench.baseline`) under ``DataLoader(num_workers=N, batch_size=64)``.
+    """The user baseline (`audioloader.tools.bench.baseline`) under ``DataLoader(num_workers=N, batch_size=64)``.
 
     One long shuffled epoch (``RandomSampler(num_samples=10**8)``), as a large
     training set would be: no worker restart at an epoch's end inside the window.
@@ -320,9 +320,9 @@ def run_decode_threads(spec: dict[str, Any]) -> dict[str, Any]:
 
     import torch
 
-    from audioloader._threads import pin_worker_to_one_thread
     from audioloader.nodes.arrow_shard_reader import ArrowShardReader
     from audioloader.nodes.decode_spectrogram import DecodeSpectrogram
+    from audioloader.workers.threads import pin_worker_to_one_thread
 
     reader = ArrowShardReader(spec["source"], seed=0, shuffle=True, infinite=True)
     reader.reset()

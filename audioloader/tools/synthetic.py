@@ -27,7 +27,7 @@ parameters from ``numpy.random.default_rng([seed, c, j])``, so the bytes of a
 dataset do not depend on ``workers`` or on the machine. Rows are stored in a
 seeded permutation (the classes are mixed within every shard and record batch).
 
-Shards are Arrow IPC files written with `audioloader.writer.ShardWriter`:
+Shards are Arrow IPC files written with `audioloader.shards.writer.ShardWriter`:
 columns ``audio`` (binary, encoded WAV/FLAC), ``label`` (int64), ``path``
 (string, e.g. ``"chirp/00017.flac"``), ``duration`` (float64 seconds),
 ``sample_rate`` (int64 Hz), ``channels`` (int64); class names in the schema
@@ -37,7 +37,7 @@ row count): its presence marks a complete dataset (see `is_complete`).
 
 Example::
 
-    from audioloader.synthetic import make_classification_dataset
+    from audioloader.tools.synthetic import make_classification_dataset
     folder = make_classification_dataset("data/synth", clips_per_class=50, seed=0)
     loader = audioloader.AudioLoader(folder, batch_size=32)
 """
@@ -59,7 +59,7 @@ import numpy as np
 import pyarrow as pa
 import soundfile as sf
 
-from audioloader.writer import ShardWriter
+from audioloader.shards.writer import ShardWriter
 
 __all__ = [
     "CLASS_NAMES",

@@ -4,7 +4,7 @@
 al.Reverb("rirs/"), my_fn, al.SpecAugment(), al.Mixup(0.2)])``
 
 Every parameter (a gain, a noise row, its offset, an SNR, a speed factor, an
-impulse response, a mask, a mixup weight) is drawn with `audioloader._hashing`
+impulse response, a mask, a mixup weight) is drawn with `audioloader.dsp.hashing`
 from the seed, a salt naming the choice, the augmentation's position in the
 list and the sample's key, never from a worker's RNG: the output is the same for
 any ``num_workers`` and worker type, and after a resume. The list runs in
@@ -37,12 +37,12 @@ import numpy as np
 import soxr
 import torch
 
-from . import _hashing as H
+from ..errors import DecodeError
+from ..samples import Key
+from ..shards import ShardDataset
+from . import hashing as H
 from .audio import RESAMPLE_QUALITY, load_clip
 from .config import FbankConfig, MelSpectrogramConfig
-from .errors import DecodeError
-from .samples import Key
-from .shards import ShardDataset
 
 # Stages, in the order they run (see the module docstring).
 SPEED, WAVEFORM, FEATURES, BATCH = 0, 1, 2, 3

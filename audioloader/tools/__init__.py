@@ -1,0 +1,1 @@
+"""The command line and what it runs: ``pack``, ``inspect``, ``demo``, ``bench``, and synthetic data."""
