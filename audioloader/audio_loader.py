@@ -42,6 +42,7 @@ from .nodes.weighted_mix import WeightedMix
 from .options import Bucketing, Shuffle, Workers, merge
 from .samples import BadRow, Key, RawSample, Sample
 from .shards import IcebergTable, Retry, ShardDataset
+from .shards.storage import Storage
 from .stats import LoaderStats
 
 STATE_FORMAT = "audioloader.AudioLoader/1"
@@ -127,6 +128,8 @@ class AudioLoader:
         max_error_fraction: error budget of ``on_error="skip"``.
         filesystem: a ``pyarrow.fs.FileSystem`` for the source paths.
         retry: how remote reads are retried and timed out (`Retry`; docs/storage.md).
+        storage: how remote shards are read (`Storage`: read-ahead bytes, requests in
+            flight, the metadata index; docs/storage.md).
         filter: a ``pyarrow.compute.Expression`` over non-audio columns, e.g.
             ``pc.field("duration") < 10.0``: only the rows it keeps are read (Parquet row
             groups pruned by statistics first; docs/storage.md). Rows keep their index.
@@ -176,6 +179,7 @@ class AudioLoader:
         max_error_fraction: float = 0.01,
         filesystem: Any = None,
         retry: Retry | None = None,
+        storage: Storage | None = None,
         filter: Any = None,  # the name pyarrow and Iceberg scans use
         prefetch_batches: int | None = None,
         shuffle_before_decode: bool | None = None,
@@ -225,13 +229,14 @@ class AudioLoader:
 
         self.mix = source if isinstance(source, Mix) else None
         self.retry = retry
+        self.storage = _group("storage", storage, Storage)
         if self.mix is None:
+            dataset = ShardDataset(source, audio_column=audio_column, label_column=label_column, columns=self.columns,
+                                   split_rows=split_rows, filesystem=filesystem, retry=retry, filter=filter,
+                                   storage=self.storage)
             self.reader: ArrowShardReader | None = ArrowShardReader(
-                source, audio_column=audio_column, label_column=label_column,
-                columns=self._reader_columns(source, audio_column, label_column, split_rows, filesystem, retry),
-                seed=self.seed, rank=self.rank, world_size=self.world_size, shuffle=self.train,
-                infinite=self.infinite, split_rows=split_rows, filesystem=filesystem, stats=self.stats_counters,
-                retry=retry, filter=filter, interleave=self.interleave)
+                self._with_duration_column(dataset), seed=self.seed, rank=self.rank, world_size=self.world_size,
+                shuffle=self.train, infinite=self.infinite, stats=self.stats_counters, interleave=self.interleave)
             self.readers, self.lengths, self.source_names = [self.reader], [self.length], ()
             self.rows: BaseNode = self.reader
             self._has_labels = label_column is not None
@@ -282,20 +287,13 @@ class AudioLoader:
             raise ValueError(f"shuffle_min_size={self.shuffle_min_size} must be <= "
                              f"shuffle_buffer_size={self.shuffle_buffer_size}")
 
-    def _reader_columns(self, source: Any, audio: str, label: str | None, split_rows: int,
-                        filesystem: Any, retry: Retry | None) -> tuple[str, ...]:
-        """The user's extra columns, plus the bucketing's duration column when the shards have it."""
-        self._duration_column = None
+    def _with_duration_column(self, dataset: ShardDataset) -> ShardDataset:
+        """``dataset`` reading the bucketing's duration column too when the shards have it (no file read again)."""
         wanted = self.batching.duration_column if self.batching is not None else None
-        if wanted is None or wanted in self.columns:
-            self._duration_column = wanted if wanted in self.columns else None
-            return self.columns
-        schema = ShardDataset(source, audio_column=audio, label_column=label, split_rows=split_rows,
-                              filesystem=filesystem, retry=retry).schema
-        if wanted in schema.names:
-            self._duration_column = wanted
-            return (*self.columns, wanted)
-        return self.columns
+        self._duration_column = wanted if wanted is not None and wanted in dataset.schema.names else None
+        if self._duration_column is None or wanted in self.columns:
+            return dataset
+        return dataset.with_columns((*self.columns, wanted))
 
     # ----------------------------------------------------------------- mix
 
@@ -339,7 +337,8 @@ class AudioLoader:
                 columns=self.columns, seed=source_seed(self.seed, position), rank=self.rank,
                 world_size=self.world_size, shuffle=self.train, infinite=False, split_rows=split_rows,
                 filesystem=source.filesystem if source.filesystem is not None else filesystem,
-                stats=self.stats_counters, retry=retry, filter=filter, interleave=self.interleave)
+                stats=self.stats_counters, retry=retry, filter=filter, interleave=self.interleave,
+                storage=self.storage)
         except Exception as error:
             if hasattr(error, "add_note"):  # Python 3.11+
                 error.add_note(f"(in Mix source {entry.name!r})")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import copy
 import operator
 import threading
 from collections import OrderedDict
@@ -15,6 +16,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..errors import ShardReadError
+from . import index
 from .changes import _check_local, _LocalFileGuard
 from .filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
 from .formats import _cheapest_column, _FileMeta, _open_local, _scan_all, listed_meta
@@ -155,10 +157,12 @@ class ShardDataset:
         self.storage = _check_storage(storage)
         self.remote = RemoteFiles(self.retry, self.storage.max_requests)  # every remote byte is fetched through it
         self.table: TableSnapshot | None = None
+        self._index_locations: list[Any] = []  # metadata indexes the listing showed (`audioloader.shards.index`)
+        self.index_stats: dict[str, int] | None = None
         if isinstance(source, IcebergTable):
             self.table, self._locations = resolve_iceberg(source, filesystem, self.retry, guarantees=filter is not None)
         else:
-            self._locations = resolve_source(source, filesystem, self.retry)
+            self._locations = resolve_source(source, filesystem, self.retry, self._index_locations)
         self._pruned = self._pruned_by_table(filter)
         metas = self._scan()
         self._unified = self._unify_schemas(metas)
@@ -220,11 +224,22 @@ class ShardDataset:
         return pruned
 
     def _scan(self) -> list[_FileMeta]:
-        """Every file's metadata: scanned, or what its table says for a file a filter pruned (it is never opened)."""
-        scanned = iter(_scan_all([loc for i, loc in enumerate(self._locations) if i not in self._pruned], self.retry,
-                                 self.remote))
-        return [listed_meta(loc.listed) if i in self._pruned else next(scanned)
-                for i, loc in enumerate(self._locations)]
+        """Every file's metadata: from the metadata index where it matches the listing, else scanned; what its
+        table says for a file a filter pruned (never opened)."""
+        listed = [i for i, loc in enumerate(self._locations)
+                  if i not in self._pruned and loc.fs is not None and loc.size is not None]
+        known: dict[int, _FileMeta] = {}
+        if listed and self.storage.index == "auto":
+            found, self.index_stats = index.indexed([self._locations[i] for i in listed], self._index_locations,
+                                                    self.remote)
+            known = {listed[position]: meta for position, meta in found.items()}
+        scanned = iter(_scan_all([loc for i, loc in enumerate(self._locations)
+                                  if i not in self._pruned and i not in known], self.retry, self.remote))
+        metas = [listed_meta(loc.listed) if i in self._pruned else known[i] if i in known else next(scanned)
+                 for i, loc in enumerate(self._locations)]
+        if listed and self.storage.index == "auto" and len(known) < len(listed):
+            index.remember([self._locations[i] for i in listed], [metas[i] for i in listed])
+        return metas
 
     def _unify_schemas(self, metas: list[_FileMeta]) -> Any:
         """The scanned files' `schema.Unified` schema, after checking each file's audio and label types."""
@@ -243,6 +258,15 @@ class ShardDataset:
             files.append(ShardFile(loc.path, meta.format, meta.size, rows, meta.unit_rows, offset))
             offset += rows
         return files
+
+    def with_columns(self, columns: Sequence[str]) -> ShardDataset:
+        """This dataset with other extra ``columns`` (checked against the schema; no file is read again)."""
+        other = copy.copy(self)
+        other.columns = self._check_arguments(self.audio_column, self.label_column, columns, self.split_rows, None)
+        check_columns(self._unified, [f.path for f, m in zip(self.files, self._metas, strict=True)
+                                      if m.schema is not None], self.audio_column, self.label_column, other.columns)
+        other._tls = threading.local()  # open handles read the old columns
+        return other
 
     # ----------------------------------------------------------------- filter
 

@@ -22,6 +22,8 @@ SHARD_EXTENSIONS = (".arrow", ".ipc", ".feather", ".parquet", ".pq", ".orc")
 ACCEPTED = "Arrow IPC file (.arrow/.feather v2), Arrow IPC stream (Hugging Face save_to_disk), Parquet or ORC"
 
 _GLOB_CHARS = "*?["
+#: A folder's metadata index (see `audioloader.shards.index`); its leading underscore keeps it out of listings.
+INDEX_NAME = "_audioloader_index.arrow"
 
 
 class SourceNotFoundError(ShardReadError, FileNotFoundError):
@@ -168,9 +170,15 @@ def _listed(info: pafs.FileInfo) -> tuple[str, int | None, int | None]:
     return info.path, _mtime_ns(info), info.size if info.size is not None and info.size >= 0 else None
 
 
-def _expand_remote(item: str, fs: Any, fs_path: str,
-                   retry: Retry) -> tuple[list[tuple[str, int | None, int | None]], str]:
-    """Files (as ``(fs path, mtime_ns, size)``) for one entry on a pyarrow filesystem."""
+def _expand_remote(item: str, fs: Any, fs_path: str, retry: Retry,
+                   indexes: list | None = None) -> tuple[list[tuple[str, int | None, int | None]], str]:
+    """Files (as ``(fs path, mtime_ns, size)``) for one entry on a pyarrow filesystem; metadata indexes the
+    listing shows are appended to ``indexes`` (as the same tuples)."""
+    def note_indexes(infos: list[pafs.FileInfo]) -> None:
+        if indexes is not None:
+            indexes.extend(_listed(i) for i in infos if i.type == pafs.FileType.File
+                           and i.path.rsplit("/", 1)[-1] == INDEX_NAME)
+
     def listing(selector: Any) -> list[pafs.FileInfo]:
         return with_retries(lambda: fs.get_file_info(selector), what=f"the listing of {item!r}", retry=retry)
 
@@ -179,6 +187,7 @@ def _expand_remote(item: str, fs: Any, fs_path: str,
         fixed = next(i for i, p in enumerate(parts) if any(c in p for c in _GLOB_CHARS))
         base = "/".join(parts[:fixed])
         infos = listing(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+        note_indexes(infos)
         files = [_listed(i) for i in infos if i.type == pafs.FileType.File and _glob_match(i.path, fs_path)]
         return files, f"glob {item!r} ({len(files)} matches)"
     info = listing(fs_path)
@@ -190,6 +199,7 @@ def _expand_remote(item: str, fs: Any, fs_path: str,
         if listed is not None:
             return [(p, None, None) for p in listed], f"Hugging Face dataset folder {item!r} (state.json)"
         infos = listing(pafs.FileSelector(fs_path, recursive=True))
+        note_indexes(infos)
         files = [_listed(i) for i in infos if i.type == pafs.FileType.File and _has_shard_extension(i.path)]
         return files, f"folder {item!r} and its subfolders for *{'/*'.join(SHARD_EXTENSIONS)}"
     if info.type == pafs.FileType.File:
@@ -197,7 +207,7 @@ def _expand_remote(item: str, fs: Any, fs_path: str,
     raise SourceNotFoundError(f"shard source {item!r}: no such file or folder")
 
 
-def _expand(item: Any, filesystem: Any, retry: Retry) -> tuple[list[_Location], str]:
+def _expand(item: Any, filesystem: Any, retry: Retry, indexes: list[_Location]) -> tuple[list[_Location], str]:
     if isinstance(item, os.PathLike):
         item = os.fspath(item)
     if isinstance(item, IcebergTable):
@@ -208,7 +218,9 @@ def _expand(item: Any, filesystem: Any, retry: Retry) -> tuple[list[_Location], 
     if filesystem is not None and not isinstance(filesystem, pafs.LocalFileSystem):
         parsed = urllib.parse.urlparse(item)
         fs_path = parsed.netloc + parsed.path if _is_url(item) else item
-        files, searched = _expand_remote(item, filesystem, fs_path, retry)
+        found: list = []
+        files, searched = _expand_remote(item, filesystem, fs_path, retry, found)
+        indexes.extend(_Location(p, filesystem, p, mtime, size=size) for p, mtime, size in found)
         return [_Location(p, filesystem, p, mtime, size=size) for p, mtime, size in files], searched
     if item.startswith("file://"):
         item = urllib.parse.unquote(urllib.parse.urlparse(item).path)
@@ -220,19 +232,24 @@ def _expand(item: Any, filesystem: Any, retry: Retry) -> tuple[list[_Location], 
         files, searched = _expand_local(fs_path)
         return [_Location(p, None, p) for p in files], searched
     scheme = urllib.parse.urlparse(item).scheme
-    files, searched = _expand_remote(item, fs, fs_path, retry)
+    found = []
+    files, searched = _expand_remote(item, fs, fs_path, retry, found)
+    indexes.extend(_Location(_url_for(scheme, p), fs, p, mtime, size=size) for p, mtime, size in found)
     return [_Location(_url_for(scheme, p), fs, p, mtime, size=size) for p, mtime, size in files], searched
 
 
-def resolve_source(source: Any, filesystem: Any = None, retry: Retry = DEFAULT_RETRY) -> list[_Location]:
-    """Sorted, de-duplicated shard locations for a source (see `ShardDataset`)."""
+def resolve_source(source: Any, filesystem: Any = None, retry: Retry = DEFAULT_RETRY,
+                   indexes: list[_Location] | None = None) -> list[_Location]:
+    """Sorted, de-duplicated shard locations for a source (see `ShardDataset`); the metadata indexes that remote
+    listings showed are appended to ``indexes``."""
+    indexes = [] if indexes is None else indexes
     items = list(source) if isinstance(source, (list, tuple)) else [source]
     if not items:
         raise ValueError("the shard source is an empty list; pass a folder, glob, file or URL")
     found: dict[str, _Location] = {}
     searched = []
     for item in items:
-        locations, what = _expand(item, filesystem, retry)
+        locations, what = _expand(item, filesystem, retry, indexes)
         searched.append(what)
         for loc in locations:
             found.setdefault(loc.path, loc)

@@ -1,0 +1,202 @@
+"""The metadata index: what construction learns about each shard file, kept in one small file, so that a rank
+builds its dataset from a listing and one read instead of a read (or more) per file.
+
+``_audioloader_index.arrow`` in a folder of shards (the leading underscore keeps it
+out of the shard listing) is an Arrow IPC file with a row per shard: its name in
+the folder, size and modification time (what the listing says: the index's
+identity check), an ETag when known, format, rows per record batch / row group /
+stripe, stream offsets, IPC record batch blocks, the identity digest, the schema,
+and the footer bytes readers need (IPC footer, ORC tail, Parquet footer).
+
+It is written by ``audioloader pack``, by `write_index` (``audioloader index
+FOLDER`` on the command line), or, when a remote folder has none (or a stale
+one), built by the first construction and kept in the user's cache folder
+(``$AUDIOLOADER_CACHE`` or ``~/.cache/audioloader/index``), keyed by the folder's URL.
+
+An entry is used only while the listing reports the same size and modification
+time for the file (and the same ETag, where both know one); any other file is
+scanned as without an index, so a stale index is never used silently (the files
+it no longer describes are counted in ``ShardDataset.index_stats``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .formats import _FileMeta
+from .sources import INDEX_NAME
+
+_VERSION = b"1"
+
+_SCHEMA = pa.schema([
+    ("name", pa.string()), ("size", pa.int64()), ("mtime_ns", pa.int64()), ("etag", pa.string()),
+    ("format", pa.string()), ("unit_rows", pa.list_(pa.int64())), ("offsets", pa.list_(pa.int64())),
+    ("blocks", pa.list_(pa.int64())), ("digest", pa.string()), ("schema", pa.binary()), ("tail", pa.binary()),
+], metadata={b"audioloader_index": _VERSION})
+
+
+def index_table(names: Sequence[str], metas: Sequence[_FileMeta]) -> pa.Table:
+    """The index of files ``names`` (relative to the index's folder) with their scanned metadata."""
+    def tail(meta: _FileMeta) -> bytes | None:
+        if meta.parquet_metadata is not None:
+            sink = pa.BufferOutputStream()
+            meta.parquet_metadata.write_metadata_file(sink)
+            return sink.getvalue().to_pybytes()
+        return meta.tail
+
+    columns = {
+        "name": list(names), "size": [m.size for m in metas], "mtime_ns": [m.mtime_ns for m in metas],
+        "etag": [getattr(m, "etag", None) for m in metas], "format": [m.format for m in metas],
+        "unit_rows": [list(m.unit_rows) for m in metas], "offsets": [None if m.offsets is None else list(m.offsets)
+                                                                     for m in metas],
+        "blocks": [None if m.blocks is None else [v for block in m.blocks for v in block] for m in metas],
+        "digest": [m.digest for m in metas], "schema": [m.schema.serialize().to_pybytes() for m in metas],
+        "tail": [tail(m) for m in metas],
+    }
+    return pa.table(columns, schema=_SCHEMA)
+
+
+def write_table(table: pa.Table, path: str, fs: Any = None) -> None:
+    """Write an index atomically where it can be (a local file: a temporary file renamed over it)."""
+    if fs is not None:
+        with fs.open_output_stream(path) as out, pa.ipc.new_file(out, table.schema) as writer:
+            writer.write_table(table)
+        return
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".index-", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as out, pa.ipc.new_file(out, table.schema) as writer:
+            writer.write_table(table)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def parse(data: Any) -> dict[str, dict[str, Any]]:
+    """``{name: entry}`` of an index file's bytes; ``{}`` when they are not an audioloader index."""
+    try:
+        table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
+    except (pa.ArrowException, OSError, ValueError):
+        return {}
+    if (table.schema.metadata or {}).get(b"audioloader_index") != _VERSION:
+        return {}
+    return {row["name"]: row for row in table.to_pylist()}
+
+
+def meta_of(entry: dict[str, Any]) -> _FileMeta:
+    """The `_FileMeta` an index entry describes (no I/O)."""
+    flat = entry["blocks"]
+    blocks = None if flat is None else tuple(tuple(flat[i:i + 3]) for i in range(0, len(flat), 3))
+    parquet_metadata = tail = None
+    if entry["format"] == "parquet":
+        parquet_metadata = pq.read_metadata(pa.BufferReader(entry["tail"]))
+    else:
+        tail = entry["tail"]
+    return _FileMeta(entry["format"], entry["size"], pa.ipc.read_schema(pa.py_buffer(entry["schema"])),
+                     tuple(entry["unit_rows"]), None if entry["offsets"] is None else tuple(entry["offsets"]),
+                     blocks=blocks, mtime_ns=entry["mtime_ns"], digest=entry["digest"],
+                     parquet_metadata=parquet_metadata, tail=tail)
+
+
+def matches(entry: dict[str, Any] | None, loc: Any) -> bool:
+    """Whether an index entry still describes the listed file at ``loc`` (size, modification time, ETag)."""
+    if entry is None or loc.size is None or entry["size"] != loc.size:
+        return False
+    if entry["mtime_ns"] is None or loc.mtime_ns is None or entry["mtime_ns"] != loc.mtime_ns:
+        return False
+    etag = getattr(loc, "etag", None)
+    return entry["etag"] is None or etag is None or entry["etag"] == etag
+
+
+def cache_path(folder_url: str) -> Path:
+    """Where the index of a remote folder is cached on this machine (``folder_url``: no query string)."""
+    root = os.environ.get("AUDIOLOADER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "audioloader")
+    key = hashlib.blake2b(folder_url.encode(), digest_size=16).hexdigest()
+    return Path(root) / "index" / f"{key}.arrow"
+
+
+def _folder(paths: Sequence[str]) -> str:
+    """The deepest folder (no trailing "/") holding every path."""
+    prefix = os.path.commonprefix([p.rsplit("/", 1)[0] + "/" for p in paths])  # noqa: RUF071 (URLs, not OS paths)
+    return prefix[:prefix.rfind("/")]
+
+
+def _cached_entries(locations: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    """Entries of this machine's cached index of the remote ``locations``' folder, by file system path."""
+    path = cache_path(_folder([loc.path for loc in locations]))
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return {}
+    folder = _folder([loc.fs_path for loc in locations])
+    return {f"{folder}/{name}": entry for name, entry in parse(pa.py_buffer(data)).items()}
+
+
+def indexed(locations: Sequence[Any], index_locations: Sequence[Any], remote: Any) -> tuple[dict[int, _FileMeta],
+                                                                                                dict[str, int]]:
+    """``({position: meta}, stats)`` for the remote ``locations`` an index describes and still matches.
+
+    The indexes the listing showed beside the shards (``index_locations``) are read (one request each);
+    without one, this machine's cached index of the folder. ``stats``: ``{"indexed", "stale", "unindexed"}``:
+    files taken from an index, files an index described differently from the listing (scanned), files
+    without an entry (scanned).
+    """
+    entries: dict[str, dict[str, Any]] = {}
+    for index_loc in index_locations:
+        if index_loc.size:
+            folder = index_loc.fs_path.rsplit("/", 1)[0]
+            data = remote.read(index_loc, 0, index_loc.size)
+            entries.update((f"{folder}/{name}", entry) for name, entry in parse(data).items())
+    if not entries and locations:
+        entries = _cached_entries(locations)
+    metas, stale = {}, 0
+    for position, loc in enumerate(locations):
+        entry = entries.get(loc.fs_path)
+        if matches(entry, loc):
+            metas[position] = meta_of(entry)
+        elif entry is not None:
+            stale += 1
+    return metas, {"indexed": len(metas), "stale": stale, "unindexed": len(locations) - len(metas) - stale}
+
+
+def remember(locations: Sequence[Any], metas: Sequence[_FileMeta]) -> None:
+    """Cache the index of remote ``locations`` on this machine (best effort: a read-only home just skips it)."""
+    folder = _folder([loc.fs_path for loc in locations])
+    names = [loc.fs_path[len(folder) + 1:] for loc in locations]
+    with contextlib.suppress(OSError, pa.ArrowException):
+        write_table(index_table(names, metas), str(cache_path(_folder([loc.path for loc in locations]))))
+
+
+def write_index(source: Any, filesystem: Any = None) -> str:
+    """Write ``_audioloader_index.arrow`` into a folder of shards (local or remote, e.g. ``s3://bucket/data``) and
+    return its path: construction over the folder then reads it instead of every file's footer.
+
+    Scans every shard of the folder (as a `ShardDataset` would). Write it again after adding or
+    rewriting shards (a stale entry is not used, only scanned again).
+    """
+    from .formats import _scan_all
+    from .retry import DEFAULT_RETRY
+    from .sources import _filesystem_for, _is_url, resolve_source
+
+    text = os.fspath(source)
+    locations = resolve_source(text, filesystem)
+    metas = _scan_all(locations, DEFAULT_RETRY)
+    folder = _folder([loc.fs_path for loc in locations])
+    names = [loc.fs_path[len(folder) + 1:] for loc in locations]
+    fs = locations[0].fs
+    if fs is None and filesystem is None and _is_url(text) and not text.startswith("file://"):
+        fs = _filesystem_for(text)[0]
+    write_table(index_table(names, metas), f"{folder}/{INDEX_NAME}", fs)
+    return f"{_folder([loc.path for loc in locations])}/{INDEX_NAME}"
