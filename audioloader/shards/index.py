@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import os
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,16 +37,23 @@ from .formats import _FileMeta
 from .sources import INDEX_NAME
 
 _VERSION = b"1"
+#: A store's modification times may be this coarse (S3: 1 s); see `matches`.
+_MTIME_RESOLUTION_NS = 2_000_000_000
 
 _SCHEMA = pa.schema([
-    ("name", pa.string()), ("size", pa.int64()), ("mtime_ns", pa.int64()), ("etag", pa.string()),
+    ("name", pa.string()), ("size", pa.int64()), ("mtime_ns", pa.int64()), ("scanned_ns", pa.int64()),
+    ("etag", pa.string()),
     ("format", pa.string()), ("unit_rows", pa.list_(pa.int64())), ("offsets", pa.list_(pa.int64())),
     ("blocks", pa.list_(pa.int64())), ("digest", pa.string()), ("schema", pa.binary()), ("tail", pa.binary()),
 ], metadata={b"audioloader_index": _VERSION})
 
 
-def index_table(names: Sequence[str], metas: Sequence[_FileMeta]) -> pa.Table:
-    """The index of files ``names`` (relative to the index's folder) with their scanned metadata."""
+def index_table(names: Sequence[str], metas: Sequence[_FileMeta], portable: bool = False) -> pa.Table:
+    """The index of files ``names`` (relative to the index's folder) with their scanned metadata.
+
+    ``portable``: for shards that will be copied elsewhere (``audioloader pack``): no modification
+    times, which a copy changes; an entry is then checked by the file's size (and ETag) only.
+    """
     def tail(meta: _FileMeta) -> bytes | None:
         if meta.parquet_metadata is not None:
             sink = pa.BufferOutputStream()
@@ -54,7 +62,8 @@ def index_table(names: Sequence[str], metas: Sequence[_FileMeta]) -> pa.Table:
         return meta.tail
 
     columns = {
-        "name": list(names), "size": [m.size for m in metas], "mtime_ns": [m.mtime_ns for m in metas],
+        "name": list(names), "size": [m.size for m in metas],
+        "mtime_ns": [None if portable else m.mtime_ns for m in metas], "scanned_ns": [time.time_ns()] * len(metas),
         "etag": [getattr(m, "etag", None) for m in metas], "format": [m.format for m in metas],
         "unit_rows": [list(m.unit_rows) for m in metas], "offsets": [None if m.offsets is None else list(m.offsets)
                                                                      for m in metas],
@@ -111,10 +120,16 @@ def meta_of(entry: dict[str, Any]) -> _FileMeta:
 
 
 def matches(entry: dict[str, Any] | None, loc: Any) -> bool:
-    """Whether an index entry still describes the listed file at ``loc`` (size, modification time, ETag)."""
+    """Whether an index entry still describes the listed file at ``loc``: the same size, ETag (where both know
+    one) and modification time (unless the index is portable).
+
+    A modification time is trusted only when the file was scanned at least `_MTIME_RESOLUTION_NS` after it:
+    S3 reports whole seconds, so a rewrite in the second of the scan would keep the time the index has.
+    """
     if entry is None or loc.size is None or entry["size"] != loc.size:
         return False
-    if entry["mtime_ns"] is None or loc.mtime_ns is None or entry["mtime_ns"] != loc.mtime_ns:
+    if entry["mtime_ns"] is not None and (loc.mtime_ns != entry["mtime_ns"]
+                                          or entry["scanned_ns"] - entry["mtime_ns"] < _MTIME_RESOLUTION_NS):
         return False
     etag = getattr(loc, "etag", None)
     return entry["etag"] is None or etag is None or entry["etag"] == etag
@@ -179,12 +194,13 @@ def remember(locations: Sequence[Any], metas: Sequence[_FileMeta]) -> None:
         write_table(index_table(names, metas), str(cache_path(_folder([loc.path for loc in locations]))))
 
 
-def write_index(source: Any, filesystem: Any = None) -> str:
+def write_index(source: Any, filesystem: Any = None, portable: bool = False) -> str:
     """Write ``_audioloader_index.arrow`` into a folder of shards (local or remote, e.g. ``s3://bucket/data``) and
     return its path: construction over the folder then reads it instead of every file's footer.
 
     Scans every shard of the folder (as a `ShardDataset` would). Write it again after adding or
-    rewriting shards (a stale entry is not used, only scanned again).
+    rewriting shards (a stale entry is not used, only scanned again). ``portable``: leave the
+    modification times out (for local shards about to be uploaded: see `index_table`).
     """
     from .formats import _scan_all
     from .retry import DEFAULT_RETRY
@@ -198,5 +214,5 @@ def write_index(source: Any, filesystem: Any = None) -> str:
     fs = locations[0].fs
     if fs is None and filesystem is None and _is_url(text) and not text.startswith("file://"):
         fs = _filesystem_for(text)[0]
-    write_table(index_table(names, metas), f"{folder}/{INDEX_NAME}", fs)
+    write_table(index_table(names, metas, portable), f"{folder}/{INDEX_NAME}", fs)
     return f"{_folder([loc.path for loc in locations])}/{INDEX_NAME}"

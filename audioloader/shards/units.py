@@ -17,8 +17,9 @@ from typing import Any
 #: a request costs a round trip (20-100 ms), 64 KiB cost well under a millisecond of bandwidth.
 HOLE_BYTES = 64 * 1024
 #: Coalesced requests stop growing at this size, so that a split's bytes arrive as several requests in flight
-#: instead of one long one.
-MAX_REQUEST_BYTES = 8 * 1024 * 1024
+#: instead of one long one, and the first rows after a start wait for 2 MiB, not a whole file (measured on the
+#: speech bench, Parquet at 50 ms: 8 MiB requests gave 0.6x the 0 ms rate).
+MAX_REQUEST_BYTES = 2 * 1024 * 1024
 
 
 def unit_ranges(meta: Any, unit: int, columns: Sequence[str]) -> list[tuple[int, int]] | None:

@@ -42,6 +42,7 @@ import pyarrow as pa
 
 from audioloader.dsp.audio import probe_seconds
 from audioloader.errors import DecodeError
+from audioloader.shards.index import write_index
 from audioloader.shards.writer import FORMATS, ShardWriter
 
 __all__ = ["AUDIO_EXTENSIONS", "CODECS", "PackItem", "add_arguments", "collect_inputs", "pack", "reencode",
@@ -363,6 +364,8 @@ def pack(src: str | os.PathLike[str], out: str | os.PathLike[str], *, fmt: str =
                       max_bytes=max_bytes, rows_per_batch=rows_per_batch, workers=workers,
                       load=lambda it: _load(it, sample_rate, codec), progress=progress)
         _write_json_atomically(out_dir / "labels.json", {name: i for i, name in enumerate(label_names)})
+        if written:  # the folder's metadata index: a remote copy is constructed from it in a few requests
+            write_index(out_dir, portable=True)
     except BaseException:
         for p in written:
             with contextlib.suppress(OSError):
