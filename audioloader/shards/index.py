@@ -180,7 +180,8 @@ def indexed(locations: Sequence[Any], index_locations: Sequence[Any], remote: An
     for position, loc in enumerate(locations):
         entry = entries.get(loc.fs_path)
         if matches(entry, loc):
-            metas[position] = meta_of(entry)
+            metas[position] = meta = meta_of(entry)
+            meta.mtime_ns = loc.mtime_ns  # the listing's (a portable index has none)
         elif entry is not None:
             stale += 1
     return metas, {"indexed": len(metas), "stale": stale, "unindexed": len(locations) - len(metas) - stale}

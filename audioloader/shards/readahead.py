@@ -148,14 +148,17 @@ class ReadAhead:
             full = False
             while (upcoming := self._peek()) is not None:
                 key, ranges = upcoming
-                need = sum(length for _, length in ranges)
-                if group and (key[0] != group[0][0][0] or size + need > MAX_REQUEST_BYTES):
-                    break  # another file, or the group is big enough: submit it, then go on
-                if self._held + size + need > self.budget and (self._held or group):
+                if group and key[0] != group[0][0][0]:
+                    break  # another file: submit this group, then go on
+                # What the requests would hold, holes between coalesced ranges included.
+                grown = sum(n for _, n in coalesce([r for _, rs in group for r in rs] + ranges))
+                if group and grown > MAX_REQUEST_BYTES:
+                    break
+                if self._held + grown > self.budget and (self._held or group):
                     full = True
                     break
                 group.append(upcoming)
-                size += need
+                size = grown
                 self._next = None
             if group:
                 self._submit(group)

@@ -1,0 +1,230 @@
+"""Remote read-ahead, construction requests and the metadata index, on a real S3 server (moto, loopback) behind the
+shaping, fault-injecting proxy: rows equal local rows, the byte budget holds, requests are few and concurrent."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pyarrow.compute as pc
+import pytest
+
+import audioloader as al
+from audioloader.nodes import ArrowShardReader
+from audioloader.shards import index as shard_index
+from tests.helpers import make_shards
+from tests.s3_server import S3_ENVIRONMENT, S3Server
+
+ROWS = [23, 17, 30]  # 70 rows in three files, record batches / row groups of 4 rows
+FAST = al.Retry(attempts=6, initial_delay=0.01, max_delay=0.05, timeout=1.0)
+UNIT_BYTES = 4 * 12_844  # 4 rows of 0.4 s PCM16 WAV at 16 kHz (12,800 bytes of samples + header)
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in S3_ENVIRONMENT.items():
+            env.setenv(name, value)
+        server = S3Server()
+        try:
+            yield server
+        finally:
+            server.close()
+
+
+@pytest.fixture(scope="module")
+def data(s3, tmp_path_factory) -> dict[str, tuple]:
+    out = {}
+    for fmt in ("ipc_file", "parquet"):
+        folder = tmp_path_factory.mktemp(fmt)
+        make_shards(folder, ROWS, fmt, batch_rows=4, seconds=0.4)
+        s3.upload(folder, f"ahead/{fmt}")
+        out[fmt] = (folder, f"ahead/{fmt}")
+    return out
+
+
+@pytest.fixture
+def proxy(s3):
+    s3.proxy.clear()
+    try:
+        yield s3.proxy
+    finally:
+        s3.proxy.release()
+        s3.proxy.configure(latency=0.0, bandwidth=None)
+        s3.proxy.clear()
+
+
+def rows_of(samples) -> list[tuple]:
+    return [(tuple(s.key), None if s.audio is None else bytes(s.audio), s.label, s.extras) for s in samples]
+
+
+def take(reader: ArrowShardReader, n: int) -> list[tuple]:
+    return rows_of(next(reader) for _ in range(n))
+
+
+MODES = {  # name: reader arguments
+    "eval": dict(shuffle=False),
+    "train": dict(shuffle=True),
+    "interleave": dict(shuffle=True, interleave=3),
+    "filter": dict(shuffle=False, filter=(pc.field("uid") < 12) | (pc.field("uid") > 40), columns=("uid",)),
+    "interleave+filter": dict(shuffle=True, interleave=3, filter=(pc.field("uid") < 30) | (pc.field("uid") >= 50),
+                              columns=("uid",)),
+}
+
+
+@pytest.mark.parametrize("fmt", ["ipc_file", "parquet"])
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_rows_equal_local_and_the_budget_holds(s3, data, proxy, fmt, mode):
+    local, prefix = data[fmt]
+    budget = int(2.5 * UNIT_BYTES)  # a few units: the window turns over many times in a pass
+    for rank in range(2):
+        arguments = dict(seed=5, rank=rank, world_size=2, split_rows=4, **MODES[mode])
+        expected = rows_of(ArrowShardReader(str(local), **arguments))
+        reader = ArrowShardReader(s3.url(prefix), retry=FAST, storage=al.Storage(readahead_bytes=budget), **arguments)
+        assert rows_of(reader) == expected
+        ahead = reader._readahead
+        assert ahead.misses == 0, "a unit was read that the read-ahead did not foresee"
+        assert 0 < ahead.peak_bytes <= budget, (ahead.peak_bytes, budget)
+
+
+@pytest.mark.parametrize("fmt", ["ipc_file", "parquet"])
+def test_requests_are_coalesced_and_in_flight_together(s3, data, proxy, fmt):
+    _, prefix = data[fmt]
+    reader = ArrowShardReader(s3.url(prefix), shuffle=False, split_rows=4, retry=FAST)
+    units = sum(len(f.batch_rows) for f in reader.dataset.files)
+    proxy.clear()
+    proxy.hold()  # requests wait at the proxy: the reader's first row needs the read-ahead's requests
+    first = threading.Thread(target=next, args=(reader,))
+    first.start()
+    try:
+        assert proxy.wait_in_flight(len(ROWS), timeout=60), "the files' data were not requested at once"
+    finally:
+        proxy.release()
+        first.join()
+    rest = list(reader)
+    assert len(rest) == sum(ROWS) - 1
+    gets = [r for r in proxy.log("GET") if "/part-" in r.path]
+    assert len(gets) <= len(ROWS) < units  # one coalesced request per file here, not one (or ~9) per unit
+
+
+def test_resume_at_random_cuts_is_exact_under_latency_and_faults(s3, data, proxy):
+    _, prefix = data["ipc_file"]
+    arguments = dict(seed=2, shuffle=True, infinite=True, split_rows=4, interleave=2, retry=FAST,
+                     storage=al.Storage(readahead_bytes=3 * UNIT_BYTES))
+    reference = take(ArrowShardReader(s3.url(prefix), **arguments), 2 * sum(ROWS))
+    proxy.configure(latency=0.005, bandwidth=None)
+    cuts = sorted(random.Random(7).sample(range(1, len(reference)), 4))
+    reader = ArrowShardReader(s3.url(prefix), **arguments)
+    got = take(reader, cuts[0])
+    for cut, after in zip(cuts, [*cuts[1:], len(reference)], strict=True):
+        state = reader.get_state()
+        for kind in ("503", "reset", "stall"):
+            proxy.inject(kind, 1, path=f"/{prefix}/part-")
+        reader = ArrowShardReader(s3.url(prefix), **arguments)
+        reader.reset(state)
+        got += take(reader, after - cut)
+    assert got == reference
+    assert {r.fault for r in proxy.requests if r.fault} == {"503", "reset", "stall"}
+
+
+def test_eval_reads_every_row_once_under_latency_and_faults(s3, data, proxy):
+    _, prefix = data["parquet"]
+    proxy.configure(latency=0.005, bandwidth=None)
+    proxy.inject("503", 2, path=f"/{prefix}/part-00001")
+    proxy.inject("reset", 1, path=f"/{prefix}/part-00002")
+    proxy.inject("stall", 1, path=f"/{prefix}/part-00000")
+    indices = []
+    for rank in range(2):
+        reader = ArrowShardReader(s3.url(prefix), shuffle=False, rank=rank, world_size=2, split_rows=4, retry=FAST,
+                                  storage=al.Storage(readahead_bytes=2 * UNIT_BYTES))
+        indices += [sample.key.index for sample in reader]
+    assert sorted(indices) == list(range(sum(ROWS)))
+    assert not any(fault.times for fault in proxy._faults), "a fault was planned but never hit"
+
+
+def test_random_access_fetches_units_concurrently(s3, data, proxy):
+    local, prefix = data["parquet"]
+    keys = [al.Key(i, 0) for i in random.Random(3).sample(range(sum(ROWS)), 30)]
+    remote = ArrowShardReader(s3.url(prefix), split_rows=4, retry=FAST)
+    expected = rows_of(ArrowShardReader(str(local), split_rows=4).fetch(keys))
+    proxy.clear()
+    proxy.hold()
+    result: list = []
+    fetching = threading.Thread(target=lambda: result.append(remote.fetch(keys)))
+    fetching.start()
+    try:
+        assert proxy.wait_in_flight(len(ROWS), timeout=60), "the rows' units were fetched one after another"
+    finally:
+        proxy.release()
+        fetching.join()
+    assert rows_of(result[0]) == expected
+
+
+def small_files(folder, n: int):
+    for i in range(n):
+        make_shards(folder / f"f{i:03d}", [2], "ipc_file", batch_rows=2, seconds=0.1)
+        (folder / f"f{i:03d}" / "part-00000.arrow").rename(folder / f"part-{i:05d}.arrow")
+        (folder / f"f{i:03d}").rmdir()
+
+
+def shard_requests(proxy, prefix: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for request in proxy.requests:
+        kind = "LIST" if request.method == "GET" and "/" not in request.path.strip("/") else request.method
+        name = request.path.rsplit("/", 1)[-1] if request.path.startswith(f"/{prefix}/") else ""
+        counts[f"{kind} {name}".strip()] = counts.get(f"{kind} {name}".strip(), 0) + 1
+    return counts
+
+
+def test_construction_requests_without_and_with_an_index(s3, proxy, tmp_path, monkeypatch):
+    small_files(tmp_path / "many", 24)
+    s3.upload(tmp_path / "many", "ahead/many")
+    monkeypatch.setenv("AUDIOLOADER_CACHE", str(tmp_path / "cache"))
+    proxy.clear()
+    dataset = al.ShardDataset(s3.url("ahead/many"), retry=FAST)
+    counts = shard_requests(proxy, "ahead/many")
+    listing = {k: n for k, n in counts.items() if "part-" not in k}
+    assert sum(listing.values()) <= 4, listing  # the folder: is it one, a Hugging Face state.json in it, its files
+    shards = {k: n for k, n in counts.items() if "part-" in k}
+    # per file: one GET of its last 64 KiB (here the whole file), and the HEAD pyarrow makes to open it
+    assert shards == {f"{m} part-{i:05d}.arrow": 1 for i in range(24) for m in ("GET", "HEAD")}, shards
+    assert dataset.index_stats == {"indexed": 0, "stale": 0, "unindexed": 24}
+
+    path = shard_index.write_index(s3.url("ahead/many", direct=True), portable=True)  # uploads go straight in
+    assert path == "s3://ahead/many/_audioloader_index.arrow"
+    monkeypatch.setenv("AUDIOLOADER_CACHE", str(tmp_path / "cache2"))  # no machine-local copy to lean on
+    proxy.clear()
+    indexed = al.ShardDataset(s3.url("ahead/many"), retry=FAST)
+    counts = shard_requests(proxy, "ahead/many")
+    assert {k: n for k, n in counts.items() if k not in listing} == {"HEAD _audioloader_index.arrow": 1,
+                                                                     "GET _audioloader_index.arrow": 1}, counts
+    assert sum(counts.values()) <= 6
+    assert indexed.index_stats == {"indexed": 24, "stale": 0, "unindexed": 0}
+    assert indexed.files == dataset.files and indexed.identity() == dataset.identity()
+    assert rows_of(ArrowShardReader(indexed, shuffle=False)) == rows_of(ArrowShardReader(dataset, shuffle=False))
+
+
+def test_a_stale_index_entry_is_not_used(s3, proxy, tmp_path, monkeypatch):
+    folder = tmp_path / "stale"
+    make_shards(folder, [6, 6], "parquet", batch_rows=3, seconds=0.2)
+    s3.upload(folder, "ahead/stale")
+    shard_index.write_index(s3.url("ahead/stale", direct=True), portable=True)
+    make_shards(folder, [6, 9], "parquet", batch_rows=3, seconds=0.2)  # part-00001 rewritten: more rows
+    s3.upload(folder, "ahead/stale")
+    monkeypatch.setenv("AUDIOLOADER_CACHE", str(tmp_path / "cache"))
+    dataset = al.ShardDataset(s3.url("ahead/stale"), retry=FAST)
+    assert dataset.index_stats == {"indexed": 1, "stale": 1, "unindexed": 0}
+    assert [f.num_rows for f in dataset.files] == [6, 9]
+    expected = rows_of(ArrowShardReader(str(folder), shuffle=False))
+    assert rows_of(ArrowShardReader(dataset, shuffle=False)) == expected
+
+
+def test_a_cached_entry_is_trusted_only_when_scanned_after_the_mtime_resolution():
+    class Listed:
+        size, mtime_ns = 100, 5_000_000_000
+
+    entry = {"size": 100, "mtime_ns": 5_000_000_000, "scanned_ns": 5_900_000_000, "etag": None}
+    assert not shard_index.matches(entry, Listed())  # scanned within the same second: a rewrite may hide
+    assert shard_index.matches({**entry, "scanned_ns": 8_000_000_000}, Listed())
+    assert not shard_index.matches({**entry, "scanned_ns": 8_000_000_000, "size": 101}, Listed())
+    assert shard_index.matches({**entry, "mtime_ns": None}, Listed())  # portable (pack): size (and ETag) only
