@@ -144,7 +144,6 @@ class ReadAhead:
         """Submit the next planned units while the budget allows, consecutive units of a file coalesced."""
         while True:
             group: list[tuple[Unit, list[tuple[int, int]]]] = []
-            size = 0
             full = False
             while (upcoming := self._peek()) is not None:
                 key, ranges = upcoming
@@ -158,7 +157,6 @@ class ReadAhead:
                     full = True
                     break
                 group.append(upcoming)
-                size = grown
                 self._next = None
             if group:
                 self._submit(group)
