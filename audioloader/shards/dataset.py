@@ -6,8 +6,7 @@ import bisect
 import copy
 import operator
 import threading
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -15,30 +14,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from ..errors import ShardReadError
 from . import index
 from .changes import _check_local, _LocalFileGuard
 from .filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
-from .formats import _cheapest_column, _FileMeta, _open_local, _scan_all, listed_meta
-from .readers import _audio_values, _ConformedHandle, _IpcFileHandle, _IpcStreamHandle, _OrcHandle, _ParquetHandle
-from .remote import RemoteFiles, SparseFile
+from .formats import _FileMeta, _scan_all, listed_meta
+from .readers import _audio_values
+from .remote import RemoteFiles
 from .retry import DEFAULT_RETRY, Retry
 from .schema import _check_schema, _label_names, check_columns, unify
 from .sources import IcebergTable, TableSnapshot, resolve_iceberg, resolve_source
 from .splits import Split, _file_splits, _numbered
 from .storage import DEFAULT_STORAGE, Storage
-from .units import coalesce, unit_ranges
-
-#: Bytes of remote units a random-access read (`ShardDataset.read_rows`) fetches at once.
-RANDOM_ACCESS_BYTES = 64 * 1024 * 1024
-#: ``read_unit(file_id, unit) -> [RecordBatch]``: reads one unit (see `ShardDataset.read_kept`).
-UnitReader = Callable[[int, int], list[pa.RecordBatch]]
-
-# Open file handles kept per thread (memory maps are cheap; this bounds open fds).
-_HANDLES_PER_THREAD = 16
-# Remote handles hold no descriptor, only a parsed footer: keep more, so a pass in random
-# split order does not read the footers again.
-_REMOTE_HANDLES_PER_THREAD = 256
+from .unit_reads import UnitReader, UnitReads
 
 
 @dataclass(frozen=True)
@@ -100,7 +87,7 @@ class BatchColumns(NamedTuple):
     problems: list[str | None] | None
 
 
-class ShardDataset:
+class ShardDataset(UnitReads):
     """The shard files of a source: metadata, splits, schema checks and reads.
 
     Args:
@@ -317,22 +304,6 @@ class ShardDataset:
         rows = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
         return rows.astype(np.int64), pruned, len(units)
 
-    def _remote_or_local(self, file_id: int, what: str, read: Any, on_failure: Any = None) -> Any:
-        """``read()``, after a change check for a local file; a remote file's requests are retried each
-        (`RemoteFiles.read`). Errors name the file."""
-        path = self.files[file_id].path
-        try:
-            if self._locations[file_id].fs is None:
-                self.check_unchanged(file_id)
-            return read()
-        except ShardReadError:
-            raise
-        except (OSError, EOFError, pa.ArrowException) as error:
-            if on_failure is not None:
-                on_failure()
-            raise ShardReadError(f"cannot read {what} of shard {path}: {error}. "
-                                 "Was the file changed or truncated after the loader was built?") from error
-
     def counted(self, splits: Sequence[Split]) -> list[Split]:
         """``splits`` with their kept rows counted and those keeping none dropped (as given without a filter)."""
         if self.filter is None:
@@ -412,124 +383,6 @@ class ShardDataset:
         return file_id, index - self._offsets[file_id]
 
     # ----------------------------------------------------------------- reads
-
-    def _handle(self, file_id: int) -> Any:
-        """This thread's open handle for a file (an LRU per thread, so reads are thread-safe)."""
-        cache: OrderedDict[int, Any] | None = getattr(self._tls, "handles", None)
-        if cache is None:
-            cache = self._tls.handles = OrderedDict()
-        handle = cache.get(file_id)
-        if handle is not None:
-            cache.move_to_end(file_id)
-            return handle
-        handle = self._open_handle(file_id)
-        cache[file_id] = handle
-        local = self._locations[file_id].fs is None
-        if len(cache) > (_HANDLES_PER_THREAD if local else _REMOTE_HANDLES_PER_THREAD):
-            cache.popitem(last=False)[1].close()
-        return handle
-
-    def _drop_handle(self, file_id: int) -> None:
-        """Close this thread's handle of a file (after a failed remote read: its connection may be broken)."""
-        cache = getattr(self._tls, "handles", None)
-        handle = cache.pop(file_id, None) if cache is not None else None
-        if handle is not None:
-            handle.close()
-
-    def _open_handle(self, file_id: int, columns: Sequence[str] | None = None) -> Any:
-        """A handle reading ``columns`` (default: the used ones) of a file, in the unified schema's types."""
-        meta = self._metas[file_id]
-        if meta.schema is None:
-            raise IndexError(f"{self.files[file_id].path} was pruned by the filter (its table metadata rules it "
-                             "out), so its rows are not this source's rows and it is never read")
-        columns = self.used_columns if columns is None else list(columns)
-        target = pa.schema([self.schema.field(c) for c in columns])
-        present = [c for c in columns if c in meta.schema.names]
-        # A file with none of the columns still reads one, for its rows' count (ORC gives no rows for no columns).
-        handle = self._open_format_handle(file_id, present or [_cheapest_column(meta.schema)])
-        if present != columns or any(meta.schema.field(c).type != target.field(c).type for c in present):
-            return _ConformedHandle(handle, target)  # schema evolution: missing columns, narrower types
-        return handle
-
-    def _open_format_handle(self, file_id: int, columns: list[str]) -> Any:
-        loc, meta = self._locations[file_id], self._metas[file_id]
-        sparse = None
-        if loc.fs is None:
-            f = _open_local(loc)
-            if f.size() != meta.size:
-                f.close()
-                raise ShardReadError(f"shard {loc.path} changed after the loader was built: it has {f.size()} "
-                                     f"bytes, {meta.size} when it was scanned. Do not rewrite shards while a loader "
-                                     "reads them; build the loader again to read the new content")
-        else:  # no request here: the footer is in memory, and unit bytes are fetched when read
-            tail = [(meta.size - len(meta.tail), pa.py_buffer(meta.tail))] if meta.tail else []
-            sparse = SparseFile(loc, meta.size, self.remote, tail)
-            f = sparse.as_arrow()
-        try:
-            if meta.format == "ipc_file":
-                handle: Any = _IpcFileHandle(f, meta.schema, columns, loc.fs is None)
-            elif meta.format == "ipc_stream":
-                handle = _IpcStreamHandle(f, meta.schema, meta.offsets or (), columns)
-            elif meta.format == "orc":
-                handle = _OrcHandle(f, columns)
-            else:
-                handle = _ParquetHandle(f, columns, meta.parquet_metadata)
-        except (OSError, pa.ArrowException) as error:
-            f.close()
-            if isinstance(error, ShardReadError):
-                raise
-            raise ShardReadError(f"cannot open shard {loc.path}: {error}") from error
-        handle.sparse = sparse
-        return handle
-
-    def unit_ranges(self, file_id: int, unit: int) -> list[tuple[int, int]] | None:
-        """The byte ranges a read of a remote file's unit needs (`units.unit_ranges`); None for a local file,
-        or where they are not known (ORC)."""
-        if self._locations[file_id].fs is None:
-            return None
-        return unit_ranges(self._metas[file_id], unit, self._present_columns(file_id))
-
-    def _present_columns(self, file_id: int) -> list[str]:
-        schema = self._metas[file_id].schema
-        present = [c for c in self.used_columns if c in schema.names]
-        return present or [_cheapest_column(schema)]
-
-    def read_unit_from(self, file_id: int, unit: int, provided: list[tuple[int, pa.Buffer]]) -> list[pa.RecordBatch]:
-        """A remote unit read from bytes already fetched (``[(offset, buffer)]``, covering `unit_ranges`)."""
-        def read() -> list[pa.RecordBatch]:
-            handle = self._handle(file_id)
-            for offset, buffer in provided:
-                handle.sparse.provide(offset, buffer)
-            try:
-                return handle.unit(unit)
-            finally:
-                for offset, _ in provided:
-                    handle.sparse.forget(offset)
-
-        return self._remote_or_local(file_id, f"batch/row group {unit}", read, lambda: self._drop_handle(file_id))
-
-    def fetch_units(self, units: Sequence[tuple[int, int]]) -> dict[tuple[int, int], list[tuple[int, pa.Buffer]]]:
-        """The bytes of remote units ``[(file_id, unit)]``, fetched concurrently (coalesced per file): what
-        `read_unit_from` takes. Units whose ranges are unknown (ORC) are left out."""
-        wanted: dict[int, list[tuple[int, int]]] = {}
-        for file_id, unit in units:
-            ranges = self.unit_ranges(file_id, unit)
-            if ranges is not None:
-                wanted.setdefault(file_id, []).extend(ranges)
-        futures = [(file_id, offset, self.remote.submit(self.remote.read, self._locations[file_id], offset, length))
-                   for file_id, ranges in wanted.items() for offset, length in coalesce(ranges)]
-        fetched: dict[int, list[tuple[int, pa.Buffer]]] = {}
-        for file_id, offset, future in futures:
-            fetched.setdefault(file_id, []).append((offset, future.result()))
-        return {(file_id, unit): fetched[file_id] for file_id, unit in units if file_id in fetched}
-
-    def _read_unit(self, file_id: int, unit: int) -> list[pa.RecordBatch]:
-        """One record batch / row group: a remote one's bytes in as few requests as its ranges allow (retried
-        each), a local one after a change check."""
-        if self._locations[file_id].fs is not None and self.unit_ranges(file_id, unit) is not None:
-            return self.read_unit_from(file_id, unit, self.fetch_units([(file_id, unit)])[(file_id, unit)])
-        return self._remote_or_local(file_id, f"batch/row group {unit}", lambda: self._handle(file_id).unit(unit),
-                                     lambda: self._drop_handle(file_id))
 
     def read_split(self, split: Split, start_row: int = 0,
                    read_unit: UnitReader | None = None) -> Iterator[pa.RecordBatch]:
@@ -684,19 +537,6 @@ class ShardDataset:
                 batch, at = _batch_at(batches, row - unit_start)
                 out[k] = self._row_from(batch.slice(at, 1), file_id, row)
         return out  # type: ignore[return-value]
-
-    def _next_units(self, units: Sequence[tuple[int, int]], start: int) -> list[tuple[int, int]]:
-        """``units[start:]`` up to ``RANDOM_ACCESS_BYTES`` of remote bytes (at least one), ranges known."""
-        taken, total = [], 0
-        for file_id, unit in units[start:]:
-            ranges = self.unit_ranges(file_id, unit)
-            if ranges is None:
-                continue
-            total += sum(length for _, length in ranges)
-            if taken and total > RANDOM_ACCESS_BYTES:
-                break
-            taken.append((file_id, unit))
-        return taken
 
     def _row_from(self, one_row: pa.RecordBatch, file_id: int, row: int) -> ShardRow:
         cols = self.columns_of(one_row)
