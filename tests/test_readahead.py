@@ -228,3 +228,16 @@ def test_a_cached_entry_is_trusted_only_when_scanned_after_the_mtime_resolution(
     assert shard_index.matches({**entry, "scanned_ns": 8_000_000_000}, Listed())
     assert not shard_index.matches({**entry, "scanned_ns": 8_000_000_000, "size": 101}, Listed())
     assert shard_index.matches({**entry, "mtime_ns": None}, Listed())  # portable (pack): size (and ETag) only
+
+
+def test_index_command_writes_a_portable_index(tmp_path, capsys):
+    from audioloader.tools.cli import main
+
+    make_shards(tmp_path, [5, 6], "parquet", batch_rows=2)
+    assert main(["index", str(tmp_path), "--portable"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "_audioloader_index.arrow")
+    entries = shard_index.parse((tmp_path / "_audioloader_index.arrow").read_bytes())
+    assert sorted(entries) == ["part-00000.parquet", "part-00001.parquet"]
+    assert [entries[n]["unit_rows"] for n in sorted(entries)] == [[2, 2, 1], [2, 2, 2]]
+    assert all(entry["mtime_ns"] is None for entry in entries.values())
+    assert [f.path for f in al.ShardDataset(tmp_path).files] == [str(tmp_path / n) for n in sorted(entries)]

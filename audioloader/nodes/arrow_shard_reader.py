@@ -97,6 +97,11 @@ def _owned(audio: Any) -> Any:
     return None if audio is None else audio.to_pybytes()
 
 
+def _count_request(stats: LoaderStats, nbytes: int) -> None:
+    stats.count("remote_requests")
+    stats.count("remote_bytes", nbytes)
+
+
 class ReaderPosition(NamedTuple):
     """A reader state, checked (`ArrowShardReader._checked_state`): where the reader is in its read order."""
 
@@ -192,7 +197,9 @@ class ArrowShardReader(BaseNode[RawSample]):
             ``False`` for a balanced, fixed evaluation order.
         infinite: loop over passes 0, 1, 2, ... without stopping.
         stats: optional `LoaderStats`: seconds under ``read`` (record batch reads and
-            column conversion, per batch) and the ``rows_read`` counter.
+            column conversion, per batch) and the ``rows_read`` counter; for remote files
+            ``remote_requests`` and ``remote_bytes`` (after construction) and the read-ahead's
+            figures (`ReadAhead`).
         interleave: splits read at once (1: one after the other). With ``k > 1`` the
             reader has ``k`` lanes, each reading one split of this rank's order at a
             time; rows come one per lane, round robin, the lanes of pass ``p`` in the
@@ -238,6 +245,8 @@ class ArrowShardReader(BaseNode[RawSample]):
         budget = self.dataset.storage.readahead_bytes
         remote = any(self.dataset.is_remote(i) and f.format != "orc" for i, f in enumerate(self.dataset.files))
         self._readahead = ReadAhead(self.dataset, budget, stats) if remote and budget else None
+        if stats is not None and self.dataset.remote.on_read is None:
+            self.dataset.remote.on_read = functools.partial(_count_request, stats)
         self._ahead_from_here = True  # the read-ahead starts over at the next row (a new position)
         self.splits = self._splits_for_world()
         self._eval_assignment = None if self.shuffle else balance_splits(self.splits, self.world_size)

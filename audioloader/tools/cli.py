@@ -1,4 +1,4 @@
-"""The ``audioloader`` command line: ``pack``, ``inspect``, ``demo``, ``bench``.
+"""The ``audioloader`` command line: ``pack``, ``inspect``, ``index``, ``demo``, ``bench``.
 
 Also runs as ``python -m audioloader``. ``main(argv)`` returns the exit status:
 0 success, 1 an error in the input or arguments (one line on stderr, no
@@ -58,11 +58,27 @@ def build_parser() -> argparse.ArgumentParser:
     inspect_shards.add_arguments(p)
     p.set_defaults(func=inspect_shards.run)
 
+    p = sub.add_parser("index", help="write a folder's metadata index (remote construction in a few requests)",
+                       description="Write _audioloader_index.arrow into a folder of shards (local or a URL such as "
+                       "s3://bucket/data): loaders then read every file's metadata from it, in one request, while "
+                       "the listing agrees with it. Run it again after adding or rewriting shards.")
+    p.add_argument("folder", help="folder of shards (path or URL)")
+    p.add_argument("--portable", action="store_true",
+                   help="leave modification times out (local shards you will upload: copies change them)")
+    p.set_defaults(func=_run_index)
+
     # Listed for --help only: main() hands these to their module before argparse
     # runs, so that the module's own parser handles all their options.
     for name, help_text in LAZY_COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
     return parser
+
+
+def _run_index(args: argparse.Namespace) -> int:
+    from audioloader.shards.index import write_index
+
+    print(write_index(args.folder, portable=args.portable))
+    return 0
 
 
 def _report_errors(command: str, fn: Callable[[], Any]) -> int:
