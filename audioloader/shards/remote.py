@@ -51,6 +51,7 @@ class RemoteFiles:
         self.requests = self.bytes = 0
         self._lock = threading.Lock()
         self._files: OrderedDict[tuple[int, str], Any] = OrderedDict()
+        self._opening: dict[tuple[int, str], threading.Lock] = {}
         self._pool: ThreadPoolExecutor | None = None
         self.on_read: Callable[[int], Any] | None = None  # called with each request's bytes (stats)
 
@@ -107,11 +108,17 @@ class RemoteFiles:
             if f is not None:
                 self._files.move_to_end(key)
                 return f
-        f = loc.fs.open_input_file(loc.fs_path)  # read_at is thread-safe: one handle serves every thread
-        with self._lock:
-            self._files[key] = f
-            if len(self._files) > _OPEN_FILES:
-                self._files.popitem(last=False)[1].close()
+            opening = self._opening.setdefault(key, threading.Lock())
+        with opening:  # one open (one HEAD) per file, however many threads want it at once
+            with self._lock:
+                f = self._files.get(key)
+            if f is None:
+                f = loc.fs.open_input_file(loc.fs_path)  # read_at is thread-safe: one handle serves every thread
+                with self._lock:
+                    self._files[key] = f
+                    self._opening.pop(key, None)
+                    if len(self._files) > _OPEN_FILES:
+                        self._files.popitem(last=False)[1].close()
         return f
 
     def _forget(self, loc: Any) -> None:
