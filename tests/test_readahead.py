@@ -12,6 +12,7 @@ import pytest
 import audioloader as al
 from audioloader.nodes import ArrowShardReader
 from audioloader.shards import index as shard_index
+from audioloader.shards.storage import RemoteReads
 from tests.helpers import make_shards
 from tests.s3_server import S3_ENVIRONMENT, S3Server
 
@@ -80,7 +81,7 @@ def test_rows_equal_local_and_the_budget_holds(s3, data, proxy, fmt, mode):
     for rank in range(2):
         arguments = dict(seed=5, rank=rank, world_size=2, split_rows=4, **MODES[mode])
         expected = rows_of(ArrowShardReader(str(local), **arguments))
-        reader = ArrowShardReader(s3.url(prefix), retry=FAST, storage=al.Storage(readahead_bytes=budget), **arguments)
+        reader = ArrowShardReader(s3.url(prefix), retry=FAST, remote_reads=RemoteReads(readahead_bytes=budget), **arguments)
         assert rows_of(reader) == expected
         ahead = reader._readahead
         assert ahead.misses == 0, "a unit was read that the read-ahead did not foresee"
@@ -110,7 +111,7 @@ def test_requests_are_coalesced_and_in_flight_together(s3, data, proxy, fmt):
 def test_resume_at_random_cuts_is_exact_under_latency_and_faults(s3, data, proxy):
     _, prefix = data["ipc_file"]
     arguments = dict(seed=2, shuffle=True, infinite=True, split_rows=4, interleave=2, retry=FAST,
-                     storage=al.Storage(readahead_bytes=3 * UNIT_BYTES))
+                     remote_reads=RemoteReads(readahead_bytes=3 * UNIT_BYTES))
     reference = take(ArrowShardReader(s3.url(prefix), **arguments), 2 * sum(ROWS))
     proxy.configure(latency=0.005, bandwidth=None)
     cuts = sorted(random.Random(7).sample(range(1, len(reference)), 4))
@@ -136,7 +137,7 @@ def test_eval_reads_every_row_once_under_latency_and_faults(s3, data, proxy):
     indices = []
     for rank in range(2):
         reader = ArrowShardReader(s3.url(prefix), shuffle=False, rank=rank, world_size=2, split_rows=4, retry=FAST,
-                                  storage=al.Storage(readahead_bytes=2 * UNIT_BYTES))
+                                  remote_reads=RemoteReads(readahead_bytes=2 * UNIT_BYTES))
         indices += [sample.key.index for sample in reader]
     assert sorted(indices) == list(range(sum(ROWS)))
     assert not any(fault.times for fault in proxy._faults), "a fault was planned but never hit"

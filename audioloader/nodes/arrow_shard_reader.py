@@ -40,7 +40,7 @@ from ..errors import CheckpointMismatchError
 from ..samples import Key, RawSample
 from ..shards import Retry, ShardDataset, Split, subdivide
 from ..shards.readahead import ReadAhead
-from ..shards.storage import Storage
+from ..shards.storage import RemoteReads
 from ..stats import LoaderStats
 from .read_order import units_ahead
 
@@ -208,7 +208,7 @@ class ArrowShardReader(BaseNode[RawSample]):
             with nothing left to take is skipped). A pure function of the seed and the
             order: the same rows in another order, so every row is still read once per
             pass. Memory: a record batch / row group / stripe per lane.
-        storage: how remote files are read (`Storage`); with remote files and
+        remote_reads: how remote files are read (`RemoteReads`); with remote files and
             ``readahead_bytes > 0`` the reader fetches its upcoming record batches / row
             groups ahead (`audioloader.shards.readahead`), in the order it reads them.
 
@@ -230,7 +230,7 @@ class ArrowShardReader(BaseNode[RawSample]):
                  columns: Sequence[str] = (), seed: int = 0, rank: int | None = 0, world_size: int | None = 1,
                  shuffle: bool = True, infinite: bool = False, split_rows: int = 512, filesystem: Any = None,
                  stats: LoaderStats | None = None, retry: Retry | None = None, filter: Any = None,
-                 interleave: int = 1, storage: Storage | None = None):
+                 interleave: int = 1, remote_reads: RemoteReads | None = None):
         super().__init__()
         self.stats = stats
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -241,8 +241,8 @@ class ArrowShardReader(BaseNode[RawSample]):
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.seed, self.shuffle, self.infinite = int(seed), bool(shuffle), bool(infinite)
         self.dataset = self._dataset(source_or_dataset, audio_column, label_column, columns, split_rows, filesystem,
-                                     retry, filter, storage)
-        budget = self.dataset.storage.readahead_bytes
+                                     retry, filter, remote_reads)
+        budget = self.dataset.remote_reads.readahead_bytes
         remote = any(self.dataset.is_remote(i) and f.format != "orc" for i, f in enumerate(self.dataset.files))
         self._readahead = ReadAhead(self.dataset, budget, stats) if remote and budget else None
         if stats is not None and self.dataset.remote.on_read is None:
@@ -266,11 +266,11 @@ class ArrowShardReader(BaseNode[RawSample]):
     @staticmethod
     def _dataset(source: Any, audio_column: str, label_column: str | None, columns: Sequence[str],
                  split_rows: int, filesystem: Any, retry: Retry | None, filter: Any,
-                 storage: Storage | None) -> ShardDataset:
+                 remote_reads: RemoteReads | None) -> ShardDataset:
         if not isinstance(source, ShardDataset):
             return ShardDataset(source, audio_column=audio_column, label_column=label_column, columns=columns,
                                 split_rows=split_rows, filesystem=filesystem, retry=retry, filter=filter,
-                                storage=storage)
+                                remote_reads=remote_reads)
         given = {"audio_column": (audio_column, "audio", source.audio_column),
                  "label_column": (label_column, "label", source.label_column),
                  "columns": (list(columns), [], list(source.columns)),
@@ -279,9 +279,9 @@ class ArrowShardReader(BaseNode[RawSample]):
             if value != default and value != actual:
                 raise ValueError(f"{name}={value!r} differs from the ShardDataset's {actual!r}; "
                                  f"leave {name} out when passing a ShardDataset, or build the dataset with it")
-        if filesystem is not None or retry is not None or filter is not None or storage is not None:
-            raise ValueError("filesystem=, retry=, filter= and storage= are for sources; a ShardDataset already has "
-                             "its files (pass them to the ShardDataset)")
+        if filesystem is not None or retry is not None or filter is not None or remote_reads is not None:
+            raise ValueError("filesystem=, retry=, filter= and remote_reads= are for sources; a ShardDataset already "
+                             "has its files (pass them to the ShardDataset)")
         return source
 
     def _splits_for_world(self) -> list[Split]:

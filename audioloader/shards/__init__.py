@@ -23,6 +23,7 @@ from .formats import FORMATS
 from .retry import Retry
 from .sources import ACCEPTED, SHARD_EXTENSIONS, IcebergTable, SourceNotFoundError, TableSnapshot, resolve_source
 from .splits import Split, subdivide
+from .storage import RemoteReads
 
 __all__ = [
     "ACCEPTED",
@@ -30,6 +31,7 @@ __all__ = [
     "SHARD_EXTENSIONS",
     "BatchColumns",
     "IcebergTable",
+    "RemoteReads",
     "Retry",
     "ShardDataset",
     "ShardFile",

@@ -24,7 +24,7 @@ from .retry import DEFAULT_RETRY, Retry
 from .schema import _check_schema, _label_names, check_columns, unify
 from .sources import IcebergTable, TableSnapshot, resolve_iceberg, resolve_source
 from .splits import Split, _file_splits, _numbered
-from .storage import DEFAULT_STORAGE, Storage
+from .storage import DEFAULT_REMOTE_READS, RemoteReads
 from .unit_reads import UnitReader, UnitReads
 
 
@@ -102,7 +102,7 @@ class ShardDataset(UnitReads):
         split_rows: target rows per split (batches / row groups are merged up to this).
         filesystem: a ``pyarrow.fs.FileSystem`` in which the source paths are resolved.
         retry: how remote reads are retried (`Retry`); local reads are never retried.
-        storage: how remote files are read (`Storage`: requests in flight, read-ahead, metadata index).
+        remote_reads: how remote files are read (`RemoteReads`: requests in flight, read-ahead, metadata index).
         filter: a ``pyarrow.compute.Expression`` over non-audio columns; only the rows
             it keeps are read (see `audioloader.shards.filters`: a table's data files
             pruned by their partition values and column bounds, Parquet row groups
@@ -136,13 +136,13 @@ class ShardDataset(UnitReads):
 
     def __init__(self, source: Any, *, audio_column: str = "audio", label_column: str | None = "label",
                  columns: Sequence[str] = (), split_rows: int = 512, filesystem: Any = None,
-                 retry: Retry | None = None, filter: Any = None, storage: Storage | None = None):
+                 retry: Retry | None = None, filter: Any = None, remote_reads: RemoteReads | None = None):
         self.audio_column, self.label_column = audio_column, label_column
         self.columns = self._check_arguments(audio_column, label_column, columns, split_rows, filesystem)
         self.split_rows = split_rows
         self.retry = _check_retry(retry)
-        self.storage = _check_storage(storage)
-        self.remote = RemoteFiles(self.retry, self.storage.max_requests)  # every remote byte is fetched through it
+        self.remote_reads = _check_remote_reads(remote_reads)
+        self.remote = RemoteFiles(self.retry, self.remote_reads.max_requests)  # every remote byte is fetched through it
         self.table: TableSnapshot | None = None
         self._index_locations: list[Any] = []  # metadata indexes the listing showed (`audioloader.shards.index`)
         self.index_stats: dict[str, int] | None = None
@@ -216,7 +216,7 @@ class ShardDataset(UnitReads):
         listed = [i for i, loc in enumerate(self._locations)
                   if i not in self._pruned and loc.fs is not None and loc.size is not None]
         known: dict[int, _FileMeta] = {}
-        if listed and self.storage.index == "auto":
+        if listed and self.remote_reads.index == "auto":
             found, self.index_stats = index.indexed([self._locations[i] for i in listed], self._index_locations,
                                                     self.remote)
             known = {listed[position]: meta for position, meta in found.items()}
@@ -224,7 +224,7 @@ class ShardDataset(UnitReads):
                                   if i not in self._pruned and i not in known], self.retry, self.remote))
         metas = [listed_meta(loc.listed) if i in self._pruned else known[i] if i in known else next(scanned)
                  for i, loc in enumerate(self._locations)]
-        if listed and self.storage.index == "auto" and len(known) < len(listed):
+        if listed and self.remote_reads.index == "auto" and len(known) < len(listed):
             index.remember([self._locations[i] for i in listed], [metas[i] for i in listed])
         return metas
 
@@ -563,12 +563,12 @@ class ShardDataset(UnitReads):
                 f"{len(self.splits)} splits, audio={self.audio_column!r}, label={self.label_column!r})")
 
 
-def _check_storage(storage: Any) -> Storage:
-    if storage is None:
-        return DEFAULT_STORAGE
-    if not isinstance(storage, Storage):
-        raise TypeError(f"storage must be an audioloader.Storage, got {type(storage).__name__}")
-    return storage
+def _check_remote_reads(remote_reads: Any) -> RemoteReads:
+    if remote_reads is None:
+        return DEFAULT_REMOTE_READS
+    if not isinstance(remote_reads, RemoteReads):
+        raise TypeError(f"remote_reads must be an audioloader.shards.RemoteReads, got {type(remote_reads).__name__}")
+    return remote_reads
 
 
 def _check_retry(retry: Any) -> Retry:

@@ -1,4 +1,4 @@
-"""`Storage`: how remote shards are read (read-ahead budget, requests in flight, the metadata index)."""
+"""`RemoteReads`: how remote shards are read (read-ahead budget, requests in flight, the metadata index)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ INDEX_MODES = ("auto", "off")
 
 
 @dataclass(frozen=True)
-class Storage:
+class RemoteReads:
     """How remote shards (``s3://``, ``gs://``, any ``filesystem=``) are read; local files are memory-mapped and
-    ignore it. See docs/storage.md ("Read-ahead", "Metadata index").
+    ignore it. The loader's `audioloader.Storage` carries the same fields. See docs/storage.md ("Read-ahead",
+    "The metadata index").
 
     Attributes:
         readahead_bytes: bytes of upcoming record batches / row groups a reader fetches ahead
@@ -40,4 +41,4 @@ class Storage:
             raise ValueError(f"Storage.index={self.index!r}: must be one of {INDEX_MODES}")
 
 
-DEFAULT_STORAGE = Storage()
+DEFAULT_REMOTE_READS = RemoteReads()
