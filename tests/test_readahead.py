@@ -81,7 +81,8 @@ def test_rows_equal_local_and_the_budget_holds(s3, data, proxy, fmt, mode):
     for rank in range(2):
         arguments = dict(seed=5, rank=rank, world_size=2, split_rows=4, **MODES[mode])
         expected = rows_of(ArrowShardReader(str(local), **arguments))
-        reader = ArrowShardReader(s3.url(prefix), retry=FAST, remote_reads=RemoteReads(readahead_bytes=budget), **arguments)
+        reader = ArrowShardReader(s3.url(prefix), retry=FAST, remote_reads=RemoteReads(readahead_bytes=budget),
+                                  **arguments)
         assert rows_of(reader) == expected
         ahead = reader._readahead
         assert ahead.misses == 0, "a unit was read that the read-ahead did not foresee"
