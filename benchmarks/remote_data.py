@@ -45,6 +45,11 @@ PEER_PACKAGES = ["litdata", "mosaicml-streaming", "s3fs", "numpy<2.2"]
 SPEECH_RATE = 16000
 
 
+
+def _shards(folder: Path) -> list[Path]:
+    """The IPC shards of a folder, in order (names starting with "_", such as pack's metadata index, are not)."""
+    return sorted(p for p in folder.glob("*.arrow") if not p.name.startswith("_"))
+
 def _bench_dataset_module():
     """`audioloader.bench.dataset`, wherever this checkout keeps it (``tools/bench`` after the layout change)."""
     try:
@@ -113,7 +118,7 @@ def standard_dataset(cache: Path, clips: int, log: Callable[[str], None]) -> Pat
         tmp.mkdir(parents=True)
         (tmp / "ipc").symlink_to(shards.resolve(), target_is_directory=True)
         (tmp / "parquet").mkdir()
-        for path in sorted(shards.glob("*.arrow")):
+        for path in _shards(shards):
             table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
             pq.write_table(table, tmp / "parquet" / f"{path.stem}.parquet", row_group_size=64)
 
@@ -137,7 +142,7 @@ def clip_files(ipc: Path, out: Path) -> None:
     """One object per row for the plain s3fs way: ``out/<index:06d>-<label>.flac`` (the row's bytes as they are)."""
     out.mkdir(parents=True, exist_ok=True)
     index = 0
-    for path in sorted(ipc.glob("*.arrow")):
+    for path in _shards(ipc):
         table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
         for audio, label in zip(table.column("audio").to_pylist(), table.column("label").to_pylist(), strict=True):
             (out / f"{index:06d}-{label}.flac").write_bytes(audio)
@@ -200,7 +205,7 @@ def peer_versions(cache: Path) -> dict[str, str]:
 def peer_format(python: Path, cache: Path, name: str, ipc: Path, fmt: str, log: Callable[[str], None]) -> Path:
     """``<cache>/<name>-<fmt>`` written by remote_peers.py ``prepare`` (``fmt``: ``litdata`` or ``mds``)."""
     def build(tmp: Path) -> None:
-        spec = {"kind": "prepare", "format": fmt, "shards": [str(p) for p in sorted(ipc.glob("*.arrow"))],
+        spec = {"kind": "prepare", "format": fmt, "shards": [str(p) for p in _shards(ipc)],
                 "out": str(tmp)}
         done = subprocess.run([str(python), str(Path(__file__).with_name("remote_peers.py")), json.dumps(spec)],
                               capture_output=True, text=True)

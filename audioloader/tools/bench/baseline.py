@@ -43,7 +43,8 @@ class ArrowAudioDataset(torch.utils.data.Dataset):
         if resampler not in ("torchaudio", "soxr"):
             raise ValueError(f"resampler={resampler!r}: 'torchaudio' or 'soxr'")
         self.resampler = resampler
-        self.files = sorted(str(p) for p in Path(folder).glob("*.arrow"))
+        # Shards only: a name starting with "_" is bookkeeping (the metadata index), as in audioloader's listing.
+        self.files = sorted(str(p) for p in Path(folder).glob("*.arrow") if not p.name.startswith("_"))
         if not self.files:
             raise FileNotFoundError(f"no .arrow shards in {folder}")
         self.tables = [pa.ipc.open_file(pa.memory_map(f)).read_all() for f in self.files]
