@@ -243,3 +243,14 @@ def test_index_command_writes_a_portable_index(tmp_path, capsys):
     assert [entries[n]["unit_rows"] for n in sorted(entries)] == [[2, 2, 1], [2, 2, 2]]
     assert all(entry["mtime_ns"] is None for entry in entries.values())
     assert [f.path for f in al.ShardDataset(tmp_path).files] == [str(tmp_path / n) for n in sorted(entries)]
+
+
+def test_the_read_ahead_never_holds_more_than_a_pass(s3, data, proxy):
+    _, prefix = data["ipc_file"]
+    reader = ArrowShardReader(s3.url(prefix), shuffle=True, infinite=True, split_rows=4, retry=FAST,
+                              remote_reads=RemoteReads(readahead_bytes=2**30))  # the budget alone holds many passes
+    per_pass = sum(len(f.batch_rows) for f in reader.dataset.files)
+    for _ in range(3 * sum(ROWS)):  # three passes: the plan runs on into the next one
+        next(reader)
+        assert reader._readahead._units <= per_pass
+    assert reader._readahead.misses == 0

@@ -42,7 +42,7 @@ from ..shards import Retry, ShardDataset, Split, subdivide
 from ..shards.readahead import ReadAhead
 from ..shards.storage import RemoteReads
 from ..stats import LoaderStats
-from .read_order import units_ahead
+from .read_order import segment_units, units_ahead
 
 logger = logging.getLogger(__name__)
 
@@ -248,6 +248,7 @@ class ArrowShardReader(BaseNode[RawSample]):
         if stats is not None and self.dataset.remote.on_read is None:
             self.dataset.remote.on_read = functools.partial(_count_request, stats)
         self._ahead_from_here = True  # the read-ahead starts over at the next row (a new position)
+        self._pass_units: int | None = None
         self.splits = self._splits_for_world()
         self._eval_assignment = None if self.shuffle else balance_splits(self.splits, self.world_size)
         if self._eval_assignment is not None:
@@ -430,7 +431,7 @@ class ArrowShardReader(BaseNode[RawSample]):
         if self._ahead_from_here:
             self._ahead_from_here = False
             if self._readahead is not None:  # fetch from this position on, in the order the rows will be read
-                self._readahead.start(units_ahead(self))
+                self._readahead.start(units_ahead(self), self._units_per_pass())
         if self.interleave > 1:
             return self._next_interleaved()
         i = self._i
@@ -442,6 +443,13 @@ class ArrowShardReader(BaseNode[RawSample]):
         return self._block.sample(i)
 
     # ----------------------------------------------------------------- reading
+
+    def _units_per_pass(self) -> int:
+        """Units this rank reads in one pass (counted once): the most its read-ahead holds."""
+        if self._pass_units is None:
+            self._pass_units = max(1, sum(len(segment_units(self, segment, 0))
+                                          for segment in self.segments_for_pass(0)))
+        return self._pass_units
 
     def _current_order(self) -> list[Segment]:
         if self._carry:

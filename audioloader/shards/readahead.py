@@ -71,13 +71,16 @@ class ReadAhead:
         self._next: tuple[Unit, list[tuple[int, int]]] | None = None  # a planned unit not yet submitted
         self._window: dict[Unit, deque[list[_Request]]] = {}
         self._held = 0
+        self._units = 0  # units fetched (or in flight) and not yet read
+        self._max_units: int | None = None
         self.peak_bytes = 0
         self.misses = 0
 
-    def start(self, plan: Iterator[Unit]) -> None:
-        """Forget what was fetched (a new position) and fetch ahead along ``plan`` from now on."""
+    def start(self, plan: Iterator[Unit], max_units: int | None = None) -> None:
+        """Forget what was fetched (a new position) and fetch ahead along ``plan`` from now on, holding at most
+        ``max_units`` units (a pass's: a buffer never holds more than one pass of a rank's rows)."""
         self.cancel()
-        self._plan = plan
+        self._plan, self._max_units = plan, max_units
         self.peak_bytes = 0
         self._fill()
 
@@ -88,6 +91,7 @@ class ReadAhead:
                 for request in requests:
                     request.future.cancel()
         self._window.clear()
+        self._units = 0
         self._next = None
         self._plan = iter(())
         self._held = 0
@@ -110,6 +114,7 @@ class ReadAhead:
                     self.stats.count("readahead_misses")
             return self.dataset._read_unit(file_id, unit)
         requests = queue.popleft()
+        self._units -= 1
         if not queue:
             del self._window[(file_id, unit)]
         try:
@@ -153,7 +158,9 @@ class ReadAhead:
                 grown = sum(n for _, n in coalesce([r for _, rs in group for r in rs] + ranges))
                 if group and grown > MAX_REQUEST_BYTES:
                     break
-                if self._held + grown > self.budget and (self._held or group):
+                units = self._units + len(group) + 1
+                if (self._held + grown > self.budget and (self._held or group)) or (
+                        self._max_units is not None and units > self._max_units):
                     full = True
                     break
                 group.append(upcoming)
@@ -174,6 +181,7 @@ class ReadAhead:
             for request in used:
                 request.users += 1
             self._window.setdefault(key, deque()).append(used)
+            self._units += 1
         self._held += sum(r.length for r in requests)
         self.peak_bytes = max(self.peak_bytes, self._held)
         self._gauge()
