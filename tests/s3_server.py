@@ -4,14 +4,18 @@ Nothing here leaves 127.0.0.1: the server and the proxy bind it with a port the
 OS picks, requests go only to them, and both stop when the test session ends.
 The proxy forwards every request to the server and logs it (method, object,
 ``Range`` header, status, body bytes), so tests can prove what was read; it can
-answer with an HTTP 503 or 500, reset the connection, or stall (send nothing
-until the client gives up), a given number of times for matching requests.
+answer with an HTTP 503 or 500, refuse access (403 AccessDenied), reset the
+connection, or stall (send nothing until the client gives up), a given number of
+times for matching requests. The server can also enforce real authentication
+(moto's IAM: unknown keys, wrong secrets and users without a policy are refused).
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
+import json
+import os
 import socket
 import struct
 import subprocess
@@ -26,7 +30,7 @@ import pyarrow.fs as pafs
 #: Longest a stalled response waits for the client to give up (the proxy's stop also ends it).
 STALL_CAP_SECONDS = 30.0
 
-FAULTS = ("503", "500", "reset", "stall")
+FAULTS = ("503", "500", "403", "reset", "stall")
 
 _ERROR_BODY = ('<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>injected by the test '
                'proxy</Message></Error>')
@@ -151,8 +155,8 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
 
         def _inject(self, fault: str, path: str) -> None:
             proxy.record(Request(self.command, path, self.headers.get("Range"), 0, 0, fault))
-            if fault in ("503", "500"):
-                code = {"503": "SlowDown", "500": "InternalError"}[fault]
+            if fault in ("503", "500", "403"):
+                code = {"503": "SlowDown", "500": "InternalError", "403": "AccessDenied"}[fault]
                 payload = _ERROR_BODY.format(code=code).encode()
                 self.send_response(int(fault))
                 self.send_header("Content-Type", "application/xml")
@@ -186,12 +190,21 @@ server.stop()
 """
 
 
-class S3Server:
-    """moto's S3 server on 127.0.0.1 (a free port, in a child process), with a `FaultProxy` in front of it."""
+#: Requests moto serves without authentication when it enforces it: the admin user's creation (`S3Server`).
+_UNAUTHENTICATED_SETUP = 3
 
-    def __init__(self) -> None:
+
+class S3Server:
+    """moto's S3 server on 127.0.0.1 (a free port, in a child process), with a `FaultProxy` in front of it.
+
+    ``enforce_auth``: requests must be signed with the keys of an IAM user allowed to make them (moto's IAM);
+    the server's own `access_key` / `secret_key` are then an admin's, and `add_user` makes others.
+    """
+
+    def __init__(self, enforce_auth: bool = False) -> None:
+        env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT=str(_UNAUTHENTICATED_SETUP)) if enforce_auth else None
         self._process = subprocess.Popen([sys.executable, "-c", _SERVER_SCRIPT], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, text=True)
+                                         stdout=subprocess.PIPE, text=True, env=env)
         line = self._process.stdout.readline()
         if not line.strip().isdigit():
             self._process.kill()
@@ -200,12 +213,29 @@ class S3Server:
         upstream = ("127.0.0.1", int(line))
         self.direct_endpoint = f"127.0.0.1:{upstream[1]}"
         self.proxy = FaultProxy(upstream)
+        self.access_key = self.secret_key = "testing"
+        if enforce_auth:  # the first requests are served unauthenticated: they make the admin
+            self.access_key, self.secret_key = self.add_user("admin", allowed=True, keys=("testing", "testing"))
+
+    def add_user(self, name: str, allowed: bool, keys: tuple[str, str] | None = None) -> tuple[str, str]:
+        """Make an IAM user (allowed everything, or nothing) and return its ``(access key, secret key)``."""
+        import boto3
+
+        key, secret = keys or (self.access_key, self.secret_key)
+        iam = boto3.client("iam", endpoint_url=f"http://{self.direct_endpoint}", region_name="us-east-1",
+                           aws_access_key_id=key, aws_secret_access_key=secret)
+        iam.create_user(UserName=name)
+        created = iam.create_access_key(UserName=name)["AccessKey"]
+        if allowed:
+            policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+            iam.put_user_policy(UserName=name, PolicyName="everything", PolicyDocument=json.dumps(policy))
+        return created["AccessKeyId"], created["SecretAccessKey"]
 
     def filesystem(self, direct: bool = True, **options: Any) -> pafs.S3FileSystem:
         """An S3 filesystem for this server (uploading goes straight to it, reads through the proxy)."""
-        return pafs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1", scheme="http",
-                                 endpoint_override=self.direct_endpoint if direct else self.proxy.endpoint,
-                                 allow_bucket_creation=True, **options)
+        endpoint = self.direct_endpoint if direct else self.proxy.endpoint
+        return pafs.S3FileSystem(access_key=self.access_key, secret_key=self.secret_key, region="us-east-1",
+                                 scheme="http", endpoint_override=endpoint, allow_bucket_creation=True, **options)
 
     def url(self, path: str, direct: bool = False) -> str:
         """An ``s3://`` URL of ``path`` (bucket/key) read through the proxy (``direct``: straight from the server)."""

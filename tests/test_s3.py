@@ -167,3 +167,20 @@ def test_filter_on_s3_never_requests_pruned_row_groups(s3, tmp_path):
                 start = min(o for o in (chunk.dictionary_page_offset, chunk.data_page_offset) if o is not None)
                 stop = start + chunk.total_compressed_size
                 assert not any(lo < stop and start <= hi for lo, hi in spans), (path.name, group, c)
+
+
+def test_access_refused_mid_pass_is_raised_after_one_request(s3, shards):
+    _, prefix = shards["parquet"]
+    with loader_for(s3.url(prefix), train=False) as loader:
+        s3.proxy.clear()
+        s3.proxy.inject("403", 100, path=f"/{prefix}/part-00001")
+        try:
+            with pytest.raises(al.AccessDeniedError) as info:
+                list(loader)
+            refused = [r for r in s3.proxy.requests if r.fault]
+        finally:
+            s3.proxy.clear()
+    assert len(refused) == 1, refused  # FAST allows 4 attempts: a refusal takes none of them
+    message = str(info.value)
+    assert f"of shard s3://{prefix}/part-00001.parquet was refused by the storage" in message, message
+    assert "ACCESS_DENIED" in message and "credentials" in message
