@@ -141,6 +141,9 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 data = response.read()
             finally:
                 upstream.close()
+            # Logged before the client has the answer: a test that checks the log after its read sees the request.
+            proxy.record(Request(self.command, path, self.headers.get("Range"), response.status,
+                                 0 if self.command == "HEAD" else len(data), ""))
             self.send_response(response.status)
             for name, value in response.getheaders():
                 if name.lower() not in ("connection", "transfer-encoding", "content-length", "server", "date"):
@@ -150,8 +153,6 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)
-            proxy.record(Request(self.command, path, self.headers.get("Range"), response.status,
-                                 0 if self.command == "HEAD" else len(data), ""))
 
         def _inject(self, fault: str, path: str) -> None:
             proxy.record(Request(self.command, path, self.headers.get("Range"), 0, 0, fault))
