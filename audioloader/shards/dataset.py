@@ -337,9 +337,15 @@ class ShardDataset:
         IPC stream message header, the Parquet footer (schema, row groups, column
         chunk sizes and statistics), or the ORC file tail (postscript and footer:
         schema, stripes and their sizes and rows, statistics). ``mtimes``: modification times in ns (None where
-        the storage has none). Computed from bytes read anyway: costs no extra read.
+        the storage has none). ``etags`` (only when a file has one): each remote object's ETag or version
+        (`identity.object_identity`; None for local files and where the storage reports none). Computed from
+        what construction reads anyway: costs no extra request.
         """
-        return {"digests": [m.digest for m in self._metas], "mtimes": [m.mtime_ns for m in self._metas]}
+        identity: dict[str, list[Any]] = {"digests": [m.digest for m in self._metas],
+                                          "mtimes": [m.mtime_ns for m in self._metas]}
+        if any(m.etag is not None for m in self._metas):  # local datasets' checkpoints stay as they were
+            identity["etags"] = [m.etag for m in self._metas]
+        return identity
 
     def is_remote(self, file_id: int) -> bool:
         """Whether a file is read through a remote filesystem (its rows are copies, not memory-map views)."""

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import ShardReadError
+from .identity import object_identity
 from .retry import DEFAULT_RETRY, Retry, with_retries
 from .sources import ACCEPTED, TableFile, _Location, _mtime_ns
 
@@ -183,8 +184,9 @@ def _scan_messages(f: Any, start: int, end: int, digest: Any = None) -> list[tup
 class _FileMeta:
     """What construction learns about one file (internal).
 
-    ``mtime_ns`` (None when the storage reports none) and ``digest`` identify the
-    content (see `_digest`): a shard rewritten in place is told apart by them.
+    ``mtime_ns`` (None when the storage reports none), ``digest`` and, for a remote file,
+    ``etag`` (`identity.object_identity`: None when the storage reports none) identify the
+    content: a shard rewritten in place is told apart by them.
     """
 
     format: str
@@ -195,6 +197,7 @@ class _FileMeta:
     offsets: tuple[int, ...] | None = None
     mtime_ns: int | None = None
     digest: str = ""
+    etag: str | None = None
     # Parquet: the footer, parsed once here and handed to every reader of the file.
     parquet_metadata: Any = None
     # Remote IPC file: its last bytes (footer, length, magic); remote ORC file: its last 16 KiB or more (postscript,
@@ -346,10 +349,11 @@ def _scan_once(loc: _Location) -> _FileMeta:
         mtime = _remote_mtime_ns(loc)
     f = _open_random(loc)
     try:
+        etag = None if loc.fs is None else object_identity(f)  # from the opening request: before the reads
         meta = _scan_opened(loc, f)
     finally:
         f.close()
-    meta.mtime_ns = mtime
+    meta.mtime_ns, meta.etag = mtime, etag
     return meta
 
 
