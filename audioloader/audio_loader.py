@@ -41,7 +41,7 @@ from .nodes.shuffle_buffer import ShuffleBuffer
 from .nodes.weighted_mix import WeightedMix
 from .options import Bucketing, Shuffle, Workers, merge
 from .samples import BadRow, Key, RawSample, Sample
-from .shards import IcebergTable, Retry, ShardDataset
+from .shards import IcebergTable, Retry, ShardDataset, Storage
 from .stats import LoaderStats
 
 STATE_FORMAT = "audioloader.AudioLoader/1"
@@ -127,6 +127,8 @@ class AudioLoader:
         max_error_fraction: error budget of ``on_error="skip"``.
         filesystem: a ``pyarrow.fs.FileSystem`` for the source paths.
         retry: how remote reads are retried and timed out (`Retry`; docs/storage.md).
+        storage: how remote shards are kept (`Storage`): ``Storage(cache_dir=..., cache_limit=...)``
+            keeps each remote shard file in a local cache after its first read (docs/storage.md).
         filter: a ``pyarrow.compute.Expression`` over non-audio columns, e.g.
             ``pc.field("duration") < 10.0``: only the rows it keeps are read (Parquet row
             groups pruned by statistics first; docs/storage.md). Rows keep their index.
@@ -176,6 +178,7 @@ class AudioLoader:
         max_error_fraction: float = 0.01,
         filesystem: Any = None,
         retry: Retry | None = None,
+        storage: Storage | None = None,
         filter: Any = None,  # the name pyarrow and Iceberg scans use
         prefetch_batches: int | None = None,
         shuffle_before_decode: bool | None = None,
@@ -231,7 +234,7 @@ class AudioLoader:
                 columns=self._reader_columns(source, audio_column, label_column, split_rows, filesystem, retry),
                 seed=self.seed, rank=self.rank, world_size=self.world_size, shuffle=self.train,
                 infinite=self.infinite, split_rows=split_rows, filesystem=filesystem, stats=self.stats_counters,
-                retry=retry, filter=filter, interleave=self.interleave)
+                retry=retry, filter=filter, interleave=self.interleave, storage=storage)
             self.readers, self.lengths, self.source_names = [self.reader], [self.length], ()
             self.rows: BaseNode = self.reader
             self._has_labels = label_column is not None
@@ -241,7 +244,7 @@ class AudioLoader:
                     source, snapshot_id=self.reader.dataset.table.snapshot_id)
         else:
             self.reader = None
-            self._build_mix(split_rows, filesystem, retry, filter)
+            self._build_mix(split_rows, filesystem, retry, filter, storage)
         self.shuffle_before_decode = (all(_raw_rows_by_default(r) for r in self.readers)
                                       if shuffle.before_decode is None else bool(shuffle.before_decode))
         self._boundaries = self._bucket_boundaries() if self.batching is not None else None
@@ -299,7 +302,8 @@ class AudioLoader:
 
     # ----------------------------------------------------------------- mix
 
-    def _build_mix(self, split_rows: int, filesystem: Any, retry: Retry | None, filter: Any) -> None:
+    def _build_mix(self, split_rows: int, filesystem: Any, retry: Retry | None, filter: Any,
+                   storage: Storage | None) -> None:
         """One reader per source of the `Mix`, interleaved by a `WeightedMix` node (``self.rows``)."""
         mix = self.mix
         if self.batching is not None:
@@ -321,7 +325,7 @@ class AudioLoader:
         self.lengths = [e.source.length or self.length for e in mix.entries]
         # The loader's own length= is checked with them: it sets the batches' shape.
         check_lengths(["length= of the loader", *mix.names], [self.length, *self.lengths], self.features)
-        self.readers = [self._mix_reader(s, e, split_rows, filesystem, retry, filter)
+        self.readers = [self._mix_reader(s, e, split_rows, filesystem, retry, filter, storage)
                         for s, e in enumerate(mix.entries)]
         check_columns(mix.names, [r.dataset.schema for r in self.readers], self.columns)
         self.source_names = mix.names
@@ -331,7 +335,7 @@ class AudioLoader:
                                 stats=self.stats_counters)
 
     def _mix_reader(self, position: int, entry: Any, split_rows: int, filesystem: Any, retry: Retry | None,
-                    filter: Any) -> ArrowShardReader:
+                    filter: Any, storage: Storage | None) -> ArrowShardReader:
         source = entry.source
         try:
             return ArrowShardReader(
@@ -339,7 +343,7 @@ class AudioLoader:
                 columns=self.columns, seed=source_seed(self.seed, position), rank=self.rank,
                 world_size=self.world_size, shuffle=self.train, infinite=False, split_rows=split_rows,
                 filesystem=source.filesystem if source.filesystem is not None else filesystem,
-                stats=self.stats_counters, retry=retry, filter=filter, interleave=self.interleave)
+                stats=self.stats_counters, retry=retry, filter=filter, interleave=self.interleave, storage=storage)
         except Exception as error:
             if hasattr(error, "add_note"):  # Python 3.11+
                 error.add_note(f"(in Mix source {entry.name!r})")

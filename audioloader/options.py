@@ -12,6 +12,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .shards.storage import Storage  # how remote shards are kept: defined beside the datasets that take it
+
+__all__ = ["Bucketing", "Shuffle", "Storage", "Workers", "merge"]
+
 WORKER_KINDS = ("auto", "thread", "process")
 START_METHODS = ("fork", "forkserver", "spawn")
 

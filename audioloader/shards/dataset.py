@@ -16,13 +16,15 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..errors import ShardReadError
+from .cache import ObjectCache
 from .filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
-from .formats import _cheapest_column, _FileMeta, _open_random, _scan_all, listed_meta
+from .formats import _cheapest_column, _FileMeta, _open_random, _scan_all, cache_identity, listed_meta
 from .readers import _audio_values, _ConformedHandle, _IpcFileHandle, _IpcStreamHandle, _OrcHandle, _ParquetHandle
 from .retry import DEFAULT_RETRY, Retry, with_retries
 from .schema import _check_schema, _label_names, check_columns, unify
 from .sources import IcebergTable, TableSnapshot, resolve_iceberg, resolve_source
 from .splits import Split, _file_splits, _numbered
+from .storage import DEFAULT_STORAGE, Storage
 
 # Open file handles kept per thread (memory maps are cheap; this bounds open fds).
 _HANDLES_PER_THREAD = 16
@@ -110,6 +112,9 @@ class ShardDataset:
             pruned by their partition values and column bounds, Parquet row groups
             pruned by statistics, then the filter's columns read and evaluated, at
             construction). Rows keep their global index.
+        storage: how remote files are kept (`Storage`): with ``cache_dir``, each remote file is
+            downloaded whole into that local cache on its first read (`cache.ObjectCache`) and read
+            from there, memory-mapped, like a local file.
 
     Attributes:
         files: the `ShardFile` list, sorted by path.
@@ -138,7 +143,7 @@ class ShardDataset:
 
     def __init__(self, source: Any, *, audio_column: str = "audio", label_column: str | None = "label",
                  columns: Sequence[str] = (), split_rows: int = 512, filesystem: Any = None,
-                 retry: Retry | None = None, filter: Any = None):
+                 retry: Retry | None = None, filter: Any = None, storage: Storage | None = None):
         self.audio_column, self.label_column = audio_column, label_column
         self.columns = self._check_arguments(audio_column, label_column, columns, split_rows, filesystem)
         self.split_rows = split_rows
@@ -149,7 +154,10 @@ class ShardDataset:
         else:
             self._locations = resolve_source(source, filesystem, self.retry)
         self._pruned = self._pruned_by_table(filter)
+        self.storage = _check_storage(storage)
+        self.cache = self._open_cache()
         metas = self._scan()
+        self._check_cache_limit(metas)
         self._unified = self._unify_schemas(metas)
         self._metas = metas
         self.files = self._make_files(metas)
@@ -208,11 +216,31 @@ class ShardDataset:
                              "column bounds rule it out; loosen it or read another table")
         return pruned
 
+    def _open_cache(self) -> ObjectCache | None:
+        """The local cache of remote files, when ``storage.cache_dir`` is set and some file is remote."""
+        if self.storage.cache_dir is None or all(loc.fs is None for loc in self._locations):
+            return None
+        return ObjectCache(self.storage.cache_dir, self.storage.cache_limit, self.retry)
+
     def _scan(self) -> list[_FileMeta]:
         """Every file's metadata: scanned, or what its table says for a file a filter pruned (it is never opened)."""
-        scanned = iter(_scan_all([loc for i, loc in enumerate(self._locations) if i not in self._pruned], self.retry))
+        scanned = iter(_scan_all([loc for i, loc in enumerate(self._locations) if i not in self._pruned], self.retry,
+                                 self.cache))
         return [listed_meta(loc.listed) if i in self._pruned else next(scanned)
                 for i, loc in enumerate(self._locations)]
+
+    def _check_cache_limit(self, metas: list[_FileMeta]) -> None:
+        """A cache that cannot hold the largest remote file is refused now, naming it, not at its first read."""
+        limit = self.storage.cache_limit
+        if self.cache is None or limit is None:
+            return
+        remote = [(m.size, loc.path) for loc, m in zip(self._locations, metas, strict=True) if loc.fs is not None]
+        size, path = max(remote)
+        if size > limit:
+            raise ValueError(f"Storage(cache_limit={limit:,}) is smaller than shard {path} ({size:,} bytes): the cache "
+                             "keeps whole shard files, so its limit must be at least the largest shard's size, and "
+                             "better several times that (every rank of the machine reads a few shards at once; "
+                             "docs/storage.md says how to size it). Raise cache_limit, or leave cache_dir out")
 
     def _unify_schemas(self, metas: list[_FileMeta]) -> Any:
         """The scanned files' `schema.Unified` schema, after checking each file's audio and label types."""
@@ -263,8 +291,8 @@ class ShardDataset:
             for unit in units:
                 def read(unit: int = unit) -> list[pa.RecordBatch]:
                     nonlocal handle
-                    if handle is None:
-                        handle = self._open_handle(file_id, columns)
+                    if handle is None:  # not downloaded into a cache for this: a filter may keep few of its rows
+                        handle = self._open_handle(file_id, columns, download=False)
                     return handle.unit(unit)
 
                 def forget() -> None:
@@ -392,7 +420,7 @@ class ShardDataset:
             return handle
         handle = self._open_handle(file_id)
         cache[file_id] = handle
-        local = self._locations[file_id].fs is None
+        local = self._locations[file_id].fs is None or self.cache is not None  # cached copies hold a descriptor
         if len(cache) > (_HANDLES_PER_THREAD if local else _REMOTE_HANDLES_PER_THREAD):
             cache.popitem(last=False)[1].close()
         return handle
@@ -404,8 +432,11 @@ class ShardDataset:
         if handle is not None:
             handle.close()
 
-    def _open_handle(self, file_id: int, columns: Sequence[str] | None = None) -> Any:
-        """A handle reading ``columns`` (default: the used ones) of a file, in the unified schema's types."""
+    def _open_handle(self, file_id: int, columns: Sequence[str] | None = None, download: bool = True) -> Any:
+        """A handle reading ``columns`` (default: the used ones) of a file, in the unified schema's types.
+
+        ``download``: a remote file not yet in the cache is downloaded into it (else read remotely).
+        """
         meta = self._metas[file_id]
         if meta.schema is None:
             raise IndexError(f"{self.files[file_id].path} was pruned by the filter (its table metadata rules it "
@@ -414,31 +445,47 @@ class ShardDataset:
         target = pa.schema([self.schema.field(c) for c in columns])
         present = [c for c in columns if c in meta.schema.names]
         # A file with none of the columns still reads one, for its rows' count (ORC gives no rows for no columns).
-        handle = self._open_format_handle(file_id, present or [_cheapest_column(meta.schema)])
+        handle = self._open_format_handle(file_id, present or [_cheapest_column(meta.schema)], download)
         if present != columns or any(meta.schema.field(c).type != target.field(c).type for c in present):
             return _ConformedHandle(handle, target)  # schema evolution: missing columns, narrower types
         return handle
 
-    def _open_format_handle(self, file_id: int, columns: list[str]) -> Any:
+    def _open_format_handle(self, file_id: int, columns: list[str], download: bool = True) -> Any:
         loc, meta = self._locations[file_id], self._metas[file_id]
-        f = _open_random(loc)
+        f = self._cached_copy(file_id, download)
+        local = loc.fs is None or f is not None  # a cached copy is read like a local file: memory-mapped
+        f = f if f is not None else _open_random(loc)
+        tail = None if local else meta.tail
         try:
             if f.size() != meta.size:
                 raise ShardReadError(f"shard {loc.path} changed after the loader was built: it has {f.size()} "
                                      f"bytes, {meta.size} when it was scanned. Do not rewrite shards while a loader "
                                      "reads them; build the loader again to read the new content")
             if meta.format == "ipc_file":
-                return _IpcFileHandle(f, meta.schema, columns, loc.fs is None, meta.tail)
+                return _IpcFileHandle(f, meta.schema, columns, local, tail)
             if meta.format == "ipc_stream":
                 return _IpcStreamHandle(f, meta.schema, meta.offsets or (), columns)
             if meta.format == "orc":
-                return _OrcHandle(f, columns, meta.tail)
+                return _OrcHandle(f, columns, tail)
             return _ParquetHandle(f, columns, meta.parquet_metadata)
         except (OSError, pa.ArrowException) as error:
             f.close()
             if isinstance(error, ShardReadError) or loc.fs is not None:  # remote: for with_retries to judge
                 raise
             raise ShardReadError(f"cannot open shard {loc.path}: {error}") from error
+
+    def _cached_copy(self, file_id: int, download: bool = True) -> Any:
+        """A memory map of a remote file's copy in the cache (downloaded first if needed and ``download``), or
+        None: no cache, a local file, no copy and not ``download``, or a remote file whose storage reports
+        neither an ETag nor a modification time (its copy could not be told from a changed object's)."""
+        loc, meta = self._locations[file_id], self._metas[file_id]
+        identity = cache_identity(meta)
+        if self.cache is None or loc.fs is None or identity is None:
+            return None
+        if not download:
+            found = self.cache.lookup(loc, meta.size, identity)
+            return None if found is None else found[1]
+        return self.cache.open(loc, meta.size, identity)
 
     def _read_unit(self, file_id: int, unit: int) -> list[pa.RecordBatch]:
         """One record batch / row group; remote reads are retried (`with_retries`), local files checked first."""
@@ -590,6 +637,14 @@ class ShardDataset:
         formats = sorted({f.format for f in self.files})
         return (f"ShardDataset({len(self.files)} files ({', '.join(formats)}), {self.num_rows} rows, "
                 f"{len(self.splits)} splits, audio={self.audio_column!r}, label={self.label_column!r})")
+
+
+def _check_storage(storage: Any) -> Storage:
+    if storage is None:
+        return DEFAULT_STORAGE
+    if not isinstance(storage, Storage):
+        raise TypeError(f"storage must be an audioloader.Storage, got {type(storage).__name__}")
+    return storage
 
 
 def _check_retry(retry: Any) -> Retry:
