@@ -148,13 +148,13 @@ class ShardDataset:
         self.columns = self._check_arguments(audio_column, label_column, columns, split_rows, filesystem)
         self.split_rows = split_rows
         self.retry = _check_retry(retry)
+        self.storage = _check_storage(storage)
         self.table: TableSnapshot | None = None
         if isinstance(source, IcebergTable):
             self.table, self._locations = resolve_iceberg(source, filesystem, self.retry, guarantees=filter is not None)
         else:
             self._locations = resolve_source(source, filesystem, self.retry)
         self._pruned = self._pruned_by_table(filter)
-        self.storage = _check_storage(storage)
         self.cache = self._open_cache()
         metas = self._scan()
         self._check_cache_limit(metas)
