@@ -162,6 +162,18 @@ class ObjectCache:
                                  "raise it")
         return mapped
 
+    def check_holds(self, files: list[tuple[int, str]]) -> None:
+        """A ValueError naming the largest of ``files`` (``(size, path)``) when the limit cannot hold it: at
+        construction, not at its first read."""
+        if self.limit is None or not files:
+            return
+        size, path = max(files)
+        if size > self.limit:
+            raise ValueError(f"Storage(cache_limit={self.limit:,}) is smaller than shard {path} ({size:,} bytes): the "
+                             "cache keeps whole shard files, so its limit must be at least the largest shard's size, "
+                             "and better several times that (every rank of the machine reads a few shards at once; "
+                             "docs/storage.md says how to size it). Raise cache_limit, or leave cache_dir out")
+
     def _check_fits(self, loc: Any, size: int) -> None:
         if self.limit is not None and size > self.limit:
             raise ShardReadError(

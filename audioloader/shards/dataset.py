@@ -24,7 +24,7 @@ from .retry import DEFAULT_RETRY, Retry, with_retries
 from .schema import _check_schema, _label_names, check_columns, unify
 from .sources import IcebergTable, TableSnapshot, resolve_iceberg, resolve_source
 from .splits import Split, _file_splits, _numbered
-from .storage import DEFAULT_STORAGE, Storage
+from .storage import Storage, check_storage
 
 # Open file handles kept per thread (memory maps are cheap; this bounds open fds).
 _HANDLES_PER_THREAD = 16
@@ -148,7 +148,7 @@ class ShardDataset:
         self.columns = self._check_arguments(audio_column, label_column, columns, split_rows, filesystem)
         self.split_rows = split_rows
         self.retry = _check_retry(retry)
-        self.storage = _check_storage(storage)
+        self.storage = check_storage(storage)
         self.table: TableSnapshot | None = None
         if isinstance(source, IcebergTable):
             self.table, self._locations = resolve_iceberg(source, filesystem, self.retry, guarantees=filter is not None)
@@ -157,7 +157,9 @@ class ShardDataset:
         self._pruned = self._pruned_by_table(filter)
         self.cache = self._open_cache()
         metas = self._scan()
-        self._check_cache_limit(metas)
+        if self.cache is not None:
+            self.cache.check_holds([(m.size, loc.path) for loc, m in zip(self._locations, metas, strict=True)
+                                    if loc.fs is not None])
         self._unified = self._unify_schemas(metas)
         self._metas = metas
         self.files = self._make_files(metas)
@@ -228,19 +230,6 @@ class ShardDataset:
                                  self.cache))
         return [listed_meta(loc.listed) if i in self._pruned else next(scanned)
                 for i, loc in enumerate(self._locations)]
-
-    def _check_cache_limit(self, metas: list[_FileMeta]) -> None:
-        """A cache that cannot hold the largest remote file is refused now, naming it, not at its first read."""
-        limit = self.storage.cache_limit
-        if self.cache is None or limit is None:
-            return
-        remote = [(m.size, loc.path) for loc, m in zip(self._locations, metas, strict=True) if loc.fs is not None]
-        size, path = max(remote)
-        if size > limit:
-            raise ValueError(f"Storage(cache_limit={limit:,}) is smaller than shard {path} ({size:,} bytes): the cache "
-                             "keeps whole shard files, so its limit must be at least the largest shard's size, and "
-                             "better several times that (every rank of the machine reads a few shards at once; "
-                             "docs/storage.md says how to size it). Raise cache_limit, or leave cache_dir out")
 
     def _unify_schemas(self, metas: list[_FileMeta]) -> Any:
         """The scanned files' `schema.Unified` schema, after checking each file's audio and label types."""
@@ -637,14 +626,6 @@ class ShardDataset:
         formats = sorted({f.format for f in self.files})
         return (f"ShardDataset({len(self.files)} files ({', '.join(formats)}), {self.num_rows} rows, "
                 f"{len(self.splits)} splits, audio={self.audio_column!r}, label={self.label_column!r})")
-
-
-def _check_storage(storage: Any) -> Storage:
-    if storage is None:
-        return DEFAULT_STORAGE
-    if not isinstance(storage, Storage):
-        raise TypeError(f"storage must be an audioloader.Storage, got {type(storage).__name__}")
-    return storage
 
 
 def _check_retry(retry: Any) -> Retry:

@@ -56,3 +56,12 @@ class Storage:
 
 
 DEFAULT_STORAGE = Storage()
+
+
+def check_storage(storage: Any) -> Storage:
+    """``storage``, or the default `Storage` for None; a TypeError naming the argument for anything else."""
+    if storage is None:
+        return DEFAULT_STORAGE
+    if not isinstance(storage, Storage):
+        raise TypeError(f"storage must be an audioloader.Storage, got {type(storage).__name__}")
+    return storage
