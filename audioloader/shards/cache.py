@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import os
 import re
@@ -46,6 +45,11 @@ import pyarrow as pa
 from ..errors import ShardReadError, redacted
 from .identity import object_identity
 from .retry import Retry, with_retries
+
+try:
+    import fcntl  # POSIX file locks
+except ImportError:  # Windows
+    fcntl = None
 
 MARKER = "AUDIOLOADER_CACHE"
 #: Bytes per ranged request when a copy is downloaded (one request for most shards; bounded memory for big ones).
@@ -71,6 +75,9 @@ class ObjectCache:
     """
 
     def __init__(self, directory: str, limit: int | None, retry: Retry) -> None:
+        if fcntl is None:
+            raise ValueError("Storage(cache_dir=...) needs POSIX file locks (Linux, macOS), which this platform "
+                             "lacks; leave cache_dir out here")
         self.directory, self.limit, self.retry = os.path.abspath(os.path.expanduser(directory)), limit, retry
         self.counters: dict[str, int] = dict.fromkeys(
             ("cache_hits", "cache_misses", "cache_waits", "cache_bytes_downloaded", "cache_evictions",
@@ -194,7 +201,14 @@ class ObjectCache:
                     chunk = source.read(DOWNLOAD_CHUNK)
                     if not chunk:
                         break
-                    out.write(chunk)
+                    try:
+                        out.write(chunk)
+                    except OSError as error:
+                        if error.errno != errno.ENOSPC:
+                            raise
+                        raise ShardReadError(f"the disk of the cache {self.directory} is full ({error}) while "
+                                             f"downloading shard {loc.path}: free space there, or lower "
+                                             "Storage(cache_limit=...) below the disk's free space") from None
                     copied += len(chunk)
                 if copied != size:
                     raise ShardReadError(f"shard {loc.path} changed after the loader was built: {copied:,} bytes "
