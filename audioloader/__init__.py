@@ -18,7 +18,7 @@ from .errors import (
 )
 from .loader import Loader
 from .mix import Mix, Source
-from .options import Bucketing, Shuffle, Storage, Workers
+from .options import Bucketing, OnError, Shuffle, Storage, Workers
 from .samples import BadRow, Key, RawSample, Sample
 from .shards import IcebergTable, Retry, ShardDataset, SourceNotFoundError
 from .shards.writer import ShardWriter
@@ -44,6 +44,7 @@ __all__ = [
     "MelSpectrogramConfig",
     "Mix",
     "Mixup",
+    "OnError",
     "RawSample",
     "Retry",
     "Reverb",

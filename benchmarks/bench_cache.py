@@ -49,12 +49,13 @@ def child(spec: dict) -> dict:
     """One contender, in this fresh process: ``passes`` eval passes; per pass samples/s and first batch."""
     import audioloader as al
 
-    storage = al.Storage(cache_dir=spec["cache"]) if spec.get("cache") else None
+    # Splits of one record batch: a rank of W reads about 1/W of each file.
+    storage = al.Storage(rank=spec.get("rank", 0), world_size=spec.get("world_size", 1), split_rows=16,
+                         cache_dir=spec.get("cache"))
     started = time.perf_counter()
     loader = al.AudioLoader(spec["source"], batch_size=32, train=False, features=al.WaveformConfig(16000),
-                            length=al.LengthPolicy(clip_seconds=0.5), num_workers=2, worker_type="thread",
-                            split_rows=16,  # one record batch a split: a rank of W reads 1/W of each file's
-                            rank=spec.get("rank", 0), world_size=spec.get("world_size", 1), storage=storage)
+                            length=al.LengthPolicy(clip_seconds=0.5), workers=al.Workers(num_workers=2, kind="thread"),
+                            storage=storage)
     built = time.perf_counter() - started
     passes = []
     with loader:

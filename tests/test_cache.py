@@ -23,8 +23,12 @@ from tests.test_s3 import flip_audio_bytes
 
 ROOT = Path(__file__).parent.parent
 ROWS = [10, 10, 10, 10]
-OPTIONS = {"batch_size": 8, "features": SMALL, "split_rows": 4, "num_workers": 1, "worker_type": "thread",
-           "train": False, "retry": al.Retry(attempts=3, initial_delay=0.01, max_delay=0.05, timeout=5.0)}
+OPTIONS = {"batch_size": 8, "features": SMALL, "train": False, "workers": al.Workers(num_workers=1, kind="thread")}
+RETRY = al.Retry(attempts=3, initial_delay=0.01, max_delay=0.05, timeout=5.0)
+
+
+def storage(cache_dir=None, cache_limit=None) -> al.Storage:
+    return al.Storage(split_rows=4, retry=RETRY, cache_dir=cache_dir, cache_limit=cache_limit)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +53,8 @@ def shards(s3, tmp_path, request):
     return folder, prefix
 
 
-def batches(source, **kwargs):
-    with al.AudioLoader(source, **OPTIONS, **kwargs) as loader:
+def batches(source, cache_dir=None, cache_limit=None):
+    with al.AudioLoader(source, storage=storage(cache_dir, cache_limit), **OPTIONS) as loader:
         return list(loader), loader.stats()
 
 
@@ -70,9 +74,9 @@ def downloads(s3, prefix: str) -> dict[str, int]:
 READER = textwrap.dedent("""
     import json, sys, torch
     import audioloader as al
-    from tests.test_cache import OPTIONS
+    from tests.test_cache import OPTIONS, storage
     url, cache, out = sys.argv[1:4]
-    with al.AudioLoader(url, storage=al.Storage(cache_dir=cache), **OPTIONS) as loader:
+    with al.AudioLoader(url, storage=storage(cache), **OPTIONS) as loader:
         print("built", flush=True)
         sys.stdin.readline()
         got = list(loader)
@@ -113,11 +117,11 @@ def test_two_processes_sharing_a_cache_download_each_object_once(s3, shards, tmp
 def test_a_second_pass_reads_nothing_remote_and_matches_local(s3, shards, tmp_path):
     local, prefix = shards
     expected, _ = batches(local)
-    storage = al.Storage(cache_dir=tmp_path / "cache", cache_limit="50MB")
-    first, stats = batches(s3.url(prefix), storage=storage)
+    cache = tmp_path / "cache"
+    first, stats = batches(s3.url(prefix), cache, "50MB")
     assert stats["counters"]["cache_misses"] == len(ROWS) and stats["gauges"]["cache_hit_rate"] == 0.0
     s3.proxy.clear()
-    second, stats = batches(s3.url(prefix), storage=storage)
+    second, stats = batches(s3.url(prefix), cache, "50MB")
     assert stats["counters"]["cache_hits"] == len(ROWS) and stats["gauges"]["cache_hit_rate"] == 1.0
     assert "cache_misses" not in stats["counters"]
     assert s3.proxy.log("GET", f"/{prefix}/") == []  # construction too: one HEAD per file, footers from the copies
@@ -130,10 +134,9 @@ def test_eviction_keeps_the_cache_under_its_limit(s3, shards, tmp_path):
     local, prefix = shards
     sizes = [p.stat().st_size for p in sorted(local.iterdir())]
     limit = int(2.5 * max(sizes))  # two files fit, not three
-    storage = al.Storage(cache_dir=tmp_path / "cache", cache_limit=limit)
     expected, _ = batches(local)
     for _ in range(2):
-        got, stats = batches(s3.url(prefix), storage=storage)
+        got, stats = batches(s3.url(prefix), tmp_path / "cache", limit)
         assert_same_batches(got, expected)
         cache = ObjectCache(str(tmp_path / "cache"), limit, al.Retry())
         assert 0 < cache.usage() <= limit
@@ -146,26 +149,25 @@ def test_a_cache_too_small_for_a_shard_is_refused_naming_it(s3, shards, tmp_path
     largest = max(p.stat().st_size for p in local.iterdir())
     with pytest.raises(ValueError, match=rf"Storage\(cache_limit={largest - 1:,}\) is smaller than shard "
                                          rf"s3://{prefix}/part-0000\d\.arrow \({largest:,} bytes\).*Raise cache_limit"):
-        batches(s3.url(prefix), storage=al.Storage(cache_dir=tmp_path / "cache", cache_limit=largest - 1))
+        batches(s3.url(prefix), tmp_path / "cache", largest - 1)
 
 
 def test_a_folder_of_other_files_is_never_taken_for_a_cache(s3, shards, tmp_path):
     local, prefix = shards
     with pytest.raises(ValueError, match="holds other files and is not an audioloader cache"):
-        batches(s3.url(prefix), storage=al.Storage(cache_dir=local))  # eviction would delete the user's shards
+        batches(s3.url(prefix), local)  # eviction would delete the user's shards
     assert len(list(local.iterdir())) == len(ROWS)
 
 
 def test_a_changed_remote_object_is_downloaded_again(s3, shards, tmp_path):
     local, prefix = shards
-    storage = al.Storage(cache_dir=tmp_path / "cache")
-    batches(s3.url(prefix), storage=storage)
+    batches(s3.url(prefix), tmp_path / "cache")
     flip_audio_bytes(local / "part-00002.arrow", row=3)  # same size, same footer: only the ETag tells
     with s3.filesystem().open_output_stream(f"{prefix}/part-00002.arrow") as out:
         out.write((local / "part-00002.arrow").read_bytes())
     expected, _ = batches(local)
     s3.proxy.clear()
-    got, stats = batches(s3.url(prefix), storage=storage)
+    got, stats = batches(s3.url(prefix), tmp_path / "cache")
     assert_same_batches(got, expected)
     assert downloads(s3, prefix) == {"part-00002.arrow": 1}
     assert stats["counters"]["cache_misses"] == 1 and stats["counters"]["cache_hits"] == len(ROWS) - 1
@@ -175,8 +177,8 @@ def test_a_changed_remote_object_is_downloaded_again(s3, shards, tmp_path):
 KILLED = textwrap.dedent("""
     import sys
     import audioloader as al
-    from tests.test_cache import OPTIONS
-    with al.AudioLoader(sys.argv[1], storage=al.Storage(cache_dir=sys.argv[2]), **OPTIONS) as loader:
+    from tests.test_cache import OPTIONS, storage
+    with al.AudioLoader(sys.argv[1], storage=storage(sys.argv[2]), **OPTIONS) as loader:
         print("built", flush=True)
         sys.stdin.readline()
         list(loader)
@@ -204,7 +206,7 @@ def test_a_download_killed_midway_leaves_nothing_a_later_reader_uses(s3, shards,
     assert len(left) == 1 and left[0].endswith(".part"), left  # reserved at full size: a torn copy if it were used
     assert os.path.getsize(cache / "objects" / left[0]) == (local / "part-00000.arrow").stat().st_size
     expected, _ = batches(local)
-    got, stats = batches(s3.url(prefix), storage=al.Storage(cache_dir=cache))
+    got, stats = batches(s3.url(prefix), cache)
     assert_same_batches(got, expected)
     assert stats["counters"]["cache_misses"] == len(ROWS)
     assert not [name for name in os.listdir(cache / "objects") if name.endswith(".part")]
@@ -218,3 +220,5 @@ def test_storage_arguments_are_checked():
     assert al.Storage(cache_dir="/tmp/c", cache_limit="1.5GiB").cache_limit == 3 * 2**29
     with pytest.raises(TypeError, match="Storage"):
         al.AudioLoader("unused", storage={"cache_dir": "/tmp/c"})
+    with pytest.raises(ValueError, match=r"Storage.cache_dir=3: must be a folder path"):
+        al.Storage(cache_dir=3)

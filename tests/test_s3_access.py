@@ -36,8 +36,8 @@ def url_with_keys(s3: S3Server, key: str, secret: str) -> str:
 
 
 def loader(url: str) -> al.AudioLoader:
-    return al.AudioLoader(url, batch_size=4, train=False, features=SMALL, split_rows=3, num_workers=0,
-                          worker_type="thread", retry=PATIENT)
+    return al.AudioLoader(url, batch_size=4, train=False, features=SMALL, workers=al.Workers(num_workers=0),
+                          storage=al.Storage(split_rows=3, retry=PATIENT))
 
 
 def test_the_servers_own_keys_read_the_shards(s3):

@@ -23,7 +23,6 @@ from .formats import FORMATS
 from .retry import Retry
 from .sources import ACCEPTED, SHARD_EXTENSIONS, IcebergTable, SourceNotFoundError, TableSnapshot, resolve_source
 from .splits import Split, subdivide
-from .storage import Storage
 
 __all__ = [
     "ACCEPTED",
@@ -37,7 +36,6 @@ __all__ = [
     "ShardRow",
     "SourceNotFoundError",
     "Split",
-    "Storage",
     "TableSnapshot",
     "resolve_source",
     "subdivide",

@@ -55,6 +55,23 @@ MARKER = "AUDIOLOADER_CACHE"
 #: Bytes per ranged request when a copy is downloaded (one request for most shards; bounded memory for big ones).
 DOWNLOAD_CHUNK = 64 << 20
 
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(value: Any, what: str) -> int:
+    """A byte count from an int or a string such as ``"500MB"`` or ``"20 GiB"``; ValueError naming ``what``."""
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
+        if match is None or match.group(2).lower() not in _UNITS:
+            raise ValueError(f"{what}={value!r}: give bytes as an int, or a number with a unit (B, KB, MB, GB, TB, "
+                             "KiB, MiB, GiB, TiB), e.g. '200GB'")
+        value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what}={value!r}: must be a positive number of bytes (an int, or e.g. '200GB')")
+    return value
+
+
 _COPY = re.compile(r"^[0-9a-f]{32}-[^/]*$")  # a complete copy's name: "<key>-<name>", never a ".part"
 _PART = re.compile(r"^([0-9a-f]{32})-.*\.\d+-[0-9a-f]+\.part$")
 

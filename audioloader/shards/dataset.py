@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..errors import ShardReadError
-from .cache import ObjectCache
+from .cache import ObjectCache, parse_bytes
 from .filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
 from .formats import _cheapest_column, _FileMeta, _open_random, _scan_all, cache_identity, listed_meta
 from .readers import _audio_values, _ConformedHandle, _IpcFileHandle, _IpcStreamHandle, _OrcHandle, _ParquetHandle
@@ -24,7 +24,6 @@ from .retry import DEFAULT_RETRY, Retry, with_retries
 from .schema import _check_schema, _label_names, check_columns, unify
 from .sources import IcebergTable, TableSnapshot, resolve_iceberg, resolve_source
 from .splits import Split, _file_splits, _numbered
-from .storage import Storage, check_storage
 
 # Open file handles kept per thread (memory maps are cheap; this bounds open fds).
 _HANDLES_PER_THREAD = 16
@@ -112,9 +111,9 @@ class ShardDataset:
             pruned by their partition values and column bounds, Parquet row groups
             pruned by statistics, then the filter's columns read and evaluated, at
             construction). Rows keep their global index.
-        storage: how remote files are kept (`Storage`): with ``cache_dir``, each remote file is
-            downloaded whole into that local cache on its first read (`cache.ObjectCache`) and read
-            from there, memory-mapped, like a local file.
+        cache_dir, cache_limit: a local cache of remote files (`cache.ObjectCache`): each remote
+            file is downloaded whole into ``cache_dir`` on its first read and read from there,
+            memory-mapped, like a local file; at most ``cache_limit`` bytes (None: no limit).
 
     Attributes:
         files: the `ShardFile` list, sorted by path.
@@ -143,12 +142,14 @@ class ShardDataset:
 
     def __init__(self, source: Any, *, audio_column: str = "audio", label_column: str | None = "label",
                  columns: Sequence[str] = (), split_rows: int = 512, filesystem: Any = None,
-                 retry: Retry | None = None, filter: Any = None, storage: Storage | None = None):
+                 retry: Retry | None = None, filter: Any = None, cache_dir: str | None = None,
+                 cache_limit: int | None = None):
         self.audio_column, self.label_column = audio_column, label_column
         self.columns = self._check_arguments(audio_column, label_column, columns, split_rows, filesystem)
         self.split_rows = split_rows
         self.retry = _check_retry(retry)
-        self.storage = check_storage(storage)
+        self.cache_dir, self.cache_limit = cache_dir, None if cache_limit is None else parse_bytes(cache_limit,
+                                                                                                   "cache_limit")
         self.table: TableSnapshot | None = None
         if isinstance(source, IcebergTable):
             self.table, self._locations = resolve_iceberg(source, filesystem, self.retry, guarantees=filter is not None)
@@ -219,10 +220,10 @@ class ShardDataset:
         return pruned
 
     def _open_cache(self) -> ObjectCache | None:
-        """The local cache of remote files, when ``storage.cache_dir`` is set and some file is remote."""
-        if self.storage.cache_dir is None or all(loc.fs is None for loc in self._locations):
+        """The local cache of remote files, when ``cache_dir`` is set and some file is remote."""
+        if self.cache_dir is None or all(loc.fs is None for loc in self._locations):
             return None
-        return ObjectCache(self.storage.cache_dir, self.storage.cache_limit, self.retry)
+        return ObjectCache(self.cache_dir, self.cache_limit, self.retry)
 
     def _scan(self) -> list[_FileMeta]:
         """Every file's metadata: scanned, or what its table says for a file a filter pruned (it is never opened)."""
