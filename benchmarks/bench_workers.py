@@ -293,9 +293,10 @@ def main() -> int:
     started = time.perf_counter()
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {name: {} for name in sources}
     for round_index in range(args.rounds):  # interleaved: a disturbance hits every contender alike
+        shift = round_index % len(names)  # and each round starts with another contender
         for dataset, source in sources.items():
             for n in workers:
-                for name in names:
+                for name in names[shift:] + names[:shift]:
                     child = {"kind": name, "contender": name, "source": str(source), "workers": n,
                              "seconds": args.seconds, "warmup": args.warmup, "check": args.check,
                              "min_items": 8}
