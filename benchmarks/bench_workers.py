@@ -34,8 +34,13 @@ Reported per contender and worker count: samples/s over a steady window (after a
 time to the first item (from building the node, imports excluded), peak PSS of the process
 tree (a page shared by n processes counts 1/n), and CPU milliseconds per sample: of the
 consuming process (every thread in it: what a training process loses), of the thread that
-iterates alone (the training loop's own thread), and of the whole tree (the total work).
-Ratios are to ``al-process`` with the same worker count in the same run.
+iterates alone (the training loop's own thread), and of the whole tree (the total work);
+and where the workers' time went (``/proc/.../schedstat``): running, waiting for a CPU that
+other processes held, or idle for want of work (the hand-offs did not keep them busy).
+Ratios are to ``al-process`` with the same worker count in the same run. On a loaded machine
+samples/s follow the scheduler more than the code (a worker that is always runnable waits
+longer for a CPU than one that sleeps now and then): compare samples/s only between runs
+whose workers rarely waited for a CPU.
 
 Correctness: every contender hashes its first ``--check`` items (key, label, feature bytes)
 in order; the digests must be identical across contenders (exit status 1 otherwise).
@@ -129,15 +134,41 @@ def build(spec: dict[str, Any]) -> Any:
                           multiprocessing_context=how.context, prebatch=how.prebatch)
 
 
+def _torchdata_iter(node: Any) -> Any:
+    """ParallelMapper's running iterator (under an Unbatcher with prebatch=): it holds the workers."""
+    impl = node._it.source if node.prebatch is not None else node._it
+    return impl._it
+
+
 def stop(node: Any) -> None:
     """Stop the node's workers before the process exits."""
     if hasattr(node, "shutdown"):  # ParallelMap
         node.shutdown()
-        return
-    # ParallelMapper stops in __del__; its iterator (under an Unbatcher with prebatch=) has _shutdown().
-    impl = node._it.source if node.prebatch is not None else node._it
-    if impl._it is not None:
-        impl._it._shutdown()
+    elif _torchdata_iter(node) is not None:  # ParallelMapper stops in __del__; its iterator has _shutdown()
+        _torchdata_iter(node)._shutdown()
+
+
+def worker_tasks(node: Any) -> list[str]:
+    """``/proc`` paths of the workers' (main) threads, for their scheduler statistics (private attributes:
+    neither node says who its workers are)."""
+    if hasattr(node, "shutdown"):  # ParallelMap over a ProcessPool or a ThreadPool
+        pool = node._pool
+        if hasattr(pool, "_workers"):
+            return [f"/proc/{w.process.pid}/task/{w.process.pid}" for w in pool._workers]
+        return [f"/proc/self/task/{t.native_id}" for t in pool._executor._threads]
+    workers = _torchdata_iter(node)._workers
+    return [f"/proc/{w.pid}/task/{w.pid}" if hasattr(w, "pid") else f"/proc/self/task/{w.native_id}"
+            for w in workers]
+
+
+def schedstat(tasks: list[str]) -> tuple[float, float]:
+    """Seconds the tasks ran and seconds they were runnable but waited for a CPU (Linux schedstat)."""
+    run = wait = 0
+    for task in tasks:
+        with open(f"{task}/schedstat") as fh:
+            ran, waited, _ = fh.read().split()
+        run, wait = run + int(ran), wait + int(waited)
+    return run / 1e9, wait / 1e9
 
 
 def _take(node: Any, digest: Any | None) -> None:
@@ -167,19 +198,25 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     first_item_s = time.perf_counter() - started
     for i in range(1, max(spec["check"], spec["warmup"])):
         _take(node, digest if i < spec["check"] else None)
+    tasks = worker_tasks(node)
     window_start = time.perf_counter()
-    own, loop, tree = time.process_time(), time.thread_time(), tree_cpu_seconds()
+    own, loop, tree, (ran, waited) = time.process_time(), time.thread_time(), tree_cpu_seconds(), schedstat(tasks)
     done, elapsed = 0, 0.0
     while elapsed < spec["seconds"] or done < spec["min_items"]:
         _take(node, None)
         done += 1
         elapsed = time.perf_counter() - window_start
     own, loop, tree = time.process_time() - own, time.thread_time() - loop, tree_cpu_seconds() - tree
+    ran, waited = (now - before for now, before in zip(schedstat(tasks), (ran, waited), strict=True))
     stop(node)
-    per_sample = 1000.0 / done
+    per_sample, worker_time = 1000.0 / done, len(tasks) * elapsed
+    # Where the workers' time went: running, runnable but waiting for a CPU (other processes had it), or
+    # idle (waiting for work: the hand-offs could not keep them busy).
     return {"samples_per_s": done / elapsed, "first_item_s": first_item_s, "measured_items": done,
             "measured_s": elapsed, "consumer_cpu_ms": own * per_sample, "loop_thread_cpu_ms": loop * per_sample,
-            "tree_cpu_ms": tree * per_sample, "digest": digest.hexdigest(), "checked_items": spec["check"]}
+            "tree_cpu_ms": tree * per_sample, "digest": digest.hexdigest(), "checked_items": spec["check"],
+            "workers_running": ran / worker_time, "workers_waiting_for_cpu": waited / worker_time,
+            "workers_idle": max(0.0, 1.0 - (ran + waited) / worker_time)}
 
 
 def child_main(spec_json: str) -> int:
@@ -214,7 +251,7 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
         return failed[0]
     out = dict(runs[0])
     for key in ("samples_per_s", "first_item_s", "peak_pss_bytes", "consumer_cpu_ms", "loop_thread_cpu_ms",
-                "tree_cpu_ms", "others_cores"):
+                "tree_cpu_ms", "workers_running", "workers_waiting_for_cpu", "workers_idle", "others_cores"):
         values = [r[key] for r in runs if r.get(key) is not None]
         out[key] = statistics.median(values) if values else None
     out["rounds"] = len(runs)
@@ -229,7 +266,8 @@ def report(table: dict[str, dict[str, dict[str, Any]]], workers: list[int], name
     for dataset, results in table.items():
         print(f"\n{dataset}: per sample (ms) = CPU milliseconds per item; x {BASELINE} = samples/s ratio, same N")
         print(f"  {'contender':22s} {'N':>2s} {'samples/s':>9s} {'x ' + BASELINE:>13s} {'first s':>8s} "
-              f"{'PSS MB':>7s} {'consumer ms':>11s} {'loop ms':>8s} {'tree ms':>8s} {'others':>6s}")
+              f"{'PSS MB':>7s} {'consumer ms':>11s} {'loop ms':>8s} {'tree ms':>8s} {'workers run/wait/idle':>21s} "
+              f"{'others':>6s}")
         for n in workers:
             base = results.get(f"{BASELINE}-{n}", {})
             for name in names:
@@ -243,9 +281,11 @@ def report(table: dict[str, dict[str, dict[str, Any]]], workers: list[int], name
                          if base.get("ok") and base.get("samples_per_s") else "-")
                 pss = f"{r['peak_pss_bytes'] / 2**20:7.0f}" if r.get("peak_pss_bytes") else "      -"
                 others = r.get("others_cores")
+                split = f"{r['workers_running']:.2f}/{r['workers_waiting_for_cpu']:.2f}/{r['workers_idle']:.2f}"
                 print(f"  {name:22s} {n:2d} {r['samples_per_s']:9.1f} {ratio:>13s} {r['first_item_s']:8.2f} {pss} "
                       f"{r['consumer_cpu_ms']:11.2f} {r['loop_thread_cpu_ms']:8.2f} {r['tree_cpu_ms']:8.2f} "
-                      + ("     -" if others is None else f"{others:6.2f}") + ("!" if r.get("disturbed") else ""))
+                      f"{split:>21s} " + ("     -" if others is None else f"{others:6.2f}")
+                      + ("!" if r.get("disturbed") else ""))
         digests = {d for r in results.values() if r.get("ok") for d in r.get("digests", [r.get("digest")])}
         same = len(digests) == 1
         identical &= same
