@@ -10,7 +10,8 @@ import torch
 
 import audioloader as al
 from audioloader.dsp import hashing
-from audioloader.dsp.augment import Augmentations, apply_masks, mixup_pairs
+from audioloader.dsp.augment import Augmentations
+from audioloader.dsp.augment_math import apply_masks, mixup_pairs
 from audioloader.nodes.decode_spectrogram import SampleDecoder
 from audioloader.samples import BadRow, Key, RawSample
 from audioloader.stats import LoaderStats
