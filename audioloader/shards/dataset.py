@@ -148,8 +148,8 @@ class ShardDataset:
         self.columns = self._check_arguments(audio_column, label_column, columns, split_rows, filesystem)
         self.split_rows = split_rows
         self.retry = _check_retry(retry)
-        self.cache_dir, self.cache_limit = cache_dir, None if cache_limit is None else parse_bytes(cache_limit,
-                                                                                                   "cache_limit")
+        self.cache_dir = cache_dir
+        self.cache_limit = None if cache_limit is None else parse_bytes(cache_limit, "cache_limit")
         self.table: TableSnapshot | None = None
         if isinstance(source, IcebergTable):
             self.table, self._locations = resolve_iceberg(source, filesystem, self.retry, guarantees=filter is not None)
