@@ -1,8 +1,8 @@
 """A local cache of whole remote shard files, shared by the processes of one machine (`ObjectCache`).
 
 Multi-pass training reads every remote shard again each pass; with a cache it is
-downloaded once per machine and then read like a local file (memory-mapped: IPC
-rows are zero-copy views, nothing goes over the network). The unit is the whole
+downloaded once per machine and then read like a local file (memory-mapped, parsed
+in place; nothing goes over the network). The unit is the whole
 object, as in LitData and MosaicML Streaming: a cached copy is a plain shard file,
 read by the local code path; and the ranks of a machine, which read different
 splits of the same files, share one download of each file.
