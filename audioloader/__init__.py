@@ -5,9 +5,11 @@
 """
 
 from .audio_loader import AudioLoader
-from .dsp.augment import AddNoise, Gain, Mixup, Reverb, SpecAugment, SpeedPerturb, mixup_targets
+from .dsp.augment import AddNoise, Gain, Mixup, Reverb, SpecAugment, SpeedPerturb
+from .dsp.augment_math import mixup_targets
 from .dsp.config import FbankConfig, LengthPolicy, MelSpectrogramConfig, WaveformConfig
 from .errors import (
+    AccessDeniedError,
     AudioLoaderError,
     CheckpointMismatchError,
     DecodeError,
@@ -25,6 +27,7 @@ from .shards.writer import ShardWriter
 __version__ = "0.1.0"
 
 __all__ = [
+    "AccessDeniedError",
     "AddNoise",
     "AudioLoader",
     "AudioLoaderError",

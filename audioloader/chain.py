@@ -194,7 +194,8 @@ def _open_one(source: Source, settings: Settings, stats: LoaderStats) -> Sources
     s, storage = settings, settings.storage
     dataset = ShardDataset(source.data, audio_column=source.audio_column, label_column=source.label_column,
                            columns=s.columns, split_rows=storage.split_rows, filesystem=_filesystem(source, storage),
-                           retry=storage.retry, filter=source.filter, remote_reads=storage.remote_reads())
+                           retry=storage.retry, filter=source.filter, cache_dir=storage.cache_dir,
+                           cache_limit=storage.cache_limit, remote_reads=storage.remote_reads())
     duration_column, dataset = _with_duration_column(dataset, settings)
     reader = ArrowShardReader(dataset, seed=s.seed, rank=storage.rank, world_size=storage.world_size,
                               shuffle=s.train, infinite=s.infinite, stats=stats, interleave=s.shuffle.interleave)
@@ -252,8 +253,8 @@ def _mix_reader(position: int, entry: Any, settings: Settings, stats: LoaderStat
             columns=settings.columns, seed=source_seed(settings.seed, position), rank=storage.rank,
             world_size=storage.world_size, shuffle=settings.train, infinite=False, split_rows=storage.split_rows,
             filesystem=_filesystem(source, storage), stats=stats, retry=storage.retry, filter=source.filter,
-            remote_reads=storage.remote_reads(),
-            interleave=settings.shuffle.interleave)
+            interleave=settings.shuffle.interleave, cache_dir=storage.cache_dir, cache_limit=storage.cache_limit,
+            remote_reads=storage.remote_reads())
     except Exception as error:
         if hasattr(error, "add_note"):  # Python 3.11+
             error.add_note(f"(in Mix source {entry.name!r})")

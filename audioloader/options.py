@@ -19,6 +19,7 @@ import torch
 
 from . import checks
 from .distributed import resolve_rank
+from .shards.cache import parse_bytes
 from .shards.storage import DEFAULT_REMOTE_READS, RemoteReads
 
 WORKER_KINDS = ("auto", "thread", "process")
@@ -154,6 +155,14 @@ class Storage:
         index: ``"auto"``: a remote folder's metadata index (``_audioloader_index.arrow``, or this
             machine's cached one) replaces reading every file's footer while the listing agrees
             with it; ``"off"``: always read them (docs/storage.md, "The metadata index").
+        cache_dir: a folder on a local disk where whole remote shard files are kept after their
+            first read, so later passes (and restarts) read them from disk, memory-mapped, instead
+            of the network. Shared safely by every rank and process of the machine (one download
+            per file). A folder of its own (new or empty: the cache deletes what it evicts). None:
+            no cache (docs/storage.md, "A local cache of remote shards").
+        cache_limit: bytes the cache may hold (an int, or e.g. ``"200GB"``); the least recently
+            used files are evicted past it. At least the largest shard; best the whole dataset
+            (then every pass after the first reads nothing remote). None: no limit.
     """
 
     rank: int | None = None
@@ -161,12 +170,23 @@ class Storage:
     split_rows: int = 512
     filesystem: Any = None
     retry: Any = None
+    cache_dir: str | os.PathLike | None = None
+    cache_limit: int | str | None = None
     readahead_bytes: int = DEFAULT_REMOTE_READS.readahead_bytes
     max_requests: int = DEFAULT_REMOTE_READS.max_requests
     index: str = DEFAULT_REMOTE_READS.index
 
     def __post_init__(self) -> None:
         _positive_int_or_none(self, "split_rows", allow_none=False)
+        if self.cache_dir is not None:
+            if not isinstance(self.cache_dir, (str, os.PathLike)) or not os.fspath(self.cache_dir):
+                raise _bad(self, "cache_dir", "must be a folder path (str or Path) or None")
+            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
+        if self.cache_limit is not None:
+            if self.cache_dir is None:
+                raise ValueError(f"Storage(cache_limit={self.cache_limit!r}) without cache_dir: give the cache a "
+                                 "folder, Storage(cache_dir='/local/disk/audioloader-cache', cache_limit=...)")
+            object.__setattr__(self, "cache_limit", parse_bytes(self.cache_limit, "Storage.cache_limit"))
         self.remote_reads()  # checks readahead_bytes, max_requests, index
 
     def remote_reads(self) -> RemoteReads:

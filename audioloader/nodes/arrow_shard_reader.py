@@ -189,7 +189,7 @@ class ArrowShardReader(BaseNode[RawSample]):
     Args:
         source_or_dataset: a `ShardDataset`, or a source for one (folder, glob, file,
             URL or a list of them; see `ShardDataset`).
-        audio_column, label_column, columns, split_rows, filesystem, retry, filter: passed to
+        audio_column, label_column, columns, split_rows, filesystem, retry, filter, cache_dir, cache_limit: passed to
             `ShardDataset` (when a dataset is given they must match it or be left at their defaults).
         seed: seeds the split order of each pass (``shuffle=True``).
         rank, world_size: this process's share; ``None`` takes them from torch.distributed.
@@ -230,7 +230,8 @@ class ArrowShardReader(BaseNode[RawSample]):
                  columns: Sequence[str] = (), seed: int = 0, rank: int | None = 0, world_size: int | None = 1,
                  shuffle: bool = True, infinite: bool = False, split_rows: int = 512, filesystem: Any = None,
                  stats: LoaderStats | None = None, retry: Retry | None = None, filter: Any = None,
-                 interleave: int = 1, remote_reads: RemoteReads | None = None):
+                 interleave: int = 1, cache_dir: str | None = None, cache_limit: int | None = None,
+                 remote_reads: RemoteReads | None = None):
         super().__init__()
         self.stats = stats
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -241,9 +242,13 @@ class ArrowShardReader(BaseNode[RawSample]):
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.seed, self.shuffle, self.infinite = int(seed), bool(shuffle), bool(infinite)
         self.dataset = self._dataset(source_or_dataset, audio_column, label_column, columns, split_rows, filesystem,
-                                     retry, filter, remote_reads)
+                                     retry, filter, (cache_dir, cache_limit), remote_reads)
+        if stats is not None and self.dataset.cache is not None:
+            self.dataset.cache.report_to(stats)
         budget = self.dataset.remote_reads.readahead_bytes
-        remote = any(self.dataset.is_remote(i) and f.format != "orc" for i, f in enumerate(self.dataset.files))
+        # Files a cache keeps are read from their local copies: only the others are read ahead.
+        remote = self.dataset.cache is None and any(self.dataset.is_remote(i) and f.format != "orc"
+                                                    for i, f in enumerate(self.dataset.files))
         self._readahead = ReadAhead(self.dataset, budget, stats) if remote and budget else None
         if stats is not None and self.dataset.remote.on_read is None:
             self.dataset.remote.on_read = functools.partial(_count_request, stats)
@@ -267,11 +272,12 @@ class ArrowShardReader(BaseNode[RawSample]):
     @staticmethod
     def _dataset(source: Any, audio_column: str, label_column: str | None, columns: Sequence[str],
                  split_rows: int, filesystem: Any, retry: Retry | None, filter: Any,
-                 remote_reads: RemoteReads | None) -> ShardDataset:
+                 cache: tuple[str | None, int | None] = (None, None),
+                 remote_reads: RemoteReads | None = None) -> ShardDataset:
         if not isinstance(source, ShardDataset):
             return ShardDataset(source, audio_column=audio_column, label_column=label_column, columns=columns,
                                 split_rows=split_rows, filesystem=filesystem, retry=retry, filter=filter,
-                                remote_reads=remote_reads)
+                                cache_dir=cache[0], cache_limit=cache[1], remote_reads=remote_reads)
         given = {"audio_column": (audio_column, "audio", source.audio_column),
                  "label_column": (label_column, "label", source.label_column),
                  "columns": (list(columns), [], list(source.columns)),
@@ -280,8 +286,10 @@ class ArrowShardReader(BaseNode[RawSample]):
             if value != default and value != actual:
                 raise ValueError(f"{name}={value!r} differs from the ShardDataset's {actual!r}; "
                                  f"leave {name} out when passing a ShardDataset, or build the dataset with it")
-        if filesystem is not None or retry is not None or filter is not None or remote_reads is not None:
-            raise ValueError("filesystem=, retry=, filter= and remote_reads= are for sources; a ShardDataset already "
+        if (filesystem is not None or retry is not None or filter is not None or cache != (None, None)
+                or remote_reads is not None):
+            raise ValueError("filesystem=, retry=, filter=, cache_dir= and remote_reads= are for sources; a "
+                             "ShardDataset already "
                              "has its files (pass them to the ShardDataset)")
         return source
 

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from . import index
+from .cache import ObjectCache, parse_bytes
 from .changes import _check_local, _LocalFileGuard
 from .filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
 from .formats import _FileMeta, _scan_all, listed_meta
@@ -108,6 +109,9 @@ class ShardDataset(UnitReads):
             pruned by their partition values and column bounds, Parquet row groups
             pruned by statistics, then the filter's columns read and evaluated, at
             construction). Rows keep their global index.
+        cache_dir, cache_limit: a local cache of remote files (`cache.ObjectCache`): each remote
+            file is downloaded whole into ``cache_dir`` on its first read and read from there,
+            memory-mapped, like a local file; at most ``cache_limit`` bytes (None: no limit).
 
     Attributes:
         files: the `ShardFile` list, sorted by path.
@@ -136,11 +140,14 @@ class ShardDataset(UnitReads):
 
     def __init__(self, source: Any, *, audio_column: str = "audio", label_column: str | None = "label",
                  columns: Sequence[str] = (), split_rows: int = 512, filesystem: Any = None,
-                 retry: Retry | None = None, filter: Any = None, remote_reads: RemoteReads | None = None):
+                 retry: Retry | None = None, filter: Any = None, cache_dir: str | None = None,
+                 cache_limit: int | None = None, remote_reads: RemoteReads | None = None):
         self.audio_column, self.label_column = audio_column, label_column
         self.columns = self._check_arguments(audio_column, label_column, columns, split_rows, filesystem)
         self.split_rows = split_rows
         self.retry = _check_retry(retry)
+        self.cache_dir = cache_dir
+        self.cache_limit = None if cache_limit is None else parse_bytes(cache_limit, "cache_limit")
         self.remote_reads = _check_remote_reads(remote_reads)
         self.remote = RemoteFiles(self.retry, self.remote_reads.max_requests)  # every remote byte is fetched through it
         self.table: TableSnapshot | None = None
@@ -151,7 +158,11 @@ class ShardDataset(UnitReads):
         else:
             self._locations = resolve_source(source, filesystem, self.retry, self._index_locations)
         self._pruned = self._pruned_by_table(filter)
+        self.cache = self._open_cache()
         metas = self._scan()
+        if self.cache is not None:
+            self.cache.check_holds([(m.size, loc.path) for loc, m in zip(self._locations, metas, strict=True)
+                                    if loc.fs is not None])
         self._unified = self._unify_schemas(metas)
         self._metas = metas
         self.files = self._make_files(metas)
@@ -210,9 +221,16 @@ class ShardDataset(UnitReads):
                              "column bounds rule it out; loosen it or read another table")
         return pruned
 
+    def _open_cache(self) -> ObjectCache | None:
+        """The local cache of remote files, when ``cache_dir`` is set and some file is remote."""
+        if self.cache_dir is None or all(loc.fs is None for loc in self._locations):
+            return None
+        return ObjectCache(self.cache_dir, self.cache_limit, self.retry)
+
     def _scan(self) -> list[_FileMeta]:
-        """Every file's metadata: from the metadata index where it matches the listing, else scanned; what its
-        table says for a file a filter pruned (never opened)."""
+        """Every file's metadata: from the metadata index where it matches the listing, else scanned (a remote
+        file with a copy in the cache: from the copy); what its table says for a file a filter pruned (never
+        opened)."""
         listed = [i for i, loc in enumerate(self._locations)
                   if i not in self._pruned and loc.fs is not None and loc.size is not None]
         known: dict[int, _FileMeta] = {}
@@ -221,7 +239,7 @@ class ShardDataset(UnitReads):
                                                     self.remote)
             known = {listed[position]: meta for position, meta in found.items()}
         scanned = iter(_scan_all([loc for i, loc in enumerate(self._locations)
-                                  if i not in self._pruned and i not in known], self.retry, self.remote))
+                                  if i not in self._pruned and i not in known], self.retry, self.remote, self.cache))
         metas = [listed_meta(loc.listed) if i in self._pruned else known[i] if i in known else next(scanned)
                  for i, loc in enumerate(self._locations)]
         if listed and self.remote_reads.index == "auto" and len(known) < len(listed):
@@ -286,8 +304,8 @@ class ShardDataset(UnitReads):
             for unit in units:
                 def read(unit: int = unit) -> list[pa.RecordBatch]:
                     nonlocal handle
-                    if handle is None:
-                        handle = self._open_handle(file_id, columns)
+                    if handle is None:  # not downloaded into a cache for this: a filter may keep few of its rows
+                        handle = self._open_handle(file_id, columns, download=False)
                     return handle.unit(unit)
 
                 def forget() -> None:
@@ -346,9 +364,15 @@ class ShardDataset(UnitReads):
         IPC stream message header, the Parquet footer (schema, row groups, column
         chunk sizes and statistics), or the ORC file tail (postscript and footer:
         schema, stripes and their sizes and rows, statistics). ``mtimes``: modification times in ns (None where
-        the storage has none). Computed from bytes read anyway: costs no extra read.
+        the storage has none). ``etags`` (only when a file has one): each remote object's ETag or version
+        (`identity.object_identity`; None for local files and where the storage reports none). Computed from
+        what construction reads anyway: costs no extra request.
         """
-        return {"digests": [m.digest for m in self._metas], "mtimes": [m.mtime_ns for m in self._metas]}
+        identity: dict[str, list[Any]] = {"digests": [m.digest for m in self._metas],
+                                          "mtimes": [m.mtime_ns for m in self._metas]}
+        if any(m.etag is not None for m in self._metas):  # local datasets' checkpoints stay as they were
+            identity["etags"] = [m.etag for m in self._metas]
+        return identity
 
     def is_remote(self, file_id: int) -> bool:
         """Whether a file is read through a remote filesystem (its rows are copies, not memory-map views)."""

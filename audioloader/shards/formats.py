@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import struct
@@ -14,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import ShardReadError
+from .identity import object_identity
 from .remote import RemoteFiles, SparseFile
 from .retry import DEFAULT_RETRY, Retry
 from .sources import ACCEPTED, TableFile, _Location, _mtime_ns
@@ -142,8 +144,9 @@ def _scan_messages(f: Any, start: int, end: int, digest: Any = None) -> list[tup
 class _FileMeta:
     """What construction learns about one file (internal).
 
-    ``mtime_ns`` (None when the storage reports none) and ``digest`` identify the
-    content (see `_digest`): a shard rewritten in place is told apart by them.
+    ``mtime_ns`` (None when the storage reports none), ``digest`` and, for a remote file,
+    ``etag`` (`identity.object_identity`: None when the storage reports none) identify the
+    content: a shard rewritten in place is told apart by them.
     """
 
     format: str
@@ -157,6 +160,7 @@ class _FileMeta:
     blocks: tuple[tuple[int, int, int], ...] | None = None
     mtime_ns: int | None = None
     digest: str = ""
+    etag: str | None = None
     # Parquet: the footer, parsed once here and handed to every reader of the file.
     parquet_metadata: Any = None
     # Remote IPC file: its last bytes (footer, length, magic); remote ORC file: its last 16 KiB or more (postscript,
@@ -348,11 +352,12 @@ def _sniff_tail(sparse: SparseFile | None) -> str | None:
     return "ipc_file" if end == b"ARROW1" else "parquet" if end.endswith(b"PAR1") else None
 
 
-def _scan_once(loc: _Location, remote: RemoteFiles) -> _FileMeta:
+def _scan_once(loc: _Location, remote: RemoteFiles, cache: Any = None) -> _FileMeta:
     # The modification time first: a rewrite during the scan then shows as a change later.
     mtime = _local_mtime_ns(loc) if loc.fs is None else loc.mtime_ns
     if loc.fs is not None and mtime is None:
         mtime = _remote_mtime_ns(loc)
+    etag = None
     if loc.fs is None:
         f = _open_local(loc)
         try:
@@ -362,10 +367,35 @@ def _scan_once(loc: _Location, remote: RemoteFiles) -> _FileMeta:
     else:  # one request for the tail (the whole of a small file), in memory from then on
         size = loc.size if loc.size is not None else remote.size(loc)
         n = size if size <= WHOLE_FILE_BYTES else TAIL_BYTES
-        sparse = SparseFile(loc, size, remote, [(size - n, remote.read(loc, size - n, n))] if n else [])
-        meta = _scan_opened(loc, sparse.as_arrow(), sparse)
-    meta.mtime_ns = mtime
+        tail = remote.read(loc, size - n, n) if n else None
+        etag = object_identity(remote.opened(loc))  # from the request that opened it (pyarrow's HEAD)
+        copy = _cached_copy(cache, loc, size, etag, mtime)
+        if copy is not None:  # scanned from the local copy
+            try:
+                meta = _scan_opened(dataclasses.replace(loc, fs=None, fs_path=copy[0]), copy[1])
+            finally:
+                copy[1].close()
+        else:
+            sparse = SparseFile(loc, size, remote, [(size - n, tail)] if n else [])
+            meta = _scan_opened(loc, sparse.as_arrow(), sparse)
+    meta.mtime_ns, meta.etag = mtime, etag
     return meta
+
+
+def cache_identity(meta: _FileMeta) -> str | None:
+    """What a remote file's copy in a cache is checked against besides its size: its ETag, else its modification
+    time; None when the storage reports neither (such a file is not cached)."""
+    if meta.etag is not None:
+        return meta.etag
+    return None if meta.mtime_ns is None else f"mtime:{meta.mtime_ns}"
+
+
+def _cached_copy(cache: Any, loc: _Location, size: int, etag: str | None, mtime: int | None) -> Any:
+    """``(path, memory map)`` of the copy of a remote file already in ``cache`` (an `ObjectCache`), or None."""
+    if cache is None or loc.fs is None:
+        return None
+    identity = cache_identity(_FileMeta("", size, None, (), etag=etag, mtime_ns=mtime))
+    return None if identity is None else cache.lookup(loc, size, identity)
 
 
 def _remote_mtime_ns(loc: _Location) -> int | None:
@@ -391,13 +421,13 @@ def _check_listed(loc: _Location, meta: _FileMeta) -> _FileMeta:
     return meta
 
 
-def _scan_file(loc: _Location, remote: RemoteFiles) -> _FileMeta:
+def _scan_file(loc: _Location, remote: RemoteFiles, cache: Any = None) -> _FileMeta:
     """Format, size, schema, batch / row-group boundaries and identity of one file, without reading audio.
 
     Remote: each request is retried on a transient fault (`RemoteFiles.read`).
     """
     try:
-        return _check_listed(loc, _scan_once(loc, remote))
+        return _check_listed(loc, _scan_once(loc, remote, cache))
     except ShardReadError:
         raise
     except (OSError, EOFError, ValueError, struct.error, IndexError, pa.ArrowException) as error:
@@ -405,12 +435,13 @@ def _scan_file(loc: _Location, remote: RemoteFiles) -> _FileMeta:
                              f"corrupt; re-write it or remove it from the source ({ACCEPTED})") from error
 
 
-def _scan_all(locations: list[_Location], retry: Retry = DEFAULT_RETRY,
-              remote: RemoteFiles | None = None) -> list[_FileMeta]:
-    """Every file's `_FileMeta`, scanned concurrently (remote files: many at once, latency-bound)."""
+def _scan_all(locations: list[_Location], retry: Retry = DEFAULT_RETRY, remote: RemoteFiles | None = None,
+              cache: Any = None) -> list[_FileMeta]:
+    """Every file's `_FileMeta`, scanned concurrently (remote files: many at once, latency-bound); a remote file
+    with a copy in ``cache`` (an `ObjectCache`) is scanned there."""
     remote = remote if remote is not None else RemoteFiles(retry)
     if len(locations) < 4:
-        return [_scan_file(loc, remote) for loc in locations]
+        return [_scan_file(loc, remote, cache) for loc in locations]
     threads = _SCAN_THREADS_REMOTE if any(loc.fs is not None for loc in locations) else _SCAN_THREADS_LOCAL
     with ThreadPoolExecutor(max_workers=min(threads, len(locations)), thread_name_prefix="audioloader-scan") as pool:
-        return list(pool.map(lambda loc: _scan_file(loc, remote), locations))
+        return list(pool.map(lambda loc: _scan_file(loc, remote, cache), locations))

@@ -64,7 +64,7 @@ def index_table(names: Sequence[str], metas: Sequence[_FileMeta], portable: bool
     columns = {
         "name": list(names), "size": [m.size for m in metas],
         "mtime_ns": [None if portable else m.mtime_ns for m in metas], "scanned_ns": [time.time_ns()] * len(metas),
-        "etag": [getattr(m, "etag", None) for m in metas], "format": [m.format for m in metas],
+        "etag": [m.etag for m in metas], "format": [m.format for m in metas],
         "unit_rows": [list(m.unit_rows) for m in metas], "offsets": [None if m.offsets is None else list(m.offsets)
                                                                      for m in metas],
         "blocks": [None if m.blocks is None else [v for block in m.blocks for v in block] for m in metas],
@@ -115,7 +115,7 @@ def meta_of(entry: dict[str, Any]) -> _FileMeta:
         tail = entry["tail"]
     return _FileMeta(entry["format"], entry["size"], pa.ipc.read_schema(pa.py_buffer(entry["schema"])),
                      tuple(entry["unit_rows"]), None if entry["offsets"] is None else tuple(entry["offsets"]),
-                     blocks=blocks, mtime_ns=entry["mtime_ns"], digest=entry["digest"],
+                     blocks=blocks, mtime_ns=entry["mtime_ns"], digest=entry["digest"], etag=entry["etag"],
                      parquet_metadata=parquet_metadata, tail=tail)
 
 

@@ -121,6 +121,11 @@ class RemoteFiles:
                         self._files.popitem(last=False)[1].close()
         return f
 
+    def opened(self, loc: Any) -> Any:
+        """The open pyarrow file of ``loc`` (opened now if needed: pyarrow's HEAD, whose headers carry the ETag)."""
+        return with_retries(lambda: self._file(loc), what=f"shard {loc.path}", retry=self.retry,
+                            on_failure=lambda: self._forget(loc))
+
     def _forget(self, loc: Any) -> None:
         """Drop a file's handle after a failed request (its connection may be broken)."""
         with self._lock:

@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import ShardReadError
-from .formats import _cheapest_column, _open_local
+from .formats import _cheapest_column, _open_local, cache_identity
 from .readers import _ConformedHandle, _IpcFileHandle, _IpcStreamHandle, _OrcHandle, _ParquetHandle
 from .remote import SparseFile
 from .units import coalesce, unit_ranges
@@ -59,7 +59,7 @@ class UnitReads:
             return handle
         handle = self._open_handle(file_id)
         cache[file_id] = handle
-        local = self._locations[file_id].fs is None
+        local = self._locations[file_id].fs is None or self.cache is not None  # cached copies hold a descriptor
         if len(cache) > (_HANDLES_PER_THREAD if local else _REMOTE_HANDLES_PER_THREAD):
             cache.popitem(last=False)[1].close()
         return handle
@@ -71,8 +71,11 @@ class UnitReads:
         if handle is not None:
             handle.close()
 
-    def _open_handle(self, file_id: int, columns: Sequence[str] | None = None) -> Any:
-        """A handle reading ``columns`` (default: the used ones) of a file, in the unified schema's types."""
+    def _open_handle(self, file_id: int, columns: Sequence[str] | None = None, download: bool = True) -> Any:
+        """A handle reading ``columns`` (default: the used ones) of a file, in the unified schema's types.
+
+        ``download``: a remote file not yet in the cache is downloaded into it (else read remotely).
+        """
         meta = self._metas[file_id]
         if meta.schema is None:
             raise IndexError(f"{self.files[file_id].path} was pruned by the filter (its table metadata rules it "
@@ -81,16 +84,18 @@ class UnitReads:
         target = pa.schema([self.schema.field(c) for c in columns])
         present = [c for c in columns if c in meta.schema.names]
         # A file with none of the columns still reads one, for its rows' count (ORC gives no rows for no columns).
-        handle = self._open_format_handle(file_id, present or [_cheapest_column(meta.schema)])
+        handle = self._open_format_handle(file_id, present or [_cheapest_column(meta.schema)], download)
         if present != columns or any(meta.schema.field(c).type != target.field(c).type for c in present):
             return _ConformedHandle(handle, target)  # schema evolution: missing columns, narrower types
         return handle
 
-    def _open_format_handle(self, file_id: int, columns: list[str]) -> Any:
+    def _open_format_handle(self, file_id: int, columns: list[str], download: bool = True) -> Any:
         loc, meta = self._locations[file_id], self._metas[file_id]
         sparse = None
-        if loc.fs is None:
-            f = _open_local(loc)
+        copy = self._cached_copy(file_id, download)
+        local = loc.fs is None or copy is not None  # a cached copy is read like a local file: memory-mapped
+        if local:
+            f = copy if copy is not None else _open_local(loc)
             if f.size() != meta.size:
                 f.close()
                 raise ShardReadError(f"shard {loc.path} changed after the loader was built: it has {f.size()} "
@@ -102,7 +107,7 @@ class UnitReads:
             f = sparse.as_arrow()
         try:
             if meta.format == "ipc_file":
-                handle: Any = _IpcFileHandle(f, meta.schema, columns, loc.fs is None)
+                handle: Any = _IpcFileHandle(f, meta.schema, columns, local)
             elif meta.format == "ipc_stream":
                 handle = _IpcStreamHandle(f, meta.schema, meta.offsets or (), columns)
             elif meta.format == "orc":
@@ -117,10 +122,23 @@ class UnitReads:
         handle.sparse = sparse
         return handle
 
+    def _cached_copy(self, file_id: int, download: bool = True) -> Any:
+        """A memory map of a remote file's copy in the cache (downloaded first if needed and ``download``), or
+        None: no cache, a local file, no copy and not ``download``, or a remote file whose storage reports
+        neither an ETag nor a modification time (its copy could not be told from a changed object's)."""
+        loc, meta = self._locations[file_id], self._metas[file_id]
+        identity = cache_identity(meta)
+        if self.cache is None or loc.fs is None or identity is None:
+            return None
+        if not download:
+            found = self.cache.lookup(loc, meta.size, identity)
+            return None if found is None else found[1]
+        return self.cache.open(loc, meta.size, identity)
+
     def unit_ranges(self, file_id: int, unit: int) -> list[tuple[int, int]] | None:
         """The byte ranges a read of a remote file's unit needs (`units.unit_ranges`); None for a local file,
-        or where they are not known (ORC)."""
-        if self._locations[file_id].fs is None:
+        a file the cache keeps (read from its local copy), or where they are not known (ORC)."""
+        if self._locations[file_id].fs is None or self.cache is not None:
             return None
         return unit_ranges(self._metas[file_id], unit, self._present_columns(file_id))
 
