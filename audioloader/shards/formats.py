@@ -365,10 +365,10 @@ def _scan_once(loc: _Location, remote: RemoteFiles, cache: Any = None) -> _FileM
         finally:
             f.close()
     else:  # one request for the tail (the whole of a small file), in memory from then on
+        etag = object_identity(remote.opened(loc))  # from the request that opens it (pyarrow's HEAD)
         size = loc.size if loc.size is not None else remote.size(loc)
-        n = size if size <= WHOLE_FILE_BYTES else TAIL_BYTES
-        tail = remote.read(loc, size - n, n) if n else None
-        etag = object_identity(remote.opened(loc))  # from the request that opened it (pyarrow's HEAD)
+        # With a cache the file's bytes go there whole when it is first read: here only its tail.
+        n = size if size <= WHOLE_FILE_BYTES and cache is None else min(size, TAIL_BYTES)
         copy = _cached_copy(cache, loc, size, etag, mtime)
         if copy is not None:  # scanned from the local copy
             try:
@@ -376,7 +376,7 @@ def _scan_once(loc: _Location, remote: RemoteFiles, cache: Any = None) -> _FileM
             finally:
                 copy[1].close()
         else:
-            sparse = SparseFile(loc, size, remote, [(size - n, tail)] if n else [])
+            sparse = SparseFile(loc, size, remote, [(size - n, remote.read(loc, size - n, n))] if n else [])
             meta = _scan_opened(loc, sparse.as_arrow(), sparse)
     meta.mtime_ns, meta.etag = mtime, etag
     return meta
