@@ -21,8 +21,8 @@ def s3(tmp_path_factory):
             env.setenv(name, value)
         server = S3Server(enforce_auth=True)
         try:
-            make_shards(tmp_path_factory.mktemp("ipc"), [6, 6], "ipc_file", batch_rows=3, seconds=0.2)
-            folder = tmp_path_factory.getbasetemp() / "ipc0"
+            folder = tmp_path_factory.mktemp("ipc")  # not always "ipc0": conftest's ipc_shards may have taken it
+            make_shards(folder, [6, 6], "ipc_file", batch_rows=3, seconds=0.2)
             server.upload(folder, "private/ipc")
             yield server
         finally:
