@@ -7,6 +7,7 @@ How to run (from the repository root, in the dev environment)::
     PYTHONPATH=. .venv/bin/python benchmarks/bench_remote.py --latency 50 --contenders reader,eval-waveform
     git worktree add /tmp/before 3624b66                                         # before and after, one run:
     PYTHONPATH=. .venv/bin/python benchmarks/bench_remote.py --project before=/tmp/before --project after=.
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_remote.py --report bench-out/remote.json   # the tables again
 
 Results go to ``--output`` (default ``bench-out/remote.json``: every run's figures,
 the settings, the machine, the load average) and to tables on stdout. The first
@@ -75,7 +76,7 @@ BUCKET = "bench"
 
 FULL = {"datasets": "speech,standard", "formats": "ipc,parquet", "latency": "0,20,50,100",
         "contenders": ",".join(GROUPS), "peer_latency": "50", "peer_features": "waveform,mel",
-        "construct_latency": "50", "construct_files": 1000, "measure_seconds": 3.0}
+        "construct_latency": "50", "construct_files": 1000, "measure_seconds": 2.5}
 QUICK = {"datasets": "speech", "formats": "ipc,parquet", "latency": "0,50",
          "contenders": "reader,eval-waveform,train-mel,construct,litdata,streaming,s3fs", "peer_latency": "50",
          "peer_features": "waveform", "construct_latency": "50", "construct_files": 200, "measure_seconds": 2.0}
@@ -85,10 +86,8 @@ QUICK = {"datasets": "speech", "formats": "ipc,parquet", "latency": "0,50",
 
 
 def _runner():
-    try:
-        from audioloader.tools.bench import runner
-    except ImportError:
-        from audioloader.bench import runner
+    from audioloader.tools.bench import runner
+
     return runner
 
 
@@ -351,7 +350,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cache-dir", default="~/.cache/audioloader-bench", help="datasets and the peers' venv")
     parser.add_argument("--output", default="bench-out/remote.json", help="JSON results (bench-out/remote.json)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before a contender is killed")
+    parser.add_argument("--report", metavar="FILE", help="print the tables of an earlier run's JSON and exit")
     args = parser.parse_args(argv)
+    if args.report:
+        return args
     preset = QUICK if args.quick else FULL
     for key, value in preset.items():
         if getattr(args, key) is None:
@@ -395,6 +397,9 @@ def _commit(path: Path) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.report:
+        print(remote_report.tables(json.loads(Path(args.report).read_text())))
+        return 0
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)

@@ -141,12 +141,16 @@ def _grid(results: list[dict[str, Any]], project: str, contender: str, latencies
     return rows
 
 
+def _cap(mb_per_s: float) -> str:
+    return f"{mb_per_s:g} MB/s per connection" if mb_per_s else "none"
+
+
 def tables(out: dict[str, Any]) -> str:
     results = out["results"]
     machine = out["machine"]
     s = out["settings"]
     lines = [f"bench_remote: {machine.get('cores')} cores ({machine.get('cpu')}), load average at the end "
-             f"{machine.get('loadavg_end')}; bandwidth cap {s['bandwidth']:g} MB/s per connection; "
+             f"{machine.get('loadavg_end')}; bandwidth cap {_cap(s['bandwidth'])}; "
              f"{out['seconds']:.0f} s",
              "projects: " + ", ".join(f"{n} = {p['path']} ({p['commit']})" for n, p in out["projects"].items())]
     latencies = [None, *sorted({r["latency_ms"] for r in results if r["latency_ms"] is not None})]
