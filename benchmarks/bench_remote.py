@@ -127,9 +127,11 @@ def run_child(command: list[str], env: dict[str, str], timeout: float, on_mark=N
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
+        timed_out = False
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            timed_out = True
             runner._kill_tree(proc.pid, runner.tree_pids)
             proc.wait()
         sampler.stop()
@@ -140,8 +142,8 @@ def run_child(command: list[str], env: dict[str, str], timeout: float, on_mark=N
         stderr = err.read()[-3000:]
     line = next((x for x in lines if x.startswith(RESULT_PREFIX)), None)
     if line is None:
-        result: dict[str, Any] = {"ok": False, "error": f"exited with {proc.returncode} without a result",
-                                  "stderr": stderr}
+        why = f"timed out after {timeout:g} s (--timeout)" if timed_out else f"exited with {proc.returncode}"
+        result: dict[str, Any] = {"ok": False, "error": f"{why} without a result", "stderr": stderr}
     else:
         result = json.loads(line[len(RESULT_PREFIX):])
         if not result.get("ok"):

@@ -26,10 +26,11 @@ the whole clip, mono, soxr to the target rate, a 0.5 s (waveform) or 5 s (log-me
 
 Loopback specifics (real S3 is https, where neither arises): LitData's obstore
 client refuses plain http unless ``_OBSTORE_CLIENT_OPTIONS["allow_http"]`` is set;
-Streaming's forked DataLoader workers would share the boto3 connection the parent
-opened to read ``index.json`` (responses reach the wrong worker), so the parent's
-is closed after construction (``dataset._downloader.clean_up()``), as in
-/work/shared/research/remote_peers.md.
+Streaming's forked DataLoader workers would share the boto3 client the parent
+opened to read ``index.json`` (responses reach the wrong worker: a shard file gets
+another's bytes, ``IndexError: Relative sample index 21 is not present in the
+shard.00002.mds file``, seen here without it), so the parent's is dropped after
+construction (``stream._downloader.clean_up()`` for each of ``dataset.streams``).
 """
 
 from __future__ import annotations
@@ -145,9 +146,8 @@ def _streaming(spec: dict[str, Any]):
 
     dataset = AudioDataset(remote=spec["remote"], local=spec["cache_dir"], shuffle=spec["train"],
                            batch_size=spec["batch_size"])
-    downloader = getattr(dataset, "_downloader", None)
-    if downloader is not None and hasattr(downloader, "clean_up"):
-        downloader.clean_up()  # forked workers must not share the parent's boto3 connection
+    for stream in dataset.streams:  # forked workers must not share the boto3 client the parent read index.json with
+        stream._downloader.clean_up()
     return torch.utils.data.DataLoader(dataset, batch_size=spec["batch_size"], num_workers=spec["workers"])
 
 
