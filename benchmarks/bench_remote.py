@@ -2,18 +2,34 @@
 
 How to run (from the repository root, in the dev environment)::
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_remote.py --quick            # ~5 min: speech rows, 0 and 50 ms
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_remote.py                    # the full run (~25 min on 2 cores)
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_remote.py --quick            # speech rows, 0 and 50 ms
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_remote.py                    # the full run
     PYTHONPATH=. .venv/bin/python benchmarks/bench_remote.py --latency 50 --contenders reader,eval-waveform
     git worktree add /tmp/before 3624b66                                         # before and after, one run:
     PYTHONPATH=. .venv/bin/python benchmarks/bench_remote.py --project before=/tmp/before --project after=.
     PYTHONPATH=. .venv/bin/python benchmarks/bench_remote.py --report bench-out/remote.json   # the tables again
 
-Results go to ``--output`` (default ``bench-out/remote.json``: every run's figures,
-the settings, the machine, the load average) and to tables on stdout. The first
-run generates the datasets and makes the peers' venv under ``--cache-dir``
-(default ``~/.cache/audioloader-bench``, outside the repository; a couple of
-minutes, once). ``--contenders`` without the peers needs no venv.
+Duration on 2 cores, once the data and the venv exist: ``--quick`` 27 runs, about
+5 minutes; the full run 116 runs (about 8 s each, construction over 1,000 files and
+the peers longer), about 20-25 minutes; each extra ``--project`` adds its 104
+audioloader runs. ``--latency 50,100`` or a ``--contenders`` subset cuts it down.
+``--bandwidth 0`` lifts the per-connection cap (issue 19's first figures had none).
+
+Results go to ``--output`` (default ``bench-out/remote.json``) and to tables on
+stdout. The JSON holds ``settings``, ``projects`` (path, commit), ``peers``
+(versions), ``machine`` (cores, load average at the end) and ``results``: one
+object per run with ``name``, ``project`` (None for a peer), ``contender``,
+``dataset``, ``format``, ``latency_ms`` (None: local disk), ``rows_per_s`` (reader)
+or ``samples_per_s`` (after the first batch) and ``samples_per_s_total``,
+``first_batch_s`` / ``first_row_s``, ``construct_s``, ``peak_pss_bytes``,
+``requests`` (``requests``, ``GET``, ``HEAD``, ``LIST``, ``bytes``: the whole run),
+``marks.constructed`` (the same counters when construction ended),
+``bytes_read``, ``max_in_flight``, ``server_cores`` / ``proxy_cores`` /
+``others_cores``; then ``ratios`` and ``targets`` (issue 19's, met or not).
+
+The first run generates the datasets and makes the peers' venv under
+``--cache-dir`` (default ``~/.cache/audioloader-bench``, outside the repository;
+about 5 minutes, once). A ``--contenders`` list without the peers needs no venv.
 
 Set-up: moto's S3 server on 127.0.0.1 (tests/s3_server.py, its own process), and
 in front of it the shaping proxy in its own process (`ProxyProcess`: it waits
@@ -76,7 +92,7 @@ BUCKET = "bench"
 
 FULL = {"datasets": "speech,standard", "formats": "ipc,parquet", "latency": "0,20,50,100",
         "contenders": ",".join(GROUPS), "peer_latency": "50", "peer_features": "waveform,mel",
-        "construct_latency": "50", "construct_files": 1000, "measure_seconds": 2.5}
+        "construct_latency": "50", "construct_files": 1000, "measure_seconds": 2.0}
 QUICK = {"datasets": "speech", "formats": "ipc,parquet", "latency": "0,50",
          "contenders": "reader,eval-waveform,train-mel,construct,litdata,streaming,s3fs", "peer_latency": "50",
          "peer_features": "waveform", "construct_latency": "50", "construct_files": 200, "measure_seconds": 2.0}
@@ -342,7 +358,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--peer-features", help="waveform,mel (full) or one of them")
     parser.add_argument("--construct-latency", help="ms for the construction runs (50); local is always run")
     parser.add_argument("--construct-files", type=int, help="small files for construct (full 1000, quick 200)")
-    parser.add_argument("--measure-seconds", type=float, help="window after the first batch (full 3, quick 2)")
+    parser.add_argument("--measure-seconds", type=float, help="window after the first batch, seconds (2)")
     parser.add_argument("--speech-rows", type=int, default=2000, help="rows of the speech dataset (2000)")
     parser.add_argument("--standard-clips", type=int, default=256, help="clips of the standard dataset (256)")
     parser.add_argument("--train-buffer", type=int, default=256, help="train shuffle buffer (256; 0: the default)")
