@@ -9,9 +9,10 @@ How to run (from the repository root, in the dev environment)::
     PYTHONPATH=. .venv/bin/python benchmarks/bench_remote.py --project before=/tmp/before --project after=.
     PYTHONPATH=. .venv/bin/python benchmarks/bench_remote.py --report bench-out/remote.json   # the tables again
 
-Duration on 2 cores, once the data and the venv exist: ``--quick`` 27 runs, about
-5 minutes; the full run 116 runs (about 8 s each, construction over 1,000 files and
-the peers longer), about 20-25 minutes; each extra ``--project`` adds its 104
+Duration on 2 cores, once the data and the venv exist: ``--quick`` (the I/O-bound
+setting only, the peers against the training loader) 25 runs, about 5 minutes;
+the full run 116 runs (about 8 s each; construction over 1,000 files and the
+peers longer), about 20-25 minutes; each extra ``--project`` adds its 104
 audioloader runs. ``--latency 50,100`` or a ``--contenders`` subset cuts it down.
 ``--bandwidth 0`` lifts the per-connection cap (issue 19's first figures had none).
 
@@ -94,7 +95,7 @@ FULL = {"datasets": "speech,standard", "formats": "ipc,parquet", "latency": "0,2
         "contenders": ",".join(GROUPS), "peer_latency": "50", "peer_features": "waveform,mel",
         "construct_latency": "50", "construct_files": 1000, "measure_seconds": 2.0}
 QUICK = {"datasets": "speech", "formats": "ipc,parquet", "latency": "0,50",
-         "contenders": "reader,eval-waveform,train-mel,construct,litdata,streaming,s3fs", "peer_latency": "50",
+         "contenders": "reader,eval-waveform,train-waveform,construct,litdata,streaming,s3fs", "peer_latency": "50",
          "peer_features": "waveform", "construct_latency": "50", "construct_files": 200, "measure_seconds": 2.0}
 
 
@@ -348,7 +349,8 @@ def _list(text: str, cast=str) -> list[Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="speech rows only, 0 and 50 ms, fewer contenders")
+    parser.add_argument("--quick", action="store_true",
+                        help="speech rows, 0 and 50 ms, waveform windows only, 200 files for construct")
     parser.add_argument("--latency", help="ms added per request, comma-separated (full: 0,20,50,100)")
     parser.add_argument("--bandwidth", type=float, default=50.0, help="MB/s per connection (50; 0: no cap)")
     parser.add_argument("--contenders", help=f"comma-separated subset of {','.join(GROUPS)}")
