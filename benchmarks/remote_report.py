@@ -99,6 +99,8 @@ def targets(results: list[dict[str, Any]], ratio: dict[str, float | None]) -> li
                                                                               r.get("construct_s")), "<=", 1.0))
                 out.append(_target(f"{key}: resume requests (construct + first batch) / cold's",
                                    _div(resumed["requests"]["requests"], r["requests"]["requests"]), "<=", 1.0))
+                out.append(_target(f"{key}: the resumed batch is the one the cold run yielded next (1 = yes)",
+                                   float(bool(resumed.get("exact"))), ">=", 1.0))
     for name, value in ratio.items():
         if name.endswith(("/ litdata", "/ streaming")) and " 50ms / " in name:
             out.append(_target(f"{name} (samples/s, ahead)", value, ">=", 1.0))
