@@ -6,7 +6,7 @@
 
 from .audio_loader import AudioLoader
 from .dsp.augment import AddNoise, Gain, Mixup, Reverb, SpecAugment, SpeedPerturb, mixup_targets
-from .dsp.config import FbankConfig, LengthPolicy, MelSpectrogramConfig, WaveformConfig
+from .dsp.config import FbankConfig, LengthPolicy, MelSpectrogramConfig, Segments, WaveformConfig
 from .errors import (
     AudioLoaderError,
     CheckpointMismatchError,
@@ -47,6 +47,7 @@ __all__ = [
     "Reverb",
     "Sample",
     "SchemaError",
+    "Segments",
     "ShardDataset",
     "ShardReadError",
     "ShardWriter",

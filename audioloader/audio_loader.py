@@ -25,7 +25,7 @@ from torchdata.nodes import BaseNode, PinMemory
 from . import elastic
 from .distributed import resolve_rank
 from .dsp.augment import Augmentations
-from .dsp.config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, check_features
+from .dsp.config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, Segments, check_features
 from .errors import CheckpointMismatchError
 from .loader import Loader
 from .mix import Mix, check_columns, check_lengths, fetch_mixed, source_seed
@@ -42,6 +42,7 @@ from .nodes.weighted_mix import WeightedMix
 from .options import Bucketing, Shuffle, Workers, merge
 from .samples import BadRow, Key, RawSample, Sample
 from .shards import IcebergTable, Retry, ShardDataset
+from .shards.writer import shard_doc
 from .stats import LoaderStats
 
 STATE_FORMAT = "audioloader.AudioLoader/1"
@@ -144,6 +145,10 @@ class AudioLoader:
             (`BatchFeatures`); every tensor of the batch arrives on that device.
             ``"cpu"`` runs the same batched code on the CPU (slower than the
             default; it exists to check the GPU path against the CPU one).
+        segments: `Segments`: each row is a window of its audio, named by two numeric
+            columns (``start``/``end`` seconds, or ``start``/``duration``): only the window
+            is decoded (WAV/FLAC/AIFF seek to it), crops and whole utterances are taken
+            from it, and duration bucketing uses its length. None: whole rows.
     """
 
     def __init__(
@@ -168,6 +173,7 @@ class AudioLoader:
         on_error: str = "skip",
         *,
         length: LengthPolicy | None = None,
+        segments: Segments | None = None,
         batching: Bucketing | None = None,
         workers: Workers | None = None,
         shuffle: Shuffle | None = None,
@@ -192,6 +198,7 @@ class AudioLoader:
         self.features = features if features is not None else MelSpectrogramConfig()
         check_features(self.features)
         self.length = _group("length", length, LengthPolicy)
+        self.segments = None if segments is None else _group("segments", segments, Segments)
         self.batching = batching if batching is None else _group("batching", batching, Bucketing)
         if self.batching is not None and not self.length.variable_length:
             raise ValueError("batching=Bucketing(...) forms batches of whole utterances: pass "
@@ -284,24 +291,33 @@ class AudioLoader:
 
     def _reader_columns(self, source: Any, audio: str, label: str | None, split_rows: int,
                         filesystem: Any, retry: Retry | None) -> tuple[str, ...]:
-        """The user's extra columns, plus the bucketing's duration column when the shards have it."""
+        """The user's extra columns, plus the segments' columns and the bucketing's duration column when the
+        shards have it."""
         self._duration_column = None
         wanted = self.batching.duration_column if self.batching is not None else None
-        if wanted is None or wanted in self.columns:
-            self._duration_column = wanted if wanted in self.columns else None
-            return self.columns
+        needs_schema = self.segments is not None or (wanted is not None and wanted not in self.columns)
         schema = ShardDataset(source, audio_column=audio, label_column=label, split_rows=split_rows,
-                              filesystem=filesystem, retry=retry).schema
-        if wanted in schema.names:
+                              filesystem=filesystem, retry=retry).schema if needs_schema else None
+        columns = list(self.columns)
+        if self.segments is not None:
+            check_segment_columns(schema, self.segments)
+            columns += [c for c in self.segments.columns if c not in columns]
+        if wanted is not None and (wanted in columns or wanted in schema.names):
             self._duration_column = wanted
-            return (*self.columns, wanted)
-        return self.columns
+            columns += [] if wanted in columns else [wanted]
+        self._row_seconds = functools.partial(row_seconds, duration_column=self._duration_column,
+                                              segments=self.segments)
+        return tuple(columns)
 
     # ----------------------------------------------------------------- mix
 
     def _build_mix(self, split_rows: int, filesystem: Any, retry: Retry | None, filter: Any) -> None:
         """One reader per source of the `Mix`, interleaved by a `WeightedMix` node (``self.rows``)."""
         mix = self.mix
+        if self.segments is not None:
+            raise ValueError("segments=Segments(...) does not take a Mix yet: read the segments of one source, or "
+                             "pack them into rows of their own (audioloader pack cuts them)")
+        self._row_seconds = row_seconds
         if self.batching is not None:
             raise ValueError("batching=Bucketing(...) does not take a Mix yet: bucket one source, or mix "
                              "fixed-size batches (batch_size=)")
@@ -366,7 +382,7 @@ class AudioLoader:
                 augment=self.augmentations, on_error=on_error, max_error_fraction=max_error_fraction,
                 stats=self.stats_counters, worker_type=self.worker_type, fetch=fetch,
                 start_method=self.start_method, compute_features=self.device is None, length=length,
-                guard=file_guard([reader.dataset for reader in self.readers]))
+                guard=file_guard([reader.dataset for reader in self.readers]), segments=self.segments)
 
         def make_buffer(source: BaseNode, restore) -> ShuffleBuffer:
             return ShuffleBuffer(source, self.shuffle_buffer_size, self.shuffle_min_size, seed=self.seed,
@@ -379,7 +395,7 @@ class AudioLoader:
             planned = DurationBucketer(
                 rows, max_duration=self.batching.max_duration, boundaries=self._boundaries,
                 max_batch_size=self.batching.max_batch_size, restore=self.reader.fetch, drop_last=self.drop_last,
-                duration_fn=functools.partial(row_seconds, duration_column=self._duration_column),
+                duration_fn=self._row_seconds,
                 stats=self.stats_counters)
             self.decoder = make_decoder(planned)
             tail: BaseNode = self.decoder
@@ -428,7 +444,7 @@ class AudioLoader:
         n = len(kept)
         picks = kept[np.unique(np.linspace(0, n - 1, min(n, self.batching.estimate_rows)).round().astype(np.int64))]
         rows = self.reader.fetch([Key(int(i), 0) for i in picks])
-        return estimate_boundaries((row_seconds(r, self._duration_column) for r in rows), self.batching.num_buckets)
+        return estimate_boundaries((self._row_seconds(r) for r in rows), self.batching.num_buckets)
 
     def _resumed_batches(self, start: elastic.Plan) -> int:
         """Eval, after an elastic resume: batches every new rank yields in the rest of the pass (equal on all)."""
@@ -455,7 +471,7 @@ class AudioLoader:
                                     shuffle=self.train, infinite=False, interleave=self.interleave)
             if start is not None:
                 rows.start_from(start.state_for(rows))
-            counts.append(len(plan((row_seconds(r, self._duration_column) for r in rows), self._boundaries,
+            counts.append(len(plan((self._row_seconds(r) for r in rows), self._boundaries,
                                    self.batching.max_duration, self.batching.max_batch_size, self.drop_last)))
         return max(counts)
 
@@ -569,6 +585,8 @@ class AudioLoader:
         if self.batching is not None:
             extra["batching"] = {**self.batching.to_dict(), "boundaries": self._boundaries,
                                  "duration_column": self._duration_column}
+        if self.segments is not None:
+            extra["segments"] = self.segments.to_dict()
         if self.mix is not None:
             # world_size here too: resuming a mix on another number of ranks is refused by name
             # (elastic resume redistributes one source's rows; a mix's draws are per rank).
@@ -879,6 +897,23 @@ def _raw_rows_by_default(reader: ArrowShardReader) -> bool:
     """
     dataset = reader.dataset
     return _raw_rows_are_free(reader) or all(dataset.is_remote(i) for i in range(len(dataset.files)))
+
+
+def check_segment_columns(schema: pa.Schema, segments: Segments) -> None:
+    """The shards have numeric segment columns, and their rows are not already segments cut by ``pack``."""
+    for name in segments.columns:
+        if name not in schema.names:
+            raise ValueError(f"segments={segments}: the shards have no column {name!r} (columns: "
+                             f"{', '.join(schema.names)}); name the columns holding each row's window in seconds")
+        kind = schema.field(name).type
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+            raise ValueError(f"segments={segments}: column {name!r} has type {kind}; the window needs numbers "
+                             "(seconds). Write the times as floats")
+    doc = shard_doc(schema)
+    if doc.get("segments") == "cut":
+        raise ValueError(f"segments={segments}: these shards were packed from segments, and each row's audio is "
+                         "already its segment (audioloader pack cut it from its recording; the start/end columns "
+                         "only say where it was). Leave segments= out")
 
 
 def _numeric_columns(schema: pa.Schema, columns: Sequence[str]) -> list[str]:

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from ..dsp.audio import probe_seconds
+from ..dsp.audio import probe_seconds, span_seconds
+from ..dsp.config import Segments
 from ..dsp.hashing import item_checksum
 from ..errors import DecodeError
 from ..samples import BatchEnd, Key, RawSample
@@ -21,11 +22,18 @@ from .shuffle_buffer import verify_checksums
 RestoreFn = Callable[[Sequence[Key]], Sequence[Any]]
 
 
-def row_seconds(raw: RawSample, duration_column: str | None = None) -> float:
-    """A row's duration in seconds: its ``duration_column`` value when it has one, else its audio header.
+def row_seconds(raw: RawSample, duration_column: str | None = None, segments: Segments | None = None) -> float:
+    """A row's duration in seconds: its segment's length (``segments``: from its window columns), else
+    its ``duration_column`` value when it has one, else its audio header.
 
     A row whose header cannot be read counts as 0 s (the decode stage reports it as a bad row).
     """
+    span = None if segments is None else segments.span(raw.extras)
+    if span is not None:
+        try:
+            return span_seconds(span, raw.audio)
+        except DecodeError:
+            return 0.0
     if duration_column is not None:
         value = raw.extras.get(duration_column)
         if value is not None:
