@@ -120,3 +120,13 @@ def test_documentation_snippets_run(page, tmp_path, monkeypatch):
     for value in namespace.values():
         if hasattr(value, "shutdown") and callable(value.shutdown) and not isinstance(value, type):
             value.shutdown()
+
+
+def test_pack_speech_reads_every_input_kind_and_trains():
+    out = run_example("pack_speech.py", "--batches", 1)
+    for kind, rows in (("librispeech", 6), ("commonvoice", 3), ("csv", 3), ("jsonl", 3), ("audiofolder", 2),
+                       ("csv", 12)):
+        assert re.search(rf"wrote 1 shard\(s\), {rows} rows, .*\(input: {kind}\)", out), out
+    assert "empty transcript: 1 (train.tsv, line 4)" in out, out
+    assert "columns: audio, path, duration, start, end, text" in out, out
+    assert re.search(r"batch 0: fbank \(\d+, \d+, 80\) \(\d+ utterances", out), out

@@ -84,7 +84,8 @@ class PackSummary:
 
     def text(self) -> str:
         """The summary as the command line prints it."""
-        lines = [f"wrote {len(self.shards)} shard(s), {self.rows} rows, {self.seconds / 3600:.2f} h of audio, "
+        length = f"{self.seconds / 3600:.2f} h" if self.seconds >= 360 else f"{self.seconds:.1f} s"
+        lines = [f"wrote {len(self.shards)} shard(s), {self.rows} rows, {length} of audio, "
                  f"{self.audio_bytes / 2**20:.1f} MiB, to {self.out} (input: {self.input_format})",
                  f"columns: {', '.join(self.columns)}"]
         if self.label_names is not None:
