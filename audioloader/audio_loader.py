@@ -300,7 +300,7 @@ class AudioLoader:
                               filesystem=filesystem, retry=retry).schema if needs_schema else None
         columns = list(self.columns)
         if self.segments is not None:
-            check_segment_columns(schema, self.segments)
+            _check_segment_columns(schema, self.segments)
             columns += [c for c in self.segments.columns if c not in columns]
         if wanted is not None and (wanted in columns or wanted in schema.names):
             self._duration_column = wanted
@@ -899,7 +899,7 @@ def _raw_rows_by_default(reader: ArrowShardReader) -> bool:
     return _raw_rows_are_free(reader) or all(dataset.is_remote(i) for i in range(len(dataset.files)))
 
 
-def check_segment_columns(schema: pa.Schema, segments: Segments) -> None:
+def _check_segment_columns(schema: pa.Schema, segments: Segments) -> None:
     """The shards have numeric segment columns, and their rows are not already segments cut by ``pack``."""
     for name in segments.columns:
         if name not in schema.names:

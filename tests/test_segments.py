@@ -75,12 +75,12 @@ def expected_window(row: dict, target: int = RATE) -> np.ndarray:
     return reference(row["audio"], first, stop, target)
 
 
-def write_segments(folder: Path, rows: list[dict], batch_rows: int = 5) -> Path:
+def write_segments(folder: Path, rows: list[dict], batch_rows: int = 5, fmt: str = "ipc_file") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     extra = {"path": pa.string(), "start": pa.float64(), "end": pa.float64(), "text": pa.string(),
              "duration": pa.float64()}
-    with ShardWriter(folder / "shard-00000.arrow", labeled=False, extra_columns=extra,
-                     rows_per_batch=batch_rows) as writer:
+    name = "shard-00000.arrow" if fmt == "ipc_file" else "shard-00000.parquet"
+    with ShardWriter(folder / name, fmt, labeled=False, extra_columns=extra, rows_per_batch=batch_rows) as writer:
         for row in rows:
             writer.write(row["audio"], **{k: row[k] for k in extra})
     return folder
@@ -279,6 +279,21 @@ def test_training_over_segments_resumes_exactly(segments):
         return segment_loader(segments, batching=al.Bucketing(max_duration=4.0, num_buckets=3), **options)
 
     assert_resumes_exactly(build, total=9, cuts=[2, 5], num_workers=1)
+
+
+def test_parquet_segments_resume_through_a_buffer_of_decoded_samples(tmp_path, rows):
+    folder = write_segments(tmp_path / "pq", rows, fmt="parquet")
+
+    def build(**options):
+        return segment_loader(folder, **options)
+
+    with build() as loader:
+        assert not loader.shuffle_before_decode  # local Parquet: the buffer holds decoded windows
+    assert_resumes_exactly(build, total=8, cuts=[3], num_workers=1)
+    with segment_loader(folder, train=False) as loader:
+        got = samples_by_index(list(loader))
+    for index, row in enumerate(rows):
+        np.testing.assert_array_equal(got[index], expected_window(row))
 
 
 def test_eval_over_segments_is_exactly_once_across_ranks(segments, rows):
