@@ -167,6 +167,17 @@ def test_missing_files_and_empty_transcripts_are_skipped_counted_and_named(clips
     assert "empty transcript: 1 (m.csv, line 4)" in text
 
 
+def test_unusable_audio_is_skipped_per_reason(clips):
+    data = clips / "data"
+    (data / "clips" / "empty.wav").write_bytes(encode(np.zeros(0, np.float32), 16000))
+    (data / "clips" / "broken.flac").write_bytes(b"fLaC but nothing else")
+    (data / "m.tsv").write_text("path\ttext\nclips/empty.wav\ta\nclips/0.wav\tb\nclips/broken.flac\tc\n")
+    summary = pack_dataset(data / "m.tsv", clips / "out", progress=False)
+    assert summary.rows == 1 and summary.skipped == {"no audio frames": 1, "undecodable": 1}
+    assert summary.examples["no audio frames"][0].startswith("m.tsv, line 2: ")
+    assert "broken.flac" in summary.examples["undecodable"][0]
+
+
 def test_a_manifest_whose_files_are_all_missing_says_where_paths_are_resolved(tmp_path):
     (tmp_path / "lists").mkdir()
     manifest = tmp_path / "lists" / "m.csv"

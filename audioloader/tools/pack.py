@@ -43,7 +43,7 @@ from audioloader.shards.writer import FORMATS, ShardWriter
 
 from .layouts import AUDIO_EXTENSIONS, INPUT_FORMATS, collect_inputs
 from .manifests import Entry, Inputs
-from .pack_audio import CODECS, Packed, Skipped, load_entry, reencode
+from .pack_audio import CODECS, Packed, Skipped, forget_decoded, load_entry, reencode
 
 __all__ = ["AUDIO_EXTENSIONS", "CODECS", "INPUT_FORMATS", "PackSummary", "add_arguments", "collect_inputs", "pack",
            "pack_dataset", "reencode", "run"]
@@ -297,6 +297,7 @@ def _write_shards(entries: list[Entry], inputs: Inputs, out_dir: Path, summary: 
             writer = None
     finally:
         loaded.close()  # stops the worker threads now, not when the generator is collected
+        forget_decoded()
         if writer is not None:
             writer.abort()
         bar.close()

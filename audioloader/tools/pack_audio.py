@@ -36,7 +36,7 @@ from audioloader.errors import DecodeError
 
 from .manifests import Entry
 
-__all__ = ["CODECS", "ManifestError", "Packed", "Skipped", "cut_segment", "load_entry", "reencode"]
+__all__ = ["CODECS", "ManifestError", "Packed", "Skipped", "cut_segment", "forget_decoded", "load_entry", "reencode"]
 
 #: Re-encoding targets: lossless FLAC (16 bit) or WAV PCM16.
 CODECS = ("flac", "pcm16")
@@ -212,3 +212,8 @@ def _decoded_once(file: Path) -> tuple[np.ndarray, int]:
         _LAST.value = _decode(file)
         _LAST.stamp = stamp
     return _LAST.value
+
+
+def forget_decoded() -> None:
+    """Drop this thread's decoded recording (pack calls it when done: with one worker that is the caller's thread)."""
+    _LAST.stamp, _LAST.value = None, None
