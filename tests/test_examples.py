@@ -101,6 +101,14 @@ def test_documentation_snippets_run(page, tmp_path, monkeypatch):
 
     make_classification_dataset(tmp_path / "shards", 3, num_classes=2, num_shards=2, max_seconds=6.0)
     make_classification_dataset(tmp_path / "eval_shards", 2, num_classes=2, num_shards=1, first_clip=50)
+    if page in ("getting_started.md", "api.md"):  # speech: a packed LibriSpeech tree, rows holding windows
+        from audioloader.tools.pack import pack
+        from tests.test_ingest import make_librispeech
+        from tests.test_segments import segment_rows, write_segments
+
+        pack(make_librispeech(tmp_path / "LibriSpeech") / "train-clean-100", tmp_path / "speech_shards" / "librispeech",
+             progress=False)
+        write_segments(tmp_path / "recordings", segment_rows()[:6])
     monkeypatch.chdir(tmp_path)
     blocks = python_blocks(DOCS / page)
     assert blocks
