@@ -5,7 +5,8 @@
 """
 
 from .audio_loader import AudioLoader
-from .dsp.augment import AddNoise, Gain, Mixup, Reverb, SpecAugment, SpeedPerturb, mixup_targets
+from .dsp.augment import AddNoise, Gain, Mixup, Reverb, SpecAugment, SpeedPerturb
+from .dsp.augment_math import mixup_targets
 from .dsp.config import FbankConfig, LengthPolicy, MelSpectrogramConfig, Segments, WaveformConfig
 from .errors import (
     AudioLoaderError,
@@ -17,7 +18,7 @@ from .errors import (
 )
 from .loader import Loader
 from .mix import Mix, Source
-from .options import Bucketing, Shuffle, Workers
+from .options import Bucketing, OnError, Shuffle, Storage, Workers
 from .samples import BadRow, Key, RawSample, Sample
 from .shards import IcebergTable, Retry, ShardDataset, SourceNotFoundError
 from .shards.writer import ShardWriter
@@ -42,6 +43,7 @@ __all__ = [
     "MelSpectrogramConfig",
     "Mix",
     "Mixup",
+    "OnError",
     "RawSample",
     "Retry",
     "Reverb",
@@ -56,6 +58,7 @@ __all__ = [
     "SourceNotFoundError",
     "SpecAugment",
     "SpeedPerturb",
+    "Storage",
     "WaveformConfig",
     "Workers",
     "__version__",

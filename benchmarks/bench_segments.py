@@ -1,5 +1,5 @@
 """Segments of long recordings: packed as cut clips (``audioloader pack``) against rows that hold the whole
-recording and a window (``segments=al.Segments()``), same segments, same loader otherwise.
+recording and a window (``al.Source(..., segments=al.Segments())``), same segments, same loader otherwise.
 
 Data: ``--recordings`` synthetic recordings of ``--minutes`` minutes, 16 kHz mono 16-bit FLAC, and a
 manifest of consecutive segments of 1-20 s (gaps of 0-0.5 s) with a transcript each, generated once into
@@ -12,8 +12,9 @@ Storage (measured while building, once):
   of (recording, segment) rows exported to Arrow would: the recording is copied once per segment.
 
 Loading, each contender in a fresh process with the defaults a speech user would write:
-``AudioLoader(train=True, features=FbankConfig(), length=LengthPolicy(crop=None),
-batching=Bucketing(max_duration=D), columns=["text"])`` (+ ``segments=Segments()`` for ``windows``).
+``AudioLoader(Source(shards, label_column=None), train=True, features=FbankConfig(),
+length=LengthPolicy(crop=None), batching=Bucketing(max_duration=D), columns=["text"])`` (the source with
+``segments=Segments()`` for ``windows``).
 Reported: time to the first batch, audio seconds per second over ``--seconds`` after the warm-up, and the
 peak PSS of the process tree (`audioloader.tools.bench.runner.TreeSampler`).
 
@@ -92,10 +93,10 @@ def run_loader(spec: dict) -> dict:
     import audioloader as al
 
     began = time.perf_counter()
-    loader = al.AudioLoader(spec["shards"], train=True, seed=0, features=al.FbankConfig(), label_column=None,
-                            columns=["text"], length=al.LengthPolicy(crop=None),
-                            batching=al.Bucketing(max_duration=spec["max_duration"]),
-                            num_workers=spec["workers"], segments=al.Segments() if spec["windows"] else None)
+    source = al.Source(spec["shards"], label_column=None, segments=al.Segments() if spec["windows"] else None)
+    loader = al.AudioLoader(source, train=True, seed=0, features=al.FbankConfig(), columns=["text"],
+                            length=al.LengthPolicy(crop=None), batching=al.Bucketing(max_duration=spec["max_duration"]),
+                            workers=al.Workers(num_workers=spec["workers"]))
     batches = iter(loader)
     first = next(batches)
     first_s = time.perf_counter() - began

@@ -102,8 +102,8 @@ def pack(src: Path, out: Path) -> None:
 
 def train_a_little(shards: Path, batches: int, max_duration: float = 200.0, shuffle: al.Shuffle | None = None) -> None:
     """What a speech recipe builds on the shards: fbank of whole utterances, bucketed, with transcripts."""
-    loader = al.AudioLoader(shards, train=True, features=al.FbankConfig(), label_column=None, columns=["text"],
-                            length=al.LengthPolicy(crop=None, max_seconds=20.0),
+    loader = al.AudioLoader(al.Source(shards, label_column=None), train=True, features=al.FbankConfig(),
+                            columns=["text"], length=al.LengthPolicy(crop=None, max_seconds=20.0),
                             batching=al.Bucketing(max_duration=max_duration), shuffle=shuffle)
     with loader:
         for step, batch in zip(range(batches), loader, strict=False):

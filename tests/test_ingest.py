@@ -371,10 +371,10 @@ def test_segments_are_cut_sample_exact_and_stored_once_each(recordings, tmp_path
 
 def test_a_speech_loader_over_packed_segments_gets_each_window(recordings, tmp_path):
     shards = pack(recordings / "segments.csv", tmp_path / "out", progress=False)
-    with al.AudioLoader(shards, train=False, features=al.WaveformConfig(sample_rate=16000), label_column=None,
-                        columns=["text"], length=al.LengthPolicy(crop=None),
-                        batching=al.Bucketing(max_duration=9.0, num_buckets=1),
-                        num_workers=2) as loader:
+    with al.AudioLoader(al.Source(shards, label_column=None), train=False,
+                        features=al.WaveformConfig(sample_rate=16000), columns=["text"],
+                        length=al.LengthPolicy(crop=None), batching=al.Bucketing(max_duration=9.0, num_buckets=1),
+                        workers=al.Workers(num_workers=2)) as loader:
         batches = list(loader)
     got = {int(i): w[:n].numpy() for b in batches
            for i, w, n, ok in zip(b["index"], b["waveform"], b["lengths"], b["valid"], strict=True) if ok}

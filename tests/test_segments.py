@@ -23,12 +23,12 @@ from audioloader.errors import DecodeError
 from audioloader.nodes.duration_bucketer import row_seconds
 from audioloader.samples import Key, RawSample
 from audioloader.shards.writer import ShardWriter
-from tests.helpers import encode, tone
-from tests.test_audio_loader import assert_resumes_exactly, assert_same_batches
+from tests.helpers import assert_resumes_exactly, assert_same_batches, encode, tone
 
 RATE = 16000
 WHOLE = al.LengthPolicy(crop=None)
 WAVE = al.WaveformConfig(sample_rate=RATE)
+SEGMENTS = al.Segments()  # start, end
 
 # Recordings: (name, seconds, sample rate, channels, container, subtype).
 RECORDINGS = [
@@ -96,12 +96,17 @@ def segments(tmp_path_factory, rows) -> Path:
     return write_segments(tmp_path_factory.mktemp("segments"), rows)
 
 
-def segment_loader(source, **kwargs) -> al.AudioLoader:
-    options = {"batch_size": 4, "features": WAVE, "seed": 5, "label_column": None, "columns": ["text"],
-               "split_rows": 5, "length": WHOLE, "num_workers": 2, "segments": al.Segments()}
+def segment_loader(source, *, segments=SEGMENTS, num_workers=2, worker_type="auto", rank=None,
+                   world_size=None, **kwargs) -> al.AudioLoader:
+    """A whole-utterance waveform loader over ``source`` read as `Segments` (the test's shards: 5-row splits)."""
+    options = {"batch_size": 4, "features": WAVE, "seed": 5, "columns": ["text"], "length": WHOLE,
+               "workers": al.Workers(num_workers=num_workers, kind=worker_type),
+               "storage": al.Storage(split_rows=5, rank=rank, world_size=world_size)}
     if kwargs.get("train", True):
-        options.update(shuffle_buffer_size=8, shuffle_min_size=4)
+        options["shuffle"] = al.Shuffle(buffer_size=8, min_size=4)
     options.update(kwargs)
+    if not isinstance(source, al.Mix):
+        source = al.Source(source, label_column=None, segments=segments)
     return al.AudioLoader(source, **options)
 
 
@@ -308,7 +313,7 @@ def test_eval_over_segments_is_exactly_once_across_ranks(segments, rows):
 def test_a_window_outside_its_audio_is_a_reported_bad_row(tmp_path, rows):
     bad = dict(rows[0], start=1.0, end=60.0)
     folder = write_segments(tmp_path / "bad", [rows[1], bad, rows[2]])
-    with segment_loader(folder, train=False, max_error_fraction=1.0) as loader:
+    with segment_loader(folder, train=False, on_error=al.OnError(max_fraction=1.0)) as loader:
         kept = sorted(samples_by_index(list(loader)))
         report = loader.stats()["bad_rows"]
     assert kept == [0, 2]
@@ -337,10 +342,11 @@ def test_segment_options_fail_early_and_name_the_fix(tmp_path, segments, rows):
         al.Segments(end=None)
     with pytest.raises(ValueError, match="give one of end= and duration="):
         al.Segments(duration="duration")
-    with pytest.raises(TypeError, match=r"segments must be an audioloader\.Segments"):
+    with pytest.raises(TypeError, match=r"Source.segments must be an audioloader\.Segments"):
         segment_loader(segments, segments=("start", "end"))
-    with pytest.raises(ValueError, match="does not take a Mix yet"):
-        segment_loader(al.Mix({"a": (al.Source(segments, label_column=None), 1.0)}))
+    with pytest.raises(ValueError, match=r"Mix source\(s\) \['a'\] have segments=: a Mix does not take segments"):
+        segment_loader(al.Mix({"a": (al.Source(segments, label_column=None, segments=al.Segments()), 1.0),
+                               "b": (al.Source(segments, label_column=None), 1.0)}))
     # Shards whose rows were cut by `audioloader pack` must not be cut again.
     cut = tmp_path / "cut"
     cut.mkdir()
