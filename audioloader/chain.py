@@ -115,7 +115,8 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
         rows = DurationBucketer(rows, max_duration=s.batching.max_duration, boundaries=boundaries,
                                 max_batch_size=s.batching.max_batch_size, restore=reader.fetch,
                                 drop_last=s.drop_last, stats=stats,
-                                duration_fn=sources.seconds_of)
+                                duration_fn=functools.partial(row_seconds, duration_column=sources.duration_column,
+                                                              segments=sources.segments))
         samples = decode = decoder(rows)
     elif sources.shuffle_before_decode:  # the buffer holds raw rows
         samples = decode = decoder(buffer(rows, restore=fetch_rows))
