@@ -22,7 +22,7 @@ import pyarrow as pa
 import torch
 from torchdata.nodes import BaseNode, PinMemory
 
-from . import elastic
+from . import budget, elastic
 from .distributed import resolve_rank
 from .dsp.augment import Augmentations
 from .dsp.config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, check_features
@@ -56,19 +56,17 @@ Shards = str | Path | Sequence[str | Path]
 
 @dataclass(frozen=True)
 class ModePreset:
-    """Defaults of one mode (DESIGN.md, "Modes")."""
+    """Defaults of one mode (DESIGN.md, "Modes"); its shuffle buffer's are in `audioloader.budget`."""
 
     infinite: bool
-    shuffle_buffer_size: int
-    shuffle_min_size: int
     num_workers: int
 
 
-TRAIN = ModePreset(infinite=True, shuffle_buffer_size=10000, shuffle_min_size=8000, num_workers=8)
-# Eval does not shuffle (buffer of 1 = pass-through), unlike DESIGN.md's 1000 / 0: a
+TRAIN = ModePreset(infinite=True, num_workers=8)
+# Eval does not shuffle (buffer of 1 = pass-through, budget.EVAL), unlike DESIGN.md's 1000 / 0: a
 # metric does not depend on order, and the growing buffer made the first batch wait
 # for twice as many decodes (benchmark: first batch 0.66 s -> 0.26 s, 40% less memory).
-EVAL = ModePreset(infinite=False, shuffle_buffer_size=1, shuffle_min_size=0, num_workers=4)
+EVAL = ModePreset(infinite=False, num_workers=4)
 
 
 class AudioLoader:
@@ -213,8 +211,15 @@ class AudioLoader:
                                  "leave Mixup out")
         shuffle = merge(_group("shuffle", shuffle, Shuffle), buffer_size=shuffle_buffer_size,
                         min_size=shuffle_min_size, before_decode=shuffle_before_decode)
-        self._resolve_shuffle(shuffle, preset)
-        self.interleave = shuffle.interleave
+        if self.batching is not None and shuffle.before_decode is False:
+            raise ValueError("shuffle_before_decode=False with batching=Bucketing(...): the bucketer groups rows "
+                             "by duration before they are decoded, so the buffer before it holds raw rows; leave "
+                             "shuffle_before_decode out")
+        self._settings = budget.resolve(shuffle, train=self.train, bucketing=self.batching is not None,
+                                        mixed=isinstance(source, Mix))
+        self._buffer: ShuffleBuffer | None = None
+        self._bucketer: DurationBucketer | None = None
+        self._split_rows = split_rows
         self.infinite = bool(_pick(infinite, preset.infinite))
         self.drop_last = bool(drop_last)
         self.rank, self.world_size = resolve_rank(rank, world_size)
@@ -242,7 +247,9 @@ class AudioLoader:
         else:
             self.reader = None
             self._build_mix(split_rows, filesystem, retry, filter)
-        self.shuffle_before_decode = (all(_raw_rows_by_default(r) for r in self.readers)
+        # With batching the rows are grouped before they are decoded: whatever holds them holds raw rows.
+        self.shuffle_before_decode = (True if self.batching is not None else
+                                      all(_raw_rows_by_default(r) for r in self.readers)
                                       if shuffle.before_decode is None else bool(shuffle.before_decode))
         self._boundaries = self._bucket_boundaries() if self.batching is not None else None
         self.num_batches = self._count_batches() if not self.train else None
@@ -273,14 +280,30 @@ class AudioLoader:
         self.start_method = workers.start_method
         self.prefetch_batches = _positive_int("prefetch_batches", workers.prefetch_batches)
 
-    def _resolve_shuffle(self, shuffle: Shuffle, preset: ModePreset) -> None:
-        self.shuffle_buffer_size = _positive_int("shuffle_buffer_size",
-                                                 _pick(shuffle.buffer_size, preset.shuffle_buffer_size))
-        self.shuffle_min_size = _non_negative_int("shuffle_min_size", _pick(
-            shuffle.min_size, min(preset.shuffle_min_size, self.shuffle_buffer_size)))
-        if self.shuffle_min_size > self.shuffle_buffer_size:
-            raise ValueError(f"shuffle_min_size={self.shuffle_min_size} must be <= "
-                             f"shuffle_buffer_size={self.shuffle_buffer_size}")
+    @property
+    def shuffle_buffer_size(self) -> int:
+        """Most rows the shuffle buffer holds (`Shuffle.buffer_size`, or the preset's)."""
+        return self._settings.buffer_size
+
+    @property
+    def shuffle_min_size(self) -> int:
+        """Rows held before the first item leaves the buffer, unless ``shuffle_min_bytes`` come first."""
+        return self._settings.min_size
+
+    @property
+    def shuffle_max_bytes(self) -> int | None:
+        """The byte budget of the shuffle buffer and the bucketer together (None: rows only)."""
+        return self._settings.max_bytes
+
+    @property
+    def shuffle_min_bytes(self) -> int | None:
+        """Bytes held that end the buffer's first fill (None: rows only)."""
+        return self._settings.min_bytes
+
+    @property
+    def interleave(self) -> int:
+        """Splits the reader reads at once (`Shuffle.interleave`, or the preset's)."""
+        return self._settings.interleave
 
     def _reader_columns(self, source: Any, audio: str, label: str | None, split_rows: int,
                         filesystem: Any, retry: Retry | None) -> tuple[str, ...]:
@@ -368,19 +391,24 @@ class AudioLoader:
                 start_method=self.start_method, compute_features=self.device is None, length=length,
                 guard=file_guard([reader.dataset for reader in self.readers]))
 
+        settings = self._settings
+
         def make_buffer(source: BaseNode, restore) -> ShuffleBuffer:
-            return ShuffleBuffer(source, self.shuffle_buffer_size, self.shuffle_min_size, seed=self.seed,
-                                 rank=self.rank, restore=restore, stats=self.stats_counters)
+            self._buffer = ShuffleBuffer(
+                source, settings.buffer_size, settings.min_size, seed=self.seed, rank=self.rank, restore=restore,
+                stats=self.stats_counters, max_bytes=settings.max_bytes, min_bytes=settings.min_bytes,
+                one_pass=settings.one_pass)
+            return self._buffer
 
         if self.batching is not None:
             # Rows are grouped by duration before they are decoded, from their headers
             # or a duration column: only what a batch needs is decoded.
             rows: BaseNode = make_buffer(self.reader, self.reader.fetch) if self.train else self.reader
-            planned = DurationBucketer(
+            planned = self._bucketer = DurationBucketer(
                 rows, max_duration=self.batching.max_duration, boundaries=self._boundaries,
                 max_batch_size=self.batching.max_batch_size, restore=self.reader.fetch, drop_last=self.drop_last,
                 duration_fn=functools.partial(row_seconds, duration_column=self._duration_column),
-                stats=self.stats_counters)
+                stats=self.stats_counters, max_bytes=settings.bucketer_max_bytes, distinct=settings.one_pass)
             self.decoder = make_decoder(planned)
             tail: BaseNode = self.decoder
         elif self.shuffle_before_decode:
@@ -584,6 +612,9 @@ class AudioLoader:
             extra["filter"] = str(self.readers[0].dataset.filter)
         if self.interleave > 1:
             extra["interleave"] = self.interleave
+        memory = self._settings.fingerprint()
+        if memory is not None:  # a checkpoint without it was taken before byte budgets (budget.LEGACY_TRAIN)
+            extra["memory"] = memory
         tables = [[r.dataset.table.table, r.dataset.table.snapshot_id] for r in self.readers if r.dataset.table]
         if tables:
             extra["iceberg"] = tables  # [table, snapshot id] per Iceberg source: a resume reads the same snapshot
@@ -615,13 +646,24 @@ class AudioLoader:
             self._load_states_of_all_ranks(list(state_dict))
             return
         _check_format(state_dict)
+        self._adopt_legacy(state_dict["fingerprint"])
         self._check_fingerprint(state_dict["fingerprint"])
         self._loader.load_state_dict(state_dict["loader"])
+
+    def _adopt_legacy(self, theirs: dict[str, Any]) -> None:
+        """A checkpoint taken before byte budgets: go on with the settings it was taken with (`budget`)."""
+        if "memory" in theirs or self._settings.legacy:
+            return
+        self._settings = self._settings.as_legacy(theirs)
+        self._settings.configure(self._buffer, self._bucketer, self.readers)
+        self._fingerprint = self._make_fingerprint(self._split_rows)
 
     def _check_fingerprint(self, theirs: dict[str, Any], ignore: Sequence[str] = ()) -> None:
         ours = self._fingerprint
         _check_snapshots(theirs.get("iceberg"), ours.get("iceberg"))
         skip = {"file_identity", *ignore}
+        if self.batching is not None:  # rows are buffered raw with batching, whatever an older loader reported
+            skip.add("shuffle_before_decode")
         differ = {k: (theirs.get(k), ours.get(k)) for k in sorted(set(theirs) | set(ours))
                   if theirs.get(k) != ours.get(k) and k not in skip}
         if differ:
@@ -644,6 +686,7 @@ class AudioLoader:
                 f"this Mix checkpoint was saved on {len(by_rank)} ranks and this loader runs on {self.world_size}: "
                 "a mix resumes only on the same number of ranks (its draws are per rank); resume with "
                 f"world_size={len(by_rank)}", {"world_size": (len(by_rank), self.world_size)})
+        self._adopt_legacy(by_rank[0]["fingerprint"])
         self._check_fingerprint(by_rank[0]["fingerprint"], ignore=("rank", "world_size"))
         chain_states = [state["loader"]["root"] for state in by_rank]
         start = elastic.plan(self._loader.root, self.reader, chain_states)

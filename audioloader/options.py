@@ -77,28 +77,42 @@ class Bucketing:
 
 @dataclass(frozen=True)
 class Shuffle:
-    """The shuffle buffer: ``buffer_size`` items, ``min_size`` held before the first leaves.
+    """The shuffle buffer: how much it holds, in rows and in bytes, and how soon the first batch leaves.
+
+    ``buffer_size``: most rows held; ``max_bytes``: most bytes held by the buffer and
+    a bucketer after it together (raw rows count their own audio copies, none for
+    memory-mapped Arrow IPC shards; decoded samples their features; see
+    docs/concepts.md, "Memory"). ``min_size`` rows or ``min_bytes`` bytes, whichever
+    comes first, are held before the first item leaves (the first batch waits for no
+    more). None takes the mode's preset: train 10000 rows / 256 MiB, first fill 8000
+    rows / 32 MiB; eval 1 / 0 (no shuffle). A buffer never holds two passes (one source,
+    training): a corpus smaller than the buffer is shuffled whole each pass.
 
     ``before_decode``: hold raw rows and decode after the buffer (far less memory,
-    fast resume, same batches); None: yes for local Arrow IPC shards and remote shards.
-    None sizes take the mode's preset (train 10000 / 8000, eval 1 / 0).
+    fast resume, same batches); None: yes for local Arrow IPC shards, remote shards,
+    and with ``batching=`` (the bucketer groups rows before they are decoded).
 
     ``interleave``: splits the reader reads at once, taking one row of each in turn
     (a seeded order each round; `ArrowShardReader`), so that consecutive rows rarely
     come from one split and a small buffer mixes far better (docs/lakehouse.md,
-    "Interleaving"). 1 (default): one split after the other. Costs a record batch /
-    row group / stripe in memory per split read at once.
+    "Interleaving"). 1: one split after the other. None: the preset (4 with
+    ``batching=``, else 1). Costs a record batch / row group / stripe in memory per
+    split read at once (nothing for memory-mapped IPC shards).
     """
 
     buffer_size: int | None = None
     min_size: int | None = None
     before_decode: bool | None = None
-    interleave: int = 1
+    interleave: int | None = None
+    max_bytes: int | None = None
+    min_bytes: int | None = None
 
     def __post_init__(self) -> None:
         _positive_int_or_none(self, "buffer_size")
         _positive_int_or_none(self, "min_size", minimum=0)
-        _positive_int_or_none(self, "interleave", allow_none=False)
+        _positive_int_or_none(self, "interleave")
+        _positive_int_or_none(self, "max_bytes")
+        _positive_int_or_none(self, "min_bytes", minimum=0)
 
 
 @dataclass(frozen=True)

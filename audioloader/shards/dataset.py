@@ -345,6 +345,11 @@ class ShardDataset:
         """Whether a file is read through a remote filesystem (its rows are copies, not memory-map views)."""
         return self._locations[file_id].fs is not None
 
+    def is_memory_mapped(self, file_id: int) -> bool:
+        """Whether a file's audio values are views of a memory map (a local Arrow IPC file or stream), which
+        cost page cache, not process memory; a Parquet or ORC unit is decompressed into process memory."""
+        return self.files[file_id].format in ("ipc_file", "ipc_stream") and not self.is_remote(file_id)
+
     def check_unchanged(self, file_id: int) -> None:
         """Raise `ShardReadError` naming the file if a local shard's size or modification time changed.
 
