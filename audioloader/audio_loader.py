@@ -248,6 +248,9 @@ class AudioLoader:
             self.reader = None
             self._build_mix(split_rows, filesystem, retry, filter)
         # With batching the rows are grouped before they are decoded: whatever holds them holds raw rows.
+        self._settings = self._settings.fitted(budget.lane_bytes([r.dataset for r in self.readers]))
+        self._settings.configure(None, None, self.readers)  # a preset's interleave, fitted to the budget
+        self._note_memory()
         self.shuffle_before_decode = (True if self.batching is not None else
                                       all(_raw_rows_by_default(r) for r in self.readers)
                                       if shuffle.before_decode is None else bool(shuffle.before_decode))
@@ -292,7 +295,7 @@ class AudioLoader:
 
     @property
     def shuffle_max_bytes(self) -> int | None:
-        """The byte budget of the shuffle buffer and the bucketer together (None: rows only)."""
+        """The byte budget of what is held ahead of decoding: reader lanes, shuffle buffer, bucketer (None: rows)."""
         return self._settings.max_bytes
 
     @property
@@ -396,7 +399,7 @@ class AudioLoader:
         def make_buffer(source: BaseNode, restore) -> ShuffleBuffer:
             self._buffer = ShuffleBuffer(
                 source, settings.buffer_size, settings.min_size, seed=self.seed, rank=self.rank, restore=restore,
-                stats=self.stats_counters, max_bytes=settings.max_bytes, min_bytes=settings.min_bytes,
+                stats=self.stats_counters, max_bytes=settings.buffer_max_bytes, min_bytes=settings.min_bytes,
                 one_pass=settings.one_pass)
             return self._buffer
 
@@ -656,7 +659,15 @@ class AudioLoader:
             return
         self._settings = self._settings.as_legacy(theirs)
         self._settings.configure(self._buffer, self._bucketer, self.readers)
+        self._note_memory()
         self._fingerprint = self._make_fingerprint(self._split_rows)
+
+    def _note_memory(self) -> None:
+        """The whole budget and the readers' lanes, beside what the buffer and the bucketer report holding."""
+        settings = self._settings
+        self.stats_counters.memory.notes.update(
+            loader_budget_bytes=settings.max_bytes, interleave=settings.interleave,
+            lane_bytes=settings.lane_bytes, legacy_checkpoint=settings.legacy)
 
     def _check_fingerprint(self, theirs: dict[str, Any], ignore: Sequence[str] = ()) -> None:
         ours = self._fingerprint

@@ -3,9 +3,10 @@
 `AudioLoader` resolves its ``shuffle=`` group (`Shuffle`) against the preset of its
 mode into one `ShuffleSettings`: the buffer's rows and bytes, its first fill in
 rows and bytes, the interleaving, and the rules that keep a buffer to one pass.
-Everything that holds audio ahead of the decode stage (the `ShuffleBuffer`, a
-`DurationBucketer` after it) shares one byte budget, ``max_bytes``, and reports
-what it holds in ``stats()["memory"]`` (docs/concepts.md, "Memory").
+Everything that holds audio ahead of the decode stage shares one byte budget,
+``max_bytes``: the reader's lanes (a unit each, where units are read into memory),
+then the `ShuffleBuffer` and a `DurationBucketer` after it, which report what they
+hold in ``stats()["memory"]`` (docs/concepts.md, "Memory").
 
 Why 256 MiB a loader: it is what one rank may hold without thought on a laptop (8-16 GB)
 and on a 16-rank machine (4 GiB for all ranks together, next to 16 models and their
@@ -38,20 +39,16 @@ class ShufflePreset:
 
     buffer_size: int  # most rows held
     min_size: int  # rows held before the first item leaves ...
-    max_bytes: int | None  # most bytes held by the buffer and a bucketer after it (None: rows only)
+    max_bytes: int | None  # most bytes held ahead of decoding: reader lanes, buffer, bucketer (None: rows only)
     min_bytes: int | None  # ... or these bytes, whichever comes first
-    interleave: int  # splits read at once
+    interleave: int | None  # splits read at once (None: as many as half the budget holds, `fit_interleave`)
 
 
-#: Training, fixed crops. The rows are the 0.1 preset's; the bytes bound what rows cannot: 10000 decoded
-#: log-mels were 2.5 GB, now at most 256 MiB (about 1,000); the first batch waits for 32 MiB of held data
-#: (about 128 decoded clips) instead of 8000 decodes. Raw rows of memory-mapped IPC shards cost about 600 B
-#: each, so there the rows decide, as before.
-TRAIN = ShufflePreset(buffer_size=10000, min_size=8000, max_bytes=256 * MiB, min_bytes=32 * MiB, interleave=1)
-
-#: Training with ``batching=Bucketing(...)``: whole utterances held as raw rows before the bucketer.
-#: Measured by shuffle quality per byte (benchmarks/bench_shuffle_quality.py --bucketing).
-SPEECH = ShufflePreset(buffer_size=10000, min_size=8000, max_bytes=256 * MiB, min_bytes=32 * MiB, interleave=4)
+#: Training. The rows are the 0.1 preset's; the bytes bound what rows cannot: 10000 decoded log-mels
+#: were 2.5 GB, now at most 256 MiB (about 1,000); the first batch waits for 32 MiB of held data (about
+#: 128 decoded clips, 200 Parquet speech rows) instead of 8000 decodes. Raw rows of memory-mapped IPC
+#: shards cost about 600 B each, so there the rows decide, as before.
+TRAIN = ShufflePreset(buffer_size=10000, min_size=8000, max_bytes=256 * MiB, min_bytes=32 * MiB, interleave=None)
 
 #: Evaluation: no shuffling (a buffer of 1 passes rows through), one pass in file order.
 EVAL = ShufflePreset(buffer_size=1, min_size=0, max_bytes=None, min_bytes=None, interleave=1)
@@ -62,13 +59,25 @@ LEGACY_TRAIN = ShufflePreset(buffer_size=10000, min_size=8000, max_bytes=None, m
 #: The share of ``max_bytes`` a bucketer may hold in its buckets before it hands out its fullest bucket early.
 BUCKETER_SHARE = 0.5
 
+#: Most splits read at once by default: a batch of 64 then draws from 16 splits even from a small buffer.
+MAX_INTERLEAVE = 16
+
+#: The share of ``max_bytes`` the reader's lanes may hold (a unit each where units are read into memory).
+#: Measured (benchmarks/bench_shuffle_quality.py --bucketing, Parquet row groups of 100 speech rows, 24 MB):
+#: at equal bytes, lanes mix more than buffer rows once the buffer holds what the bucketer needs; 8 lanes and
+#: 128 MiB gave 7.3 splits per batch in 321 MB, one lane and 256 MiB 5.3 in 280 MB.
+LANES_SHARE = 0.5
+
 
 @dataclass(frozen=True)
 class ShuffleSettings:
     """What the shuffle buffer, the bucketer and the readers are built with (see the module docstring).
 
-    ``preset_fields``: the `Shuffle` fields the user left to the preset (a legacy
-    checkpoint may set those, never one the user gave).
+    ``max_bytes`` is the budget; the readers' lanes take ``interleave`` units of
+    ``lane_bytes`` each out of it (a preset's interleave at most `LANES_SHARE` of it), the
+    buffer and the bucketer share the rest (``buffer_max_bytes``; the bucketer at most
+    `BUCKETER_SHARE` of that). ``preset_fields``: the `Shuffle` fields the user left to
+    the preset (a legacy checkpoint may set those, never one the user gave).
     """
 
     buffer_size: int
@@ -77,16 +86,39 @@ class ShuffleSettings:
     min_bytes: int | None
     interleave: int
     one_pass: bool
-    bucketer_max_bytes: int | None
+    bucketing: bool
     preset_fields: frozenset[str]
+    lane_bytes: int = 0
     legacy: bool = False
+
+    @property
+    def buffer_max_bytes(self) -> int | None:
+        """The budget less the readers' lanes: what the buffer and a bucketer after it hold together."""
+        if self.max_bytes is None:
+            return None
+        return max(1, self.max_bytes - self.interleave * self.lane_bytes)
+
+    @property
+    def bucketer_max_bytes(self) -> int | None:
+        """Most bytes a bucketer holds in its buckets (training: rows only in evaluation, whose batches are planned)."""
+        if self.buffer_max_bytes is None or not self.bucketing or not self.one_pass:
+            return None
+        return max(1, int(self.buffer_max_bytes * BUCKETER_SHARE))
+
+    def fitted(self, lane_bytes: int) -> ShuffleSettings:
+        """These settings for readers whose lanes hold ``lane_bytes`` each (`lane_bytes`): a preset's interleave
+        becomes `fit_interleave`'s."""
+        interleave = self.interleave
+        if "interleave" in self.preset_fields and not self.legacy and self.max_bytes is not None:
+            interleave = fit_interleave(self.max_bytes, lane_bytes)
+        return dataclasses.replace(self, interleave=interleave, lane_bytes=int(lane_bytes))
 
     def fingerprint(self) -> dict[str, Any] | None:
         """The checkpoint fingerprint's ``"memory"`` field (None for legacy settings: the checkpoint has none)."""
         if self.legacy:
             return None
         return {"max_bytes": self.max_bytes, "min_bytes": self.min_bytes, "one_pass": self.one_pass,
-                "bucketer_max_bytes": self.bucketer_max_bytes}
+                "buffer_max_bytes": self.buffer_max_bytes, "bucketer_max_bytes": self.bucketer_max_bytes}
 
     def as_legacy(self, theirs: dict[str, Any]) -> ShuffleSettings:
         """These settings as the loader that saved fingerprint ``theirs`` (from before byte budgets) had them.
@@ -98,20 +130,37 @@ class ShuffleSettings:
                  "interleave": theirs.get("interleave", 1)}
         changes = {name: int(value) for name, value in taken.items()
                    if name in self.preset_fields and value is not None}
-        return dataclasses.replace(self, **changes, max_bytes=None, min_bytes=None, one_pass=False,
-                                   bucketer_max_bytes=None, legacy=True)
+        return dataclasses.replace(self, **changes, max_bytes=None, min_bytes=None, one_pass=False, legacy=True)
 
     def configure(self, buffer: Any, bucketer: Any, readers: Sequence[Any]) -> None:
-        """Set these settings on nodes built with other ones, before they start (a legacy checkpoint's)."""
+        """Set these settings on nodes built with others (before they start): the readers' interleave, the
+        buffer's and the bucketer's limits."""
         if buffer is not None:
             buffer.capacity, buffer.min_size = self.buffer_size, self.min_size
-            buffer.max_bytes, buffer.min_bytes, buffer.one_pass = self.max_bytes, self.min_bytes, self.one_pass
+            buffer.max_bytes, buffer.min_bytes, buffer.one_pass = self.buffer_max_bytes, self.min_bytes, self.one_pass
             buffer.describe()
         if bucketer is not None:
             bucketer.max_bytes, bucketer.distinct = self.bucketer_max_bytes, self.one_pass
             bucketer.describe()
         for reader in readers:
-            reader.set_interleave(self.interleave)
+            if reader.interleave != self.interleave:
+                reader.set_interleave(self.interleave)
+
+
+def fit_interleave(max_bytes: int, lane_bytes: int) -> int:
+    """Splits read at once by default: `MAX_INTERLEAVE` where a lane costs nothing (memory-mapped shards), else
+    as many lanes as `LANES_SHARE` of the budget holds (at least 1)."""
+    if lane_bytes <= 0:
+        return MAX_INTERLEAVE
+    return int(min(MAX_INTERLEAVE, max(1, LANES_SHARE * max_bytes // lane_bytes)))
+
+
+def lane_bytes(datasets: Sequence[Any]) -> int:
+    """Bytes one reader lane may hold: the largest unit (record batch, row group, stripe) of the files whose units
+    are read into memory (Parquet, ORC, remote), from their sizes; 0 when every file is memory-mapped."""
+    units = [f.size // max(1, len(f.batch_rows)) for dataset in datasets for i, f in enumerate(dataset.files)
+             if not dataset.is_memory_mapped(i)]
+    return max(units, default=0)
 
 
 def resolve(shuffle: Shuffle, *, train: bool, bucketing: bool, mixed: bool) -> ShuffleSettings:
@@ -119,9 +168,10 @@ def resolve(shuffle: Shuffle, *, train: bool, bucketing: bool, mixed: bool) -> S
 
     ``one_pass`` (a buffer holds one pass; a bucket never holds an utterance twice) is on
     in training from one source; a `Mix` draws its sources' passes at their weights, so
-    passes of different sources always overlap there.
+    passes of different sources always overlap there. A preset's interleave is 1 until
+    `ShuffleSettings.fitted` knows the readers' units.
     """
-    preset = (SPEECH if bucketing else TRAIN) if train else EVAL
+    preset = TRAIN if train else EVAL
     given = {"buffer_size": shuffle.buffer_size, "min_size": shuffle.min_size, "max_bytes": shuffle.max_bytes,
              "min_bytes": shuffle.min_bytes, "interleave": shuffle.interleave}
     preset_fields = frozenset(name for name, value in given.items() if value is None)
@@ -131,9 +181,5 @@ def resolve(shuffle: Shuffle, *, train: bool, bucketing: bool, mixed: bool) -> S
     if values["min_size"] > values["buffer_size"]:
         raise ValueError(f"shuffle_min_size={values['min_size']} must be <= "
                          f"shuffle_buffer_size={values['buffer_size']}")
-    one_pass = train and not mixed
-    bucketer_max_bytes = None
-    if train and bucketing and values["max_bytes"] is not None:
-        bucketer_max_bytes = max(1, int(values["max_bytes"] * BUCKETER_SHARE))
-    return ShuffleSettings(**values, one_pass=one_pass, bucketer_max_bytes=bucketer_max_bytes,
-                           preset_fields=preset_fields)
+    values["interleave"] = values["interleave"] or 1
+    return ShuffleSettings(**values, one_pass=train and not mixed, bucketing=bucketing, preset_fields=preset_fields)

@@ -126,6 +126,7 @@ class HeldBytes:
         self.limit = limit
         self.total = self.peak = 0
         self.holdings: dict[str, Holding] = {}
+        self.notes: dict[str, Any] = {}  # the loader's own figures for the report (its whole budget, the lanes)
 
     def holding(self, name: str) -> Holding:
         """The `Holding` of the holder ``name`` (made at the first call)."""
@@ -140,7 +141,8 @@ class HeldBytes:
 
     def report(self) -> dict[str, Any]:
         """``{"budget_bytes", "held_bytes", "peak_bytes", <holder>: {"rows", "bytes", "peak_bytes", ...}}``."""
-        out: dict[str, Any] = {"budget_bytes": self.limit, "held_bytes": self.total, "peak_bytes": self.peak}
+        out: dict[str, Any] = {"budget_bytes": self.limit, "held_bytes": self.total, "peak_bytes": self.peak,
+                               **self.notes}
         out.update({name: holding.report() for name, holding in list(self.holdings.items())})
         return out
 

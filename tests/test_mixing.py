@@ -246,11 +246,11 @@ def test_a_mix_checkpoint_names_a_changed_mix(root, change):
 
 def test_single_source_checkpoints_have_exactly_the_old_fields(root):
     # Mixing adds nothing to a single source's checkpoint. (Content identity does: "file_identity" in the
-    # fingerprint and the buffered rows' "checksums"; byte budgets: "memory" and the buffer's "pass" and
-    # "full"; checkpoints without them still load.)
+    # fingerprint and the buffered rows' "checksums"; byte budgets: "memory", the preset's "interleave" and the
+    # buffer's "pass" and "full"; checkpoints without them still load.)
     old_fingerprint = {"files", "seed", "rank", "world_size", "features", "batch_size", "shuffle_buffer_size",
                        "shuffle_min_size", "train", "infinite", "drop_last", "shuffle_before_decode", "split_rows",
-                       "audio_column", "label_column", "columns", "file_identity", "memory"}
+                       "audio_column", "label_column", "columns", "file_identity", "memory", "interleave"}
     for shuffle_before_decode in (True, False):
         with mix_loader(root, str(root / "a"), shuffle_before_decode=shuffle_before_decode, augment=flip) as loader:
             take(loader, 2)
