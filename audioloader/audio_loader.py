@@ -458,8 +458,14 @@ class AudioLoader:
         kept = self.reader.dataset.kept_indices()
         n = len(kept)
         picks = kept[np.unique(np.linspace(0, n - 1, min(n, self.batching.estimate_rows)).round().astype(np.int64))]
-        rows = self.reader.fetch([Key(int(i), 0) for i in picks])
-        return estimate_boundaries((row_seconds(r, self._duration_column) for r in rows), self.batching.num_buckets)
+        seconds: list[Any] = [None] * len(picks)
+        if self._duration_column is not None:  # the column alone: no audio read before the first batch
+            seconds = self.reader.dataset.read_column(self._duration_column, picks.tolist())
+        missing = [k for k, value in enumerate(seconds) if value is None]
+        rows = self.reader.fetch([Key(int(picks[k]), 0) for k in missing])
+        for k, row in zip(missing, rows, strict=True):
+            seconds[k] = row_seconds(row, self._duration_column)
+        return estimate_boundaries((float(s) for s in seconds), self.batching.num_buckets)
 
     def _resumed_batches(self, start: elastic.Plan) -> int:
         """Eval, after an elastic resume: batches every new rank yields in the rest of the pass (equal on all)."""

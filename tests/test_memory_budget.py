@@ -339,3 +339,10 @@ def test_a_legacy_checkpoint_does_not_override_what_the_user_gave(tmp_path):
         state["fingerprint"].update({k: ours._fingerprint[k] for k in legacy_checkpoints.FILE_FIELDS})
         with pytest.raises(al.CheckpointMismatchError, match="shuffle_buffer_size"):
             ours.load_state_dict(state)
+
+
+def test_durations_for_the_bucket_edges_are_read_from_their_column_alone(parquet_speech, tmp_path):
+    dataset = al.nodes.ArrowShardReader(parquet_speech, label_column=None, columns=["duration"]).dataset
+    picks = [59, 0, 17, 17, 33, 5]
+    rows = dataset.read_rows(picks)
+    assert dataset.read_column("duration", picks) == [row.extras["duration"] for row in rows]
