@@ -100,8 +100,9 @@ class AudioLoader:
             source; ``stats()["sources"]`` counts per source. In eval a mix reads
             every row of every source exactly once across ranks.
         batch_size: samples per batch.
-        train: preset. True: infinite passes, random crop, buffer 10000 with
-            min fill 8000, 8 decode threads. False: one pass, each sample exactly
+        train: preset. True: infinite passes, random crop, a shuffle buffer of 10000 rows and
+            256 MiB, first fill 8000 rows or 32 MiB, one pass at a time (`audioloader.budget`),
+            8 decode threads. False: one pass, each sample exactly
             once across ranks, center crop, no shuffle buffer (rows in file order), 4 threads.
         seed: every random choice is a pure function of ``seed`` and the sample's key.
         features: `MelSpectrogramConfig`.
@@ -121,7 +122,8 @@ class AudioLoader:
         split_rows: target rows per split (the unit assigned to ranks).
         prefetch_batches: batches prepared ahead in a background thread.
         shuffle_before_decode: shuffle raw rows, then decode (see above); ``None``
-            chooses: True for local Arrow IPC shards and for remote shards, False for local Parquet and ORC.
+            chooses: True for local Arrow IPC shards, for remote shards and with ``batching=`` (rows are
+            grouped before they are decoded: False is refused there), False for local Parquet and ORC.
         max_error_fraction: error budget of ``on_error="skip"``.
         filesystem: a ``pyarrow.fs.FileSystem`` for the source paths.
         retry: how remote reads are retried and timed out (`Retry`; docs/storage.md).
