@@ -91,8 +91,12 @@ def fetch_rows(dataset: ShardDataset, keys: Sequence[Key]) -> list[RawSample]:
 def _owned(audio: Any) -> Any:
     """A row's audio as its own bytes, for every file that is not memory-mapped (Parquet, ORC, remote: the
     unit is in process memory either way), so that a row held in a shuffle buffer or a bucketer does not keep
-    its whole record batch / row group alive (measured on S3: 3x the rows' memory) and counts what it holds."""
-    return None if audio is None else audio.to_pybytes()
+    its whole record batch / row group alive (measured on S3: 3x the rows' memory) and counts what it holds.
+
+    A numpy ``uint8`` array, not ``bytes``: pickled it leaves the pickle out of band, so a row sent to a decode
+    process travels through shared memory (`audioloader.workers.wire`) instead of inside a pickle through the
+    socket (``bytes`` and ``bytearray`` always travel in band)."""
+    return None if audio is None else np.frombuffer(audio, dtype=np.uint8).copy()
 
 
 class ReaderPosition(NamedTuple):
@@ -109,14 +113,15 @@ class ReaderPosition(NamedTuple):
 class _Block:
     """One read of a segment (a record batch's rows, or a chunk of a ``take``) as per-row Python values."""
 
-    __slots__ = ("audio", "checksums", "extras", "file_rows", "index_offset", "key_pass", "labels", "path",
-                 "problems")
+    __slots__ = ("audio", "checksums", "extras", "file_rows", "index_offset", "key_pass", "labels", "owned",
+                 "path", "problems")
 
     def __init__(self, file_rows: list[int], cols: Any, owned: bool, file: Any, key_pass: int) -> None:
         self.file_rows, self.path, self.index_offset, self.key_pass = file_rows, file.path, file.index_offset, key_pass
         self.audio, self.labels, self.extras, self.problems = cols
-        if owned:  # not a memory map: each row its own bytes, and the unit's buffers are freed now
-            self.audio = [_owned(audio) for audio in self.audio]
+        # Not a memory map: a row leaves as its own copy (`_owned`), made as it leaves, so a lane holds its unit
+        # once (the read holds the unit until the lane moves on) and what left holds only itself.
+        self.owned = owned
         # Now, right after the read checked the file: a row's bytes are not touched again until it is decoded.
         self.checksums = [audio_checksum(audio) for audio in cols.audio]
 
@@ -126,6 +131,8 @@ class _Block:
     def sample(self, i: int) -> RawSample:
         labels, problems, row = self.labels, self.problems, self.file_rows[i]
         audio, self.audio[i] = self.audio[i], None  # the block does not keep a row alive once it left
+        if self.owned:
+            audio = _owned(audio)
         return RawSample(
             Key(self.index_offset + row, self.key_pass),
             audio,

@@ -420,7 +420,7 @@ class ShardDataset:
 
     def _open_format_handle(self, file_id: int, columns: list[str]) -> Any:
         loc, meta = self._locations[file_id], self._metas[file_id]
-        f = _open_random(loc)
+        f = _open_random(loc, mapped=meta.format in ("ipc_file", "ipc_stream"))
         try:
             if f.size() != meta.size:
                 raise ShardReadError(f"shard {loc.path} changed after the loader was built: it has {f.size()} "
