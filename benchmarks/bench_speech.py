@@ -90,17 +90,23 @@ def _speak(text: str, voice: str, speed: int, pitch: int) -> tuple[np.ndarray, i
 
 
 def _utterance(i: int, rng: np.random.Generator, espeak: bool) -> tuple[np.ndarray, str]:
-    """One utterance at 16 kHz (float32) and its transcript; its duration aims at U(1, 20) s."""
+    """One utterance at 16 kHz (float32) and its transcript, about U(1, 20) s long: the words are rescaled to the
+    target duration once, after a first try, and the audio cut at 20 s."""
     import soxr
 
     from audioloader.tools.bench.dataset import DatasetSpec, synth_clip
 
     target = float(rng.uniform(MIN_S, MAX_S))
-    speed = int(rng.integers(140, 200))
-    words = " ".join(rng.choice(WORDS, size=max(1, round(target * speed / 60 * 0.95))))
     if not espeak:
+        words = " ".join(rng.choice(WORDS, size=max(1, round(target * 2.5))))
         return synth_clip(i, DatasetSpec(clips=1, seconds=round(target, 3), sample_rate=RATE)), words
-    signal, rate = _speak(words, VOICES[i % len(VOICES)], speed, int(rng.integers(30, 70)))
+    speed, pitch, voice = int(rng.integers(140, 200)), int(rng.integers(30, 70)), VOICES[i % len(VOICES)]
+    count = max(1, round(target * speed / 60))
+    for _ in range(2):
+        words = " ".join(rng.choice(WORDS, size=count))
+        signal, rate = _speak(words, voice, speed, pitch)
+        seconds = len(signal) / rate
+        count = max(1, round(count * target / seconds))
     signal = soxr.resample(signal, rate, RATE).astype(np.float32)
     return signal[: int(MAX_S * RATE)], words
 
@@ -112,7 +118,7 @@ def make_corpus(cache: Path, utterances: int) -> dict:
     import soundfile as sf
 
     espeak = shutil.which("espeak-ng") is not None
-    root = cache / f"speech-{'espeak' if espeak else 'synth'}-n{utterances}-v2"
+    root = cache / f"speech-{'espeak' if espeak else 'synth'}-n{utterances}-v3"
     files, parquet = root / "audio", root / "parquet"
     if not (root / "done.json").exists():
         shutil.rmtree(root, ignore_errors=True)
