@@ -394,7 +394,8 @@ class AudioLoader:
                 augment=self.augmentations, on_error=on_error, max_error_fraction=max_error_fraction,
                 stats=self.stats_counters, worker_type=self.worker_type, fetch=fetch,
                 start_method=self.start_method, compute_features=self.device is None, length=length,
-                guard=file_guard([reader.dataset for reader in self.readers]))
+                guard=file_guard([reader.dataset for reader in self.readers]),
+                max_bytes_in_flight=self._settings.decode_max_bytes)
 
         settings = self._settings
 

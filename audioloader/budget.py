@@ -59,6 +59,9 @@ LEGACY_TRAIN = ShufflePreset(buffer_size=10000, min_size=8000, max_bytes=None, m
 #: The share of ``max_bytes`` a bucketer may hold in its buckets before it hands out its fullest bucket early.
 BUCKETER_SHARE = 0.5
 
+#: The share of ``max_bytes`` the rows in flight to the decode workers may hold (reported apart: see `ParallelMap`).
+DECODE_SHARE = 0.5
+
 #: Most splits read at once by default: a batch of 64 then draws from 16 splits even from a small buffer.
 MAX_INTERLEAVE = 16
 
@@ -105,6 +108,13 @@ class ShuffleSettings:
             return None
         return max(1, int(self.buffer_max_bytes * BUCKETER_SHARE))
 
+    @property
+    def decode_max_bytes(self) -> int | None:
+        """Most bytes of rows handed to the decode workers and not yet back (at least one chunk always goes):
+        half the budget, which holds more than ``num_workers x 2`` chunks of ordinary rows, and stops hour-long
+        recordings from taking a chunk per worker at once."""
+        return None if self.max_bytes is None else max(1, int(self.max_bytes * DECODE_SHARE))
+
     def fitted(self, lane_bytes: int) -> ShuffleSettings:
         """These settings for readers whose lanes hold ``lane_bytes`` each (`lane_bytes`): a preset's interleave
         becomes `fit_interleave`'s."""
@@ -126,8 +136,9 @@ class ShuffleSettings:
         The fields the user left to the preset take the checkpoint's values; the
         byte bounds and the one-pass rules did not exist.
         """
-        taken = {"buffer_size": theirs.get("shuffle_buffer_size"), "min_size": theirs.get("shuffle_min_size"),
-                 "interleave": theirs.get("interleave", 1)}
+        taken = {"buffer_size": theirs.get("shuffle_buffer_size", LEGACY_TRAIN.buffer_size),
+                 "min_size": theirs.get("shuffle_min_size", LEGACY_TRAIN.min_size),
+                 "interleave": theirs.get("interleave", LEGACY_TRAIN.interleave)}
         changes = {name: int(value) for name, value in taken.items()
                    if name in self.preset_fields and value is not None}
         return dataclasses.replace(self, **changes, max_bytes=None, min_bytes=None, one_pass=False, legacy=True)

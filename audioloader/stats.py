@@ -90,10 +90,11 @@ class Holding:
     ``info``: the node's own figures for the report (its limits, what stopped it growing...).
     """
 
-    __slots__ = ("bytes", "info", "owner", "peak_bytes", "rows")
+    __slots__ = ("budgeted", "bytes", "info", "owner", "peak_bytes", "rows")
 
-    def __init__(self, owner: HeldBytes) -> None:
+    def __init__(self, owner: HeldBytes, budgeted: bool = True) -> None:
         self.owner = owner
+        self.budgeted = budgeted  # part of the total the budget bounds (else only reported)
         self.rows = self.bytes = self.peak_bytes = 0
         self.info: dict[str, Any] = {}
 
@@ -103,11 +104,13 @@ class Holding:
         self.bytes += nbytes
         if self.bytes > self.peak_bytes:
             self.peak_bytes = self.bytes
-        self.owner.changed(nbytes)
+        if self.budgeted:
+            self.owner.changed(nbytes)
 
     def clear(self) -> None:
         """Everything held went away (a reset)."""
-        self.owner.changed(-self.bytes)
+        if self.budgeted:
+            self.owner.changed(-self.bytes)
         self.rows = self.bytes = 0
 
     def report(self) -> dict[str, Any]:
@@ -128,10 +131,11 @@ class HeldBytes:
         self.holdings: dict[str, Holding] = {}
         self.notes: dict[str, Any] = {}  # the loader's own figures for the report (its whole budget, the lanes)
 
-    def holding(self, name: str) -> Holding:
-        """The `Holding` of the holder ``name`` (made at the first call)."""
+    def holding(self, name: str, budgeted: bool = True) -> Holding:
+        """The `Holding` of the holder ``name`` (made at the first call); ``budgeted=False``: reported beside the
+        total, not in it (the decode stage's rows in flight: when they come back depends on timing)."""
         if name not in self.holdings:
-            self.holdings[name] = Holding(self)
+            self.holdings[name] = Holding(self, budgeted)
         return self.holdings[name]
 
     def changed(self, delta: int) -> None:

@@ -346,3 +346,31 @@ def test_durations_for_the_bucket_edges_are_read_from_their_column_alone(parquet
     picks = [59, 0, 17, 17, 33, 5]
     rows = dataset.read_rows(picks)
     assert dataset.read_column("duration", picks) == [row.extras["duration"] for row in rows]
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_rows_in_flight_to_the_decode_workers_are_counted_and_bounded(backend):
+    from audioloader.nodes import ParallelMap
+    from audioloader.stats import LoaderStats
+
+    def run(cap):
+        stats = LoaderStats()
+        mapper = ParallelMap(Rows(200, sizes=[1000] * 200), _weight, num_workers=2, backend=backend, chunk_size=4,
+                             depth=4, stats=stats, size_fn=size_of, max_bytes_in_flight=cap)
+        mapper.reset(None)
+        try:
+            out = list(mapper)
+        finally:
+            mapper.shutdown()
+        return out, stats.memory.report()
+
+    free, free_report = run(None)
+    capped, report = run(5_000)
+    assert capped == free == [100 * i for i in list(range(200))]  # when work is handed out changes no result
+    assert report["decode_in_flight"]["peak_bytes"] <= 5_000 + 4 * 1000  # the cap, plus the chunk that crossed it
+    assert free_report["decode_in_flight"]["peak_bytes"] == 8 * 4 * 1000  # 2 workers x 4 chunks of 4 rows
+    assert report["held_bytes"] == 0  # reported beside the budgeted total, not in it
+
+
+def _weight(item: Item) -> int:
+    return item.key.index * 100

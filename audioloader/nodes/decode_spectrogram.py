@@ -19,7 +19,7 @@ from ..dsp.augment import Augmentations, change_speed
 from ..dsp.config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, check_features
 from ..dsp.features import compute_features, prepare
 from ..errors import DecodeError, ErrorBudgetExceeded
-from ..samples import BadRow, BatchEnd, Key, RawSample, Sample
+from ..samples import BadRow, BatchEnd, Key, RawSample, Sample, held_bytes
 from ..stats import MAX_REPORTED_BAD_ROWS, LoaderStats
 from ..workers import memory
 from ..workers.threads import pin_worker_to_one_thread
@@ -271,6 +271,9 @@ class DecodeSpectrogram(BaseNode[Sample]):
         guard: ``guard(path)``, run before a row's audio is touched; raises when the
             shard changed under the reader (`ShardDataset.file_guard`).
         length: one `LengthPolicy`, or one per source of a mix (indexed by ``Key.source``).
+        max_bytes_in_flight: hand out no further chunk while the rows in flight hold this many bytes
+            (`held_bytes`; at least one chunk is always in flight); None: ``num_workers`` x 2 chunks whatever
+            they weigh. The bytes in flight are reported in ``stats()["memory"]["decode_in_flight"]``.
 
     State: ``{"mapper": <ParallelMap state>, "rows_seen": n, "bad_rows": k}``;
     the same for every ``num_workers`` and ``worker_type``.
@@ -287,7 +290,7 @@ class DecodeSpectrogram(BaseNode[Sample]):
                  worker_type: str = "thread", fetch: Fetch | None = None, start_method: str | None = None,
                  chunk_size: int | None = None, compute_features: bool = True,
                  length: LengthPolicy | Sequence[LengthPolicy] = DEFAULT_LENGTH,
-                 guard: Callable[[str], None] | None = None) -> None:
+                 guard: Callable[[str], None] | None = None, max_bytes_in_flight: int | None = None) -> None:
         super().__init__()
         _validate(source, features, seed, num_workers, on_error, max_error_fraction,
                   error_budget_min_rows, stats, snapshot_frequency, worker_type, fetch)
@@ -314,7 +317,8 @@ class DecodeSpectrogram(BaseNode[Sample]):
                                       compute_features=compute_features, length=length, guard=guard)
         self._mapper = ParallelMap(source, self._decoder, num_workers=self.num_workers, backend=worker_type,
                                    chunk_size=chunk_size, start_method=start_method, stats=self.stats,
-                                   thread_initializer=self._pin_thread, what="decode worker")
+                                   thread_initializer=self._pin_thread, what="decode worker", size_fn=held_bytes,
+                                   max_bytes_in_flight=max_bytes_in_flight)
         self._rows_seen = 0
         self._bad_rows = 0
         self._reports: deque[dict[str, Any]] = deque(maxlen=MAX_REPORTED_BAD_ROWS)
