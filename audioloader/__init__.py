@@ -17,7 +17,7 @@ from .errors import (
 )
 from .loader import Loader
 from .mix import Mix, Source
-from .options import Bucketing, Shuffle, Workers
+from .options import Bucketing, OnError, Shuffle, Storage, Workers
 from .samples import BadRow, Key, RawSample, Sample
 from .shards import IcebergTable, Retry, ShardDataset, SourceNotFoundError
 from .shards.writer import ShardWriter
@@ -42,6 +42,7 @@ __all__ = [
     "MelSpectrogramConfig",
     "Mix",
     "Mixup",
+    "OnError",
     "RawSample",
     "Retry",
     "Reverb",
@@ -55,6 +56,7 @@ __all__ = [
     "SourceNotFoundError",
     "SpecAugment",
     "SpeedPerturb",
+    "Storage",
     "WaveformConfig",
     "Workers",
     "__version__",

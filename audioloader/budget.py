@@ -91,6 +91,7 @@ class ShuffleSettings:
     one_pass: bool
     bucketing: bool
     preset_fields: frozenset[str]
+    before_decode: bool | None = None  # None: decided by the shards (`chain.open_sources`)
     lane_bytes: int = 0
     legacy: bool = False
 
@@ -193,4 +194,5 @@ def resolve(shuffle: Shuffle, *, train: bool, bucketing: bool, mixed: bool) -> S
         raise ValueError(f"shuffle_min_size={values['min_size']} must be <= "
                          f"shuffle_buffer_size={values['buffer_size']}")
     values["interleave"] = values["interleave"] or 1
-    return ShuffleSettings(**values, one_pass=train and not mixed, bucketing=bucketing, preset_fields=preset_fields)
+    return ShuffleSettings(**values, one_pass=train and not mixed, bucketing=bucketing, preset_fields=preset_fields,
+                           before_decode=shuffle.before_decode)

@@ -91,6 +91,11 @@ class Loader(_TorchdataLoader[T], Generic[T]):
         self._iter_for_state_dict = False
         self._next_iter_state_dict = None
 
+    @property
+    def positioned(self) -> bool:
+        """True once iteration started or a state was loaded: `state_dict()` then says where the next item is."""
+        return self._it is not None or self._next_iter_state_dict is not None
+
     def state_dict(self) -> dict[str, Any]:
         if self._next_iter_state_dict is not None and self._it is None:
             # A loaded but not yet applied state: report it rather than starting

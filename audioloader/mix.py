@@ -47,7 +47,7 @@ def stop_criterion(stop: Any) -> str:
 
 @dataclass(frozen=True)
 class Source:
-    """One source of a `Mix`: its shards and the columns to read.
+    """One source of shards: where they are and which columns to read (alone, or in a `Mix`).
 
     Attributes:
         data: a folder, glob, file, URL or a list of them, or a `ShardDataset`.
@@ -56,9 +56,14 @@ class Source:
         length: this source's `LengthPolicy` (None: the loader's ``length=``). Sources
             may differ in crop mode, ``min_seconds``, ``max_seconds`` and ``too_long``, but
             batches must stack: all fixed-length crops of the same length, or all whole utterances.
-        filesystem: a ``pyarrow.fs.FileSystem`` for ``data``'s paths.
+        filesystem: a ``pyarrow.fs.FileSystem`` for ``data``'s paths (None: the loader's
+            ``Storage.filesystem``, else from the URL scheme).
+        filter: a ``pyarrow.compute.Expression`` over non-audio columns, e.g.
+            ``pc.field("duration") < 10.0``: only the rows it keeps are read (Parquet row
+            groups pruned by statistics first; docs/storage.md). Rows keep their index.
 
-    The loader's ``columns=`` are read from every source.
+    The loader's ``columns=`` are read from every source. A loader of one source takes
+    a `Source` too: ``AudioLoader(al.Source("speech/", label_column=None), ...)``.
     """
 
     data: Any
@@ -66,6 +71,7 @@ class Source:
     label_column: str | None = "label"
     length: LengthPolicy | None = None
     filesystem: Any = None
+    filter: Any = None
 
     def __post_init__(self) -> None:
         if isinstance(self.data, Source):

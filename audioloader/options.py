@@ -9,23 +9,27 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import pickle
+import warnings
 from dataclasses import dataclass
 from typing import Any
+
+import torch
+
+from . import checks
+from .distributed import resolve_rank
 
 WORKER_KINDS = ("auto", "thread", "process")
 START_METHODS = ("fork", "forkserver", "spawn")
 
 
 def _bad(group: Any, name: str, why: str) -> ValueError:
-    return ValueError(f"{type(group).__name__}.{name}={getattr(group, name)!r}: {why}")
+    return checks.bad(f"{type(group).__name__}.{name}", getattr(group, name), why)
 
 
 def _positive_int_or_none(group: Any, name: str, minimum: int = 1, allow_none: bool = True) -> None:
-    value = getattr(group, name)
-    if value is None and allow_none:
-        return
-    if value is None or isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _bad(group, name, f"must be an integer >= {minimum}" + (" or None" if allow_none else ""))
+    checks.count(f"{type(group).__name__}.{name}", getattr(group, name), minimum=minimum, allow_none=allow_none)
 
 
 @dataclass(frozen=True)
@@ -79,25 +83,28 @@ class Bucketing:
 class Shuffle:
     """The shuffle buffer: how much it holds, in rows and in bytes, and how soon the first batch leaves.
 
-    ``buffer_size``: most rows held; ``max_bytes``: most bytes held by the buffer and
-    a bucketer after it together (raw rows count their own audio copies, none for
-    memory-mapped Arrow IPC shards; decoded samples their features; see
-    docs/concepts.md, "Memory"). ``min_size`` rows or ``min_bytes`` bytes, whichever
-    comes first, are held before the first item leaves (the first batch waits for no
-    more). None takes the mode's preset: train 10000 rows / 256 MiB, first fill 8000
-    rows / 32 MiB; eval 1 / 0 (no shuffle). A buffer never holds two passes (one source,
-    training): a corpus smaller than the buffer is shuffled whole each pass.
+    ``buffer_size``: most rows held; ``max_bytes``: most bytes held ahead of decoding
+    (the reader's lanes, the buffer and a bucketer after it together; raw rows count
+    their own audio copies, nothing for memory-mapped Arrow IPC shards; decoded
+    samples their features; see docs/concepts.md, "Memory"). ``min_size`` rows or
+    ``min_bytes`` bytes, whichever comes first, are held before the first item leaves
+    (the first batch waits for no more). None takes the mode's preset
+    (`audioloader.budget`): train 10000 rows / 256 MiB, first fill 8000 rows / 32 MiB;
+    eval 1 / 0 (no shuffle). In training from one source a buffer never holds two
+    passes: a corpus smaller than the buffer is shuffled whole each pass.
 
     ``before_decode``: hold raw rows and decode after the buffer (far less memory,
     fast resume, same batches); None: yes for local Arrow IPC shards, remote shards,
-    and with ``batching=`` (the bucketer groups rows before they are decoded).
+    and with ``batching=`` (the bucketer groups rows before they are decoded; False
+    is refused there).
 
     ``interleave``: splits the reader reads at once, taking one row of each in turn
     (a seeded order each round; `ArrowShardReader`), so that consecutive rows rarely
     come from one split and a small buffer mixes far better (docs/lakehouse.md,
-    "Interleaving"). 1: one split after the other. None: the preset (4 with
-    ``batching=``, else 1). Costs a record batch / row group / stripe in memory per
-    split read at once (nothing for memory-mapped IPC shards).
+    "Interleaving"). 1: one split after the other. None: the preset (training: as
+    many as half the byte budget holds, up to 16; 16 on memory-mapped IPC shards,
+    whose lanes cost nothing; evaluation: 1). Costs a record batch / row group /
+    stripe in memory per split read at once (nothing for memory-mapped IPC shards).
     """
 
     buffer_size: int | None = None
@@ -124,12 +131,15 @@ class Workers:
     processes; threads 2 per core up to the preset (8 train, 4 eval).
     ``start_method``: how processes start (None: a fork while no other Python
     thread runs, else a fork server). ``prefetch_batches``: batches prepared ahead.
+    ``pin_memory``: deliver batches in page-locked memory, for a fast copy to a
+    GPU (needs CUDA; ignored with a warning otherwise; ``device=`` pins by itself).
     """
 
     num_workers: int | None = None
     kind: str = "auto"
     start_method: str | None = None
     prefetch_batches: int = 2
+    pin_memory: bool = False
 
     def __post_init__(self) -> None:
         _positive_int_or_none(self, "num_workers", minimum=0)
@@ -138,6 +148,106 @@ class Workers:
         if self.start_method is not None and self.start_method not in START_METHODS:
             raise _bad(self, "start_method", f"must be one of {START_METHODS} or None")
         _positive_int_or_none(self, "prefetch_batches")
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Which rows this loader reads and how its shard files are read.
+
+    Attributes:
+        rank, world_size: this process's share of the splits (rank ``r`` of ``w`` reads
+            every ``w``-th split of a pass); None: from ``torch.distributed`` when a process
+            group is initialized, else 0 / 1.
+        split_rows: target rows per split, the unit assigned to ranks (a split never
+            crosses a record batch, row group or stripe).
+        filesystem: a ``pyarrow.fs.FileSystem`` for the source paths (None: from the URL scheme).
+        retry: how remote reads are retried and timed out (`Retry`; docs/storage.md).
+    """
+
+    rank: int | None = None
+    world_size: int | None = None
+    split_rows: int = 512
+    filesystem: Any = None
+    retry: Any = None
+
+    def __post_init__(self) -> None:
+        _positive_int_or_none(self, "split_rows", allow_none=False)
+
+
+@dataclass(frozen=True)
+class OnError:
+    """What a row whose audio cannot be decoded does.
+
+    ``action="skip"``: it is skipped, counted and reported in ``stats()`` (a skip is
+    deterministic: the same rows are skipped on every run and resume), until more
+    than ``max_fraction`` of at least ``min_rows`` decoded rows failed; then
+    `ErrorBudgetExceeded` stops the run (a corrupt dataset should not train
+    silently). ``action="raise"``: the first bad row raises `DecodeError` naming
+    its file and row. ``on_error="skip"`` / ``"raise"`` are shorthands.
+    """
+
+    action: str = "skip"
+    max_fraction: float = 0.01
+    min_rows: int = 100
+
+    def __post_init__(self) -> None:
+        checks.one_of("OnError.action", self.action, ON_ERROR_ACTIONS)
+        value = self.max_fraction
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise _bad(self, "max_fraction", "must be a fraction in [0, 1]")
+        _positive_int_or_none(self, "min_rows", allow_none=False)
+
+
+ON_ERROR_ACTIONS = ("skip", "raise")
+
+
+#: 0.2's flat keywords of `AudioLoader` that moved into a group: name -> (argument, field). Accepted for one
+#: more release with a ``FutureWarning`` naming the new form (`fold_moved_keywords`).
+MOVED_KEYWORDS = {
+    "num_workers": ("workers", "num_workers"),
+    "worker_type": ("workers", "kind"),
+    "start_method": ("workers", "start_method"),
+    "prefetch_batches": ("workers", "prefetch_batches"),
+    "pin_memory": ("workers", "pin_memory"),
+    "shuffle_buffer_size": ("shuffle", "buffer_size"),
+    "shuffle_min_size": ("shuffle", "min_size"),
+    "shuffle_before_decode": ("shuffle", "before_decode"),
+    "rank": ("storage", "rank"),
+    "world_size": ("storage", "world_size"),
+    "split_rows": ("storage", "split_rows"),
+    "filesystem": ("storage", "filesystem"),
+    "retry": ("storage", "retry"),
+    "max_error_fraction": ("on_error", "max_fraction"),
+    "audio_column": ("source", "audio_column"),
+    "label_column": ("source", "label_column"),
+    "filter": ("source", "filter"),
+}
+
+_GROUP_CLASS_NAMES = {"workers": "Workers", "shuffle": "Shuffle", "storage": "Storage", "on_error": "OnError",
+                      "source": "Source"}
+
+
+def fold_moved_keywords(groups: dict[str, Any], moved: dict[str, Any]) -> dict[str, Any]:
+    """``groups`` (argument name -> group) with 0.2's flat keywords in ``moved`` folded in, one warning each.
+
+    An unknown keyword is a ``TypeError`` as Python would raise it; a keyword that
+    contradicts its group's field is a ``ValueError`` naming both (see `merge`).
+    """
+    unknown = sorted(set(moved) - set(MOVED_KEYWORDS))
+    if unknown:
+        raise TypeError(f"AudioLoader() got an unexpected keyword argument {unknown[0]!r}")
+    by_group: dict[str, dict[str, Any]] = {}
+    for name, value in moved.items():
+        argument, field = MOVED_KEYWORDS[name]
+        cls = _GROUP_CLASS_NAMES[argument]
+        warnings.warn(f"AudioLoader({name}=...) is deprecated and will be removed in 0.4: pass "
+                      f"{argument}=al.{cls}({field}={value!r}) instead (see CHANGELOG.md)", FutureWarning,
+                      stacklevel=4)
+        by_group.setdefault(argument, {})[field] = value
+    out = dict(groups)
+    for argument, fields in by_group.items():
+        out[argument] = merge(out[argument], **fields) if argument != "source" else fields
+    return out
 
 
 def merge(group: Any, **legacy: Any) -> Any:
@@ -156,3 +266,176 @@ def merge(group: Any, **legacy: Any) -> Any:
                              "give it once")
         changes[field] = value
     return dataclasses.replace(group, **changes) if changes else group
+
+
+# -- presets and resolution -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModePreset:
+    """Defaults of one mode (DESIGN.md, "Modes"); its shuffle buffer's are in `audioloader.budget`."""
+
+    infinite: bool
+    num_workers: int
+
+
+TRAIN = ModePreset(infinite=True, num_workers=8)
+# Eval does not shuffle (buffer of 1 = pass-through, budget.EVAL), unlike DESIGN.md's 1000 / 0: a
+# metric does not depend on order, and the growing buffer made the first batch wait
+# for twice as many decodes (benchmark: first batch 0.66 s -> 0.26 s, 40% less memory).
+EVAL = ModePreset(infinite=False, num_workers=4)
+
+#: ``Workers(kind="auto")`` decodes in processes on machines with at least this many cores, else in threads.
+#: Measured on 2 cores with a training step in the loop (benchmarks/bench_train_loop.py): processes 928 vs
+#: threads 754 samples/s on PCM16, even on FLAC; on 16 cores threads stop scaling at 5-10 busy cores.
+AUTO_PROCESS_MIN_CORES = 2
+
+
+def default_num_workers(worker_type: str, train: bool) -> int:
+    """Decode workers when ``num_workers`` is not given: processes one per core (they scale to all of them;
+    more only adds switching); threads 2 per core, up to the preset's 8 (train) or 4 (eval): on 2 cores 4
+    threads made 299 samples/s and 8 made 278, and past ~8 threads the GIL stops them scaling."""
+    cores = os.cpu_count() or 1
+    if worker_type == "process":
+        return cores
+    return min((TRAIN if train else EVAL).num_workers, 2 * cores)
+
+
+def resolve_workers(workers: Workers, train: bool, augment: Any) -> Workers:
+    """``workers`` with ``kind`` ("auto" decided) and ``num_workers`` (the default for that kind) filled in."""
+    wanted = 1 if workers.num_workers is None else workers.num_workers
+    kind = _worker_kind(workers.kind, wanted, augment)
+    num_workers = default_num_workers(kind, train) if workers.num_workers is None else workers.num_workers
+    return dataclasses.replace(workers, kind=kind, num_workers=num_workers)
+
+
+def _worker_kind(kind: str, num_workers: int, augment: Any) -> str:
+    """Resolve ``kind="auto"``: processes on `AUTO_PROCESS_MIN_CORES` cores or more, else threads.
+
+    An ``augment`` that cannot be sent to processes (a lambda, a closure) keeps
+    "auto" on threads, with a warning saying how to get processes.
+    """
+    if kind != "auto":
+        return kind
+    if (os.cpu_count() or 1) < AUTO_PROCESS_MIN_CORES or num_workers == 0:
+        return "thread"
+    if augment is not None:
+        try:
+            pickle.dumps(augment)
+        except (pickle.PicklingError, TypeError, AttributeError):
+            warnings.warn("augment cannot be sent to worker processes (define it at the top level of a module, "
+                          "not as a lambda or inside a function), so decoding runs in threads; on many cores "
+                          "processes are faster (workers=al.Workers(kind='process'))", stacklevel=5)
+            return "thread"
+    return "process"
+
+
+def resolve_storage(storage: Storage) -> Storage:
+    """``storage`` with ``rank`` and ``world_size`` filled in (from torch.distributed when initialized)."""
+    rank, world_size = resolve_rank(storage.rank, storage.world_size)
+    return dataclasses.replace(storage, rank=rank, world_size=world_size)
+
+
+def resolve_on_error(on_error: Any) -> OnError:
+    """``on_error`` as an `OnError` (``"skip"``/``"raise"`` are shorthands)."""
+    if isinstance(on_error, OnError):
+        return on_error
+    if isinstance(on_error, str):
+        return OnError(action=checks.one_of("on_error", on_error, ON_ERROR_ACTIONS))
+    raise TypeError(f"on_error must be 'skip', 'raise' or an audioloader.OnError, got {type(on_error).__name__}")
+
+
+def resolve_device(device: Any, features: Any) -> torch.device | None:
+    """The torch device that computes features per batch, or None (per sample in the workers)."""
+    if device is None:
+        return None
+    if getattr(features, "dither", 0.0):
+        raise ValueError("device= computes features per batch, where the fbank's dither cannot be seeded per row: "
+                         "use FbankConfig(dither=0.0) with device=, or device=None")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device={device!r}: not a torch device ({error}); e.g. 'cuda', 'cuda:1', or None for "
+                         "features computed per sample in the decode workers") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r} but CUDA is not available on this machine; pass device=None "
+                         "to compute the features in the decode workers")
+    return device
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every option of an `AudioLoader`, checked, with the mode's presets filled in (see `resolve`).
+
+    ``shuffle`` is a `budget.ShuffleSettings`: its ``before_decode`` may still be None (it depends on the
+    shards, `chain.open_sources`), and a preset's interleave is fitted to the shards' units there.
+    """
+
+    train: bool
+    batch_size: int
+    seed: int
+    infinite: bool
+    drop_last: bool
+    features: Any  # a FeatureConfig
+    length: Any  # a LengthPolicy
+    batching: Bucketing | None
+    augmentations: Any  # an Augmentations, or None
+    columns: tuple[str, ...]
+    shuffle: Any  # a budget.ShuffleSettings
+    workers: Workers
+    storage: Storage
+    device: torch.device | None
+    on_error: OnError
+
+
+def resolve(*, batch_size: Any, train: Any, seed: Any, infinite: Any, features: Any, length: Any, batching: Any,
+            augment: Any, columns: Any, shuffle: Any, workers: Any, storage: Any, device: Any, drop_last: Any,
+            on_error: Any, source: Any = None) -> Settings:
+    """Check the front's arguments and fill in the mode's presets; errors name the argument and the fix."""
+    from . import budget
+    from .dsp.augment import Augmentations
+    from .dsp.config import LengthPolicy, MelSpectrogramConfig, check_features
+
+    train = bool(train)
+    preset = TRAIN if train else EVAL
+    batch_size = checks.integer("batch_size", batch_size, minimum=1)
+    seed = checks.integer("seed", seed)
+    features = features if features is not None else MelSpectrogramConfig()
+    check_features(features)
+    length = checks.instance("length", length, LengthPolicy, default=LengthPolicy())
+    batching = checks.instance("batching", batching, Bucketing)
+    if batching is not None and not length.variable_length:
+        raise ValueError("batching=Bucketing(...) forms batches of whole utterances: pass "
+                         "length=LengthPolicy(crop=None, max_seconds=...) too")
+    if not length.variable_length:
+        length.clip_samples(features)  # a crop needs a length: fail here, naming the fix
+    workers = resolve_workers(checks.instance("workers", workers, Workers, default=Workers()), train, augment)
+    device = resolve_device(device, features)
+    augmentations = Augmentations.of(augment, seed, features, per_batch_features=device is not None)
+    if augmentations is not None and augmentations.mixup is not None:
+        if not train:
+            raise ValueError("Mixup with train=False: an evaluation pass should see each sample as it is; "
+                             "leave Mixup out of augment= for evaluation")
+        if length.variable_length:
+            raise ValueError("Mixup mixes equal-length crops; with whole utterances (LengthPolicy(crop=None)) "
+                             "leave Mixup out")
+    shuffle = checks.instance("shuffle", shuffle, Shuffle, default=Shuffle())
+    if batching is not None and shuffle.before_decode is False:
+        raise ValueError("shuffle_before_decode=False with batching=Bucketing(...): the bucketer groups rows by "
+                         "duration before they are decoded, so the buffer before it holds raw rows; leave "
+                         "Shuffle(before_decode=...) out")
+    from .mix import Mix
+
+    shuffle = budget.resolve(shuffle, train=train, bucketing=batching is not None, mixed=isinstance(source, Mix))
+    return Settings(
+        train=train, batch_size=batch_size, seed=seed, infinite=bool(preset.infinite if infinite is None else infinite),
+        drop_last=bool(drop_last), features=features, length=length, batching=batching, augmentations=augmentations,
+        columns=_column_names(columns), shuffle=shuffle, workers=workers,
+        storage=resolve_storage(checks.instance("storage", storage, Storage, default=Storage())), device=device,
+        on_error=resolve_on_error(on_error))
+
+
+def _column_names(columns: Any) -> tuple[str, ...]:
+    if isinstance(columns, str):
+        raise TypeError(f"columns={columns!r}: a list of column names, e.g. columns=[{columns!r}]")
+    return tuple(columns)

@@ -23,7 +23,7 @@ from unittest import mock
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from audioloader.audio_loader import _changed_files, _identity_of
+from audioloader.checkpoint import _changed_files, _identity_of
 from audioloader.shards import ShardDataset, formats
 
 

@@ -21,6 +21,7 @@ import gzip
 import json
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +71,9 @@ def loader(folder: Path, case: dict) -> al.AudioLoader:
     else:
         kwargs.update(length=al.LengthPolicy(clip_seconds=0.25))
     kwargs.update(options)
-    return al.AudioLoader(folder, **kwargs)
+    with warnings.catch_warnings():  # 0.2's flat keywords: the code that wrote the fixture has no groups
+        warnings.simplefilter("ignore", FutureWarning)
+        return al.AudioLoader(folder, **kwargs)
 
 
 def indices(batch: dict) -> list[int]:

@@ -160,12 +160,12 @@ def parquet_speech(tmp_path_factory) -> Path:
     return speech_corpus(tmp_path_factory.mktemp("budget") / "speech", 60)
 
 
-def speech_loader(source, **kwargs) -> al.AudioLoader:
-    options = {"features": FBANK, "seed": 3, "label_column": None, "columns": ["text"], "split_rows": 10,
-               "length": al.LengthPolicy(crop=None), "batching": al.Bucketing(max_duration=6.0, num_buckets=4),
-               "num_workers": 0}
+def speech_loader(source, *, rank=None, world_size=None, **kwargs) -> al.AudioLoader:
+    options = {"features": FBANK, "seed": 3, "columns": ["text"], "length": al.LengthPolicy(crop=None),
+               "batching": al.Bucketing(max_duration=6.0, num_buckets=4), "workers": al.Workers(num_workers=0),
+               "storage": al.Storage(split_rows=10, rank=rank, world_size=world_size)}
     options.update(kwargs)
-    return al.AudioLoader(source, **options)
+    return al.AudioLoader(al.Source(source, label_column=None), **options)
 
 
 def test_a_corpus_smaller_than_the_buffer_gives_batches_without_repeated_utterances(tmp_path):
@@ -191,7 +191,7 @@ def test_parquet_rows_are_held_as_their_own_bytes_within_the_budget(parquet_spee
     assert memory["budget_bytes"] == budget_bytes - memory["interleave"] * memory["lane_bytes"]
     assert memory["shuffle_buffer"]["limited_by"] == "bytes"
     assert memory["shuffle_buffer"]["peak_bytes"] > 50_000  # the audio bytes are counted, not only the rows
-    buffer = loader._buffer
+    buffer = loader._chain.buffer
     assert all(isinstance(item.audio, np.ndarray) for item in buffer._items)  # its own copy: no row group kept alive
 
 
@@ -199,7 +199,8 @@ def test_a_decoded_buffer_is_bounded_by_bytes(tmp_path):
     make_shards(tmp_path, [30, 30], "parquet", batch_rows=5, seconds=0.4)
     features = al.MelSpectrogramConfig(sample_rate=RATE, clip_seconds=0.25, n_fft=256, hop_length=128, n_mels=16)
     sample_bytes = 16 * features.num_frames(features.clip_samples) * 4
-    with al.AudioLoader(tmp_path, batch_size=4, features=features, seed=1, split_rows=5, num_workers=0,
+    with al.AudioLoader(tmp_path, batch_size=4, features=features, seed=1, storage=al.Storage(split_rows=5),
+                        workers=al.Workers(num_workers=0),
                         shuffle=al.Shuffle(max_bytes=10 * (sample_bytes + 600), interleave=1)) as loader:
         assert not loader.shuffle_before_decode  # local Parquet without batching: decoded samples
         take(loader, 10)
@@ -236,7 +237,7 @@ def test_interleave_of_the_preset_fits_the_budget(tmp_path, parquet_speech):
 
 def test_bucketing_refuses_decoded_buffers(parquet_speech):
     with pytest.raises(ValueError, match="shuffle_before_decode=False with batching"):
-        speech_loader(parquet_speech, shuffle_before_decode=False)
+        speech_loader(parquet_speech, shuffle=al.Shuffle(before_decode=False))
 
 
 @pytest.mark.parametrize("budget_bytes", [None, 90_000])
@@ -254,7 +255,8 @@ def test_byte_bounded_batches_do_not_depend_on_workers(parquet_speech):
     shuffle = al.Shuffle(max_bytes=90_000)
     runs = []
     for workers, kind in ((0, "thread"), (2, "thread"), (2, "process")):
-        with speech_loader(parquet_speech, shuffle=shuffle, num_workers=workers, worker_type=kind) as loader:
+        with speech_loader(parquet_speech, shuffle=shuffle, workers=al.Workers(num_workers=workers, kind=kind)) \
+                as loader:
             runs.append(take(loader, 12))
     for run in runs[1:]:
         assert_same_batches(run, runs[0])
@@ -274,8 +276,9 @@ def test_elastic_resume_delivers_the_row_set_aside_for_the_next_pass_once(tmp_pa
     features = al.MelSpectrogramConfig(sample_rate=RATE, clip_seconds=0.25, n_fft=256, hop_length=128, n_mels=16)
 
     def build(rank, world):
-        return al.AudioLoader(tmp_path, batch_size=1, features=features, seed=4, split_rows=4, num_workers=0,
-                              rank=rank, world_size=world, shuffle_buffer_size=100, shuffle_min_size=100)
+        return al.AudioLoader(tmp_path, batch_size=1, features=features, seed=4, workers=al.Workers(num_workers=0),
+                              storage=al.Storage(split_rows=4, rank=rank, world_size=world),
+                              shuffle=al.Shuffle(buffer_size=100, min_size=100))
 
     before, states = [], []
     for rank in range(2):

@@ -239,7 +239,7 @@ def _target_workers(results: dict[str, dict[str, Any]], workers: list[int]) -> i
     """The worker count the targets and the packed runs use: the library's default when it was measured
     (what a user gets), else the fastest measured. (Picking the fastest of near-equal rates on the standard
     data picked 8 processes on 2 cores once, which is 30 % slower on the packed PCM16 shards.)"""
-    from audioloader.audio_loader import default_num_workers
+    from audioloader.options import default_num_workers
 
     default = default_num_workers("process", train=True)
     if default in workers:

@@ -1,0 +1,392 @@
+"""The default chain of nodes, built in one function (`build_chain`), and the sources it starts from.
+
+``open_sources`` turns the loader's source (shards, an Iceberg table, a `Source`
+or a `Mix`) into readers; ``build_chain`` puts the nodes on top of them, source
+to loader, in the order docs/concepts.md draws it. Eval planning (how many
+batches each rank yields, the bucketing's edges) is here too: it reads the
+same readers.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from torchdata.nodes import BaseNode, PinMemory
+
+from .dsp.config import LengthPolicy
+from .errors import CheckpointMismatchError
+from .mix import Mix, Source, check_columns, check_lengths, fetch_mixed, source_seed
+from .nodes.arrow_shard_reader import ArrowShardReader
+from .nodes.batch_augment import BatchAugment
+from .nodes.batch_features import BatchFeatures
+from .nodes.batcher import Batcher
+from .nodes.catch_failures import CatchFailures
+from .nodes.decode_spectrogram import DecodeSpectrogram
+from .nodes.duration_bucketer import DurationBucketer, estimate_boundaries, plan, row_seconds
+from .nodes.prefetcher import Prefetcher
+from .nodes.shuffle_buffer import ShuffleBuffer
+from .nodes.weighted_mix import WeightedMix
+from .options import Settings
+from .samples import BadRow, Key, RawSample, Sample
+from .shards import IcebergTable, ShardDataset
+from .stats import LoaderStats
+
+
+@dataclass
+class Sources:
+    """The readers of a loader's source and what the chain needs to know about them.
+
+    ``rows`` is the node the chain reads from: the one reader, or a `WeightedMix` of
+    a mix's readers. ``lengths`` holds each source's `LengthPolicy`; ``names`` the
+    mix's source names (empty for one source).
+    """
+
+    readers: list[ArrowShardReader]
+    rows: BaseNode
+    lengths: list[LengthPolicy]
+    names: tuple[str, ...]
+    mix: Mix | None
+    has_labels: bool
+    duration_column: str | None
+    shuffle_before_decode: bool
+    audio_column: str | None = "audio"  # the single source's (a mix's sources have their own)
+    label_column: str | None = "label"
+
+    @property
+    def reader(self) -> ArrowShardReader | None:
+        """The reader of a single source (None for a mix)."""
+        return self.readers[0] if self.mix is None else None
+
+    def fetch(self) -> Callable[[Sequence[Key]], list[RawSample]]:
+        """Random access to rows by key, picklable and holding no loader (restore, worker processes)."""
+        if self.mix is None:
+            return self.readers[0].fetcher
+        return functools.partial(fetch_mixed, [reader.dataset for reader in self.readers])
+
+    @property
+    def datasets(self) -> list[ShardDataset]:
+        return [reader.dataset for reader in self.readers]
+
+
+@dataclass
+class Chain:
+    """The built chain: its root (what the `Loader` iterates) and the nodes the front talks to."""
+
+    root: BaseNode
+    decoder: DecodeSpectrogram
+    batcher: Batcher
+    boundaries: list[float] | None  # the bucketing's edges (None without bucketing)
+    num_batches: int | None  # eval: batches every rank yields
+    buffer: ShuffleBuffer | None = None  # the shuffle buffer and the bucketer, whose limits a legacy
+    bucketer: DurationBucketer | None = None  # checkpoint sets (`budget.ShuffleSettings.configure`)
+
+
+def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Chain:
+    """The default chain, source to loader (docs/concepts.md, "The chain").
+
+    ``reader(s) [-> WeightedMix] -> ShuffleBuffer -> DecodeSpectrogram`` (raw rows in the
+    buffer), or ``-> DecodeSpectrogram -> ShuffleBuffer`` (decoded samples), or with
+    bucketing ``-> ShuffleBuffer (train) -> DurationBucketer -> DecodeSpectrogram``; then
+    ``-> Batcher [-> BatchAugment] -> CatchFailures -> Prefetcher`` and, with a feature device,
+    ``-> BatchFeatures [-> BatchAugment]``, else optionally ``-> PinMemory``.
+    """
+    s, rows = settings, sources.rows
+    fetch_rows = sources.fetch()
+    boundaries = bucket_boundaries(settings, sources) if s.batching is not None else None
+    num_batches = count_batches(settings, sources, boundaries) if not s.train else None
+    decoder = functools.partial(_decoder, settings, sources, stats)
+    held: list[ShuffleBuffer] = []  # the buffer, once made
+
+    def buffer(source: BaseNode, restore: Any) -> ShuffleBuffer:
+        # The byte budget less the readers' lanes, shared with a bucketer after it (`audioloader.budget`).
+        held.append(ShuffleBuffer(source, s.shuffle.buffer_size, s.shuffle.min_size, seed=s.seed, rank=s.storage.rank,
+                                  restore=restore, stats=stats, max_bytes=s.shuffle.buffer_max_bytes,
+                                  min_bytes=s.shuffle.min_bytes, one_pass=s.shuffle.one_pass))
+        return held[0]
+
+    bucketer = None
+    if s.batching is not None:  # rows grouped by duration before they are decoded: only a batch's rows decode
+        reader = sources.reader
+        rows = buffer(reader, restore=reader.fetch) if s.train else reader
+        rows = bucketer = DurationBucketer(
+            rows, max_duration=s.batching.max_duration, boundaries=boundaries,
+            max_batch_size=s.batching.max_batch_size, restore=reader.fetch, drop_last=s.drop_last, stats=stats,
+            duration_fn=functools.partial(row_seconds, duration_column=sources.duration_column),
+            max_bytes=s.shuffle.bucketer_max_bytes, distinct=s.shuffle.one_pass)
+        samples = decode = decoder(rows)
+    elif sources.shuffle_before_decode:  # the buffer holds raw rows
+        samples = decode = decoder(buffer(rows, restore=fetch_rows))
+    else:  # the buffer holds decoded samples, rebuilt on resume by reading and decoding their rows again
+        decode = decoder(rows)
+        # A partial of a module function, not a bound method: the chain must not point back at the front.
+        samples = buffer(decode, restore=functools.partial(_restore_decoded, fetch_rows, decode))
+    batches = batcher = _batcher(settings, sources, samples, num_batches, stats)
+    per_batch_augment = s.augmentations is not None and s.augmentations.per_batch
+    if s.device is None and per_batch_augment:
+        batches = BatchAugment(batches, s.augmentations, s.features.batch_key)
+    root: BaseNode = Prefetcher(CatchFailures(batches), prefetch_factor=s.workers.prefetch_batches)
+    if s.device is not None:  # features per batch on the device, after the prefetcher
+        root = BatchFeatures(root, s.features, s.device)
+        if per_batch_augment:
+            root = BatchAugment(root, s.augmentations, s.features.batch_key)
+    elif s.workers.pin_memory and _has_cuda():
+        root = PinMemory(root)
+    return Chain(root, decode, batcher, boundaries, num_batches, held[0] if held else None, bucketer)
+
+
+def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: BaseNode) -> DecodeSpectrogram:
+    s = settings
+    # Memory-mapped shards: a worker process reads its rows itself (zero-copy there)
+    # rather than getting the encoded audio copied over from here.
+    fetch = sources.fetch() if all(_raw_rows_are_free(r) for r in sources.readers) else None
+    length = sources.lengths[0] if len(set(sources.lengths)) == 1 else sources.lengths
+    return DecodeSpectrogram(
+        rows, s.features, seed=s.seed, train=s.train, num_workers=s.workers.num_workers,
+        augment=s.augmentations, on_error=s.on_error.action, max_error_fraction=s.on_error.max_fraction,
+        error_budget_min_rows=s.on_error.min_rows, stats=stats, worker_type=s.workers.kind, fetch=fetch,
+        start_method=s.workers.start_method, compute_features=s.device is None, length=length,
+        guard=file_guard(sources.datasets), max_bytes_in_flight=s.shuffle.decode_max_bytes)
+
+
+def _batcher(settings: Settings, sources: Sources, samples: BaseNode, num_batches: int | None,
+             stats: LoaderStats) -> Batcher:
+    # With a feature device the batcher stacks waveforms (in page-locked memory for a
+    # GPU) and BatchFeatures, after the prefetcher, computes the features.
+    s, per_sample, variable = settings, settings.device is None, settings.length.variable_length
+    clip = 0 if variable else s.length.clip_samples(s.features)
+    if per_sample:
+        shape, time_axis = s.features.feature_shape(s.features.num_frames(clip) if clip else 0), s.features.time_axis
+    else:
+        shape, time_axis = (clip,), 0
+    return Batcher(
+        samples, s.batch_size, s.drop_last, num_batches=num_batches, spectrogram_shape=shape, columns=s.columns,
+        tensor_columns=_numeric_columns(sources.readers[0].dataset.schema, s.columns),
+        has_labels=sources.has_labels, stats=stats, sources=sources.mix is not None,
+        features_key=s.features.batch_key if per_sample else "waveform",
+        pin_memory=not per_sample and s.device.type == "cuda",
+        time_axis=time_axis if variable else None, follow_markers=s.batching is not None)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    if torch.cuda.is_available():
+        return True
+    warnings.warn("pin_memory=True but CUDA is not available; batches are not pinned", stacklevel=4)
+    return False
+
+
+# -- sources ------------------------------------------------------------------------------------------------
+
+
+def open_sources(source: Any, settings: Settings, stats: LoaderStats) -> Sources:
+    """The readers of ``source`` (shards, an `IcebergTable`, a `Source` or a `Mix`), checked against each other."""
+    if isinstance(source, Mix):
+        sources = _open_mix(source, settings, stats)
+    else:
+        sources = _open_one(source if isinstance(source, Source) else Source(source), settings, stats)
+    before = settings.shuffle.before_decode
+    # With batching the rows are grouped before they are decoded: whatever holds them holds raw rows.
+    sources.shuffle_before_decode = (True if settings.batching is not None else
+                                     all(_raw_rows_by_default(r) for r in sources.readers)
+                                     if before is None else bool(before))
+    stats.shuffle.configure([_split_rows_of(reader) for reader in sources.readers],
+                            sources.mix.weights if sources.mix is not None else [1.0], settings.batch_size)
+    return sources
+
+
+def _open_one(source: Source, settings: Settings, stats: LoaderStats) -> Sources:
+    s, storage = settings, settings.storage
+    duration_column, columns = _reader_columns(source, settings)
+    reader = ArrowShardReader(
+        source.data, audio_column=source.audio_column, label_column=source.label_column, columns=columns,
+        seed=s.seed, rank=storage.rank, world_size=storage.world_size, shuffle=s.train, infinite=s.infinite,
+        split_rows=storage.split_rows, filesystem=_filesystem(source, storage), stats=stats, retry=storage.retry,
+        filter=source.filter, interleave=s.shuffle.interleave)
+    return Sources([reader], reader, [source.length or s.length], (), None, source.label_column is not None,
+                   duration_column, False, source.audio_column, source.label_column)
+
+
+def _reader_columns(source: Source, settings: Settings) -> tuple[str | None, tuple[str, ...]]:
+    """The bucketing's duration column when the shards have it (else None), and the columns to read."""
+    columns = settings.columns
+    wanted = settings.batching.duration_column if settings.batching is not None else None
+    if wanted is None or wanted in columns:
+        return (wanted if wanted in columns else None), columns
+    schema = ShardDataset(source.data, audio_column=source.audio_column, label_column=source.label_column,
+                          split_rows=settings.storage.split_rows, filesystem=_filesystem(source, settings.storage),
+                          retry=settings.storage.retry).schema
+    if wanted in schema.names:
+        return wanted, (*columns, wanted)
+    return None, columns
+
+
+def _filesystem(source: Source, storage: Any) -> Any:
+    return source.filesystem if source.filesystem is not None else storage.filesystem
+
+
+def _open_mix(mix: Mix, settings: Settings, stats: LoaderStats) -> Sources:
+    """One reader per source of the `Mix`, interleaved by a `WeightedMix` node."""
+    s = settings
+    if s.batching is not None:
+        raise ValueError("batching=Bucketing(...) does not take a Mix yet: bucket one source, or mix "
+                         "fixed-size batches (batch_size=)")
+    stop = mix.stop or ("cycle" if s.infinite else "all_exhausted")
+    if not s.train and stop != "all_exhausted":
+        raise ValueError(f"Mix(stop={stop!r}) with train=False: evaluation reads every row of every source "
+                         "exactly once (stop='all_exhausted', the default there); the weights then only set "
+                         "the interleaving. Leave stop out, or evaluate the sources one by one")
+    if stop == "cycle" and not s.infinite:
+        raise ValueError("Mix(stop='cycle') never ends, but infinite=False asks for passes that end: use "
+                         "stop='all_exhausted' (every row of every source once) or 'first_exhausted'")
+    labelled = {e.name: e.source.label_column is not None for e in mix.entries}
+    if len(set(labelled.values())) > 1:
+        raise ValueError(f"Mix sources disagree on labels {labelled}: batches have a label for every sample "
+                         "or for none; give every Source a label_column, or label_column=None to all")
+    lengths = [e.source.length or s.length for e in mix.entries]
+    # The loader's own length= is checked with them: it sets the batches' shape.
+    check_lengths(["length= of the loader", *mix.names], [s.length, *lengths], s.features)
+    readers = [_mix_reader(position, entry, settings, stats) for position, entry in enumerate(mix.entries)]
+    check_columns(mix.names, [r.dataset.schema for r in readers], s.columns)
+    stats.describe_sources(mix.names, mix.weights)
+    rows = WeightedMix(dict(zip(mix.names, readers, strict=True)), dict(zip(mix.names, mix.weights, strict=True)),
+                       stop=stop, infinite=s.infinite, seed=s.seed, rank=s.storage.rank, stats=stats)
+    return Sources(readers, rows, lengths, mix.names, mix, all(labelled.values()), None, False)
+
+
+def _mix_reader(position: int, entry: Any, settings: Settings, stats: LoaderStats) -> ArrowShardReader:
+    source, storage = entry.source, settings.storage
+    try:
+        return ArrowShardReader(
+            source.data, audio_column=source.audio_column, label_column=source.label_column,
+            columns=settings.columns, seed=source_seed(settings.seed, position), rank=storage.rank,
+            world_size=storage.world_size, shuffle=settings.train, infinite=False, split_rows=storage.split_rows,
+            filesystem=_filesystem(source, storage), stats=stats, retry=storage.retry, filter=source.filter,
+            interleave=settings.shuffle.interleave)
+    except Exception as error:
+        if hasattr(error, "add_note"):  # Python 3.11+
+            error.add_note(f"(in Mix source {entry.name!r})")
+        raise
+
+
+def pinned_source(source: Any, sources: Sources) -> Any:
+    """``source`` as it should be rebuilt elsewhere: an Iceberg table at the snapshot read here."""
+    table = source.data if isinstance(source, Source) else source
+    if not isinstance(table, IcebergTable) or table.snapshot_id is not None:
+        return source
+    import dataclasses
+
+    pinned = dataclasses.replace(table, snapshot_id=sources.readers[0].dataset.table.snapshot_id)
+    return dataclasses.replace(source, data=pinned) if isinstance(source, Source) else pinned
+
+
+def _split_rows_of(reader: ArrowShardReader) -> list[tuple[int, int]]:
+    """``(first global index, rows)`` of each split this rank reads in pass 0 (for the shuffle-quality figures)."""
+    files = reader.dataset.files
+    return [(files[s.file_id].index_offset + s.start, s.num_rows) for s in reader.splits_for_pass(0)]
+
+
+def _raw_rows_are_free(reader: ArrowShardReader) -> bool:
+    """True when every shard is a local Arrow IPC file or stream: memory-mapped, so a
+    buffered raw row is a view into the page cache, not a copy."""
+    return all(file.format in ("ipc_file", "ipc_stream") and "://" not in file.path
+               for file in reader.dataset.files)
+
+
+def _raw_rows_by_default(reader: ArrowShardReader) -> bool:
+    """``Shuffle(before_decode=None)``: raw rows in the buffer for local Arrow IPC shards (zero-copy views)
+    and for remote shards, decoded samples for local Parquet and ORC.
+
+    Remote, measured on a loopback S3 server (benchmarks/bench_s3.py, default features, buffer 1000):
+    raw rows 1.6-1.9x the samples/s, the first batch 2-3.6x sooner, resume 2.7-3.6x faster and
+    20 % less peak memory than decoded samples (a remote raw row owns a copy of its encoded bytes,
+    the reader's, so holding it keeps no record batch alive; decoded features are 256 KB each).
+    """
+    dataset = reader.dataset
+    return _raw_rows_are_free(reader) or all(dataset.is_remote(i) for i in range(len(dataset.files)))
+
+
+def _numeric_columns(schema: pa.Schema, columns: Sequence[str]) -> list[str]:
+    """The extra columns whose Arrow type is integer, floating point or boolean (batched as tensors)."""
+    numeric = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean)
+    return [name for name in columns if any(test(schema.field(name).type) for test in numeric)]
+
+
+def file_guard(datasets: Sequence[ShardDataset]) -> Any:
+    """One picklable ``guard(path)`` for the local shard files of all ``datasets`` (see `ShardDataset.file_guard`)."""
+    guards = [dataset.file_guard() for dataset in datasets]
+    if len(guards) == 1:
+        return guards[0]
+    return type(guards[0])({path: expected for guard in guards for path, expected in guard.expected.items()})
+
+
+def _restore_decoded(fetch: Callable[[Sequence[Key]], list[RawSample]], decoder: DecodeSpectrogram,
+                     keys: Sequence[Key]) -> list[Sample]:
+    """Rebuild decoded buffer items on resume: random-access read, same decode, same per-key seeds."""
+    decoded = decoder.decode_many(fetch(keys))
+    bad = [item for item in decoded if isinstance(item, BadRow)]
+    if bad:
+        raise CheckpointMismatchError(
+            f"resuming: {len(bad)} buffered rows no longer decode (first: {bad[0].file} row {bad[0].row}: "
+            f"{bad[0].reason}); the data changed since the checkpoint was taken",
+            {"rows": ([b.key.index for b in bad], None)})
+    return list(decoded)
+
+
+# -- eval planning ------------------------------------------------------------------------------------------
+
+
+def bucket_boundaries(settings: Settings, sources: Sources) -> list[float]:
+    """The bucketing's edges: given, or estimated from rows spread evenly over the source (same on every rank)."""
+    if settings.batching.boundaries is not None:
+        return list(settings.batching.boundaries)
+    reader = sources.reader
+    kept = reader.dataset.kept_indices()
+    n = len(kept)
+    picks = kept[np.unique(np.linspace(0, n - 1, min(n, settings.batching.estimate_rows)).round().astype(np.int64))]
+    seconds: list[Any] = [None] * len(picks)
+    if sources.duration_column is not None:  # the column alone: no audio read before the first batch
+        seconds = reader.dataset.read_column(sources.duration_column, picks.tolist())
+    missing = [k for k, value in enumerate(seconds) if value is None]
+    for k, row in zip(missing, reader.fetch([Key(int(picks[k]), 0) for k in missing]), strict=True):
+        seconds[k] = row_seconds(row, sources.duration_column)
+    return estimate_boundaries((float(x) for x in seconds), settings.batching.num_buckets)
+
+
+def count_batches(settings: Settings, sources: Sources, boundaries: list[float] | None) -> int:
+    """Eval: batches every rank yields (equal across ranks, see Batcher.num_batches)."""
+    if settings.batching is not None:
+        return planned_batches(settings, sources, boundaries)
+    rows = [sum(counts) for counts in zip(*(reader.rows_per_rank() for reader in sources.readers), strict=True)]
+    if settings.drop_last:
+        return min(rows) // settings.batch_size
+    return math.ceil(max(rows) / settings.batch_size)
+
+
+def resumed_batches(settings: Settings, sources: Sources, boundaries: list[float] | None, start: Any) -> int:
+    """Eval, after an elastic resume: batches every new rank yields in the rest of the pass (equal on all)."""
+    if settings.batching is None:
+        rows = start.rows_per_rank
+        return min(rows) // settings.batch_size if settings.drop_last else math.ceil(max(rows) / settings.batch_size)
+    return planned_batches(settings, sources, boundaries, start)
+
+
+def planned_batches(settings: Settings, sources: Sources, boundaries: list[float] | None, start: Any = None) -> int:
+    """Eval with bucketing: the most batches a rank's rows make, each rank's read in its reader's order
+    (interleaved too), from the pass's start or, after an elastic resume (``start``), from its carry."""
+    s, counts = settings, []
+    for rank in range(s.storage.world_size):
+        rows = ArrowShardReader(sources.reader.dataset, seed=s.seed, rank=rank, world_size=s.storage.world_size,
+                                shuffle=s.train, infinite=False, interleave=s.shuffle.interleave)
+        if start is not None:
+            rows.start_from(start.state_for(rows))
+        counts.append(len(plan((row_seconds(r, sources.duration_column) for r in rows), boundaries,
+                               s.batching.max_duration, s.batching.max_batch_size, s.drop_last)))
+    return max(counts)

@@ -1,0 +1,224 @@
+"""Checkpoints of an `AudioLoader`: the state format, the fingerprint of what a state depends on, and its checks.
+
+A state is ``{"format": STATE_FORMAT, "fingerprint": {...}, "loader": <the chain's state>}``. The
+fingerprint names every argument and file the chain's state depends on; loading a state into a loader
+whose fingerprint differs raises `CheckpointMismatchError` naming each field (and each changed file).
+Fields of options added after 0.1 appear only when used, so old checkpoints keep loading.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .dsp.config import LengthPolicy, MelSpectrogramConfig
+from .errors import CheckpointMismatchError
+from .shards import ShardDataset
+
+STATE_FORMAT = "audioloader.AudioLoader/1"
+
+
+def fingerprint(settings: Any, sources: Any, boundaries: list[float] | None) -> dict[str, Any]:
+    """What a state of this loader depends on (`Settings`, `chain.Sources`, the bucketing's edges)."""
+    s = settings
+    if sources.mix is None:
+        files, identity = files_of(sources.readers[0].dataset), _identity_of(sources.readers[0].dataset)
+    else:
+        pairs = list(zip(sources.names, sources.readers, strict=True))
+        files = {name: files_of(r.dataset) for name, r in pairs}
+        identity = {name: _identity_of(r.dataset) for name, r in pairs}
+    return {
+        "files": files, "file_identity": identity,
+        "seed": s.seed, "rank": s.storage.rank, "world_size": s.storage.world_size,
+        "features": s.features.to_dict(), "batch_size": s.batch_size,
+        "shuffle_buffer_size": s.shuffle.buffer_size, "shuffle_min_size": s.shuffle.min_size,
+        "train": s.train, "infinite": s.infinite, "drop_last": s.drop_last,
+        "shuffle_before_decode": sources.shuffle_before_decode, "split_rows": s.storage.split_rows,
+        "audio_column": sources.audio_column, "label_column": sources.label_column,
+        "columns": list(s.columns),
+        **_newer_fields(settings, sources, boundaries),
+    }
+
+
+def _newer_fields(settings: Any, sources: Any, boundaries: list[float] | None) -> dict[str, Any]:
+    """Fields of newer options, present only when used (a 0.1 checkpoint has none of them)."""
+    s, extra = settings, {}
+    if not isinstance(s.features, MelSpectrogramConfig):
+        extra["feature_type"] = type(s.features).__name__
+    if s.length != LengthPolicy():
+        extra["length"] = s.length.to_dict()
+    if s.batching is not None:
+        extra["batching"] = {**s.batching.to_dict(), "boundaries": boundaries,
+                             "duration_column": sources.duration_column}
+    if sources.mix is not None:
+        # world_size here too: resuming a mix on another number of ranks is refused by name
+        # (elastic resume redistributes one source's rows; a mix's draws are per rank).
+        extra["mix"] = {"sources": [[e.name, e.weight, e.source.audio_column, e.source.label_column,
+                                     None if e.source.length is None else e.source.length.to_dict()]
+                                    for e in sources.mix.entries],
+                        "stop": sources.rows.stop, "world_size": s.storage.world_size}
+    if s.augmentations is not None and s.augmentations.builtin:
+        extra["augment"] = [{**described, "files": files_of(dataset)} if dataset is not None else described
+                            for described, dataset in zip(s.augmentations.describe(),
+                                                          s.augmentations.datasets(), strict=True)]
+    if sources.readers[0].dataset.filter is not None:
+        extra["filter"] = str(sources.readers[0].dataset.filter)
+    if s.shuffle.interleave > 1:
+        extra["interleave"] = s.shuffle.interleave
+    memory = s.shuffle.fingerprint()
+    if memory is not None:  # a checkpoint without it was taken before byte budgets (budget.LEGACY_TRAIN)
+        extra["memory"] = memory
+    tables = [[r.dataset.table.table, r.dataset.table.snapshot_id] for r in sources.readers if r.dataset.table]
+    if tables:
+        extra["iceberg"] = tables  # [table, snapshot id] per Iceberg source: a resume reads the same snapshot
+    return extra
+
+
+def check_fingerprint(ours: dict[str, Any], theirs: dict[str, Any], datasets: dict[str | None, ShardDataset],
+                      ignore: Sequence[str] = ()) -> None:
+    """`CheckpointMismatchError` naming every field of ``theirs`` (a checkpoint's) that differs from ``ours``,
+    then every file whose content changed (``datasets``: by mix source name, or ``{None: dataset}``)."""
+    _check_snapshots(theirs.get("iceberg"), ours.get("iceberg"))
+    skip = {"file_identity", *ignore}
+    differ = {k: (theirs.get(k), ours.get(k)) for k in sorted(set(theirs) | set(ours))
+              if theirs.get(k) != ours.get(k) and k not in skip}
+    if differ:
+        lines = [f"  {k}: checkpoint has {_short(a)}, this loader has {_short(b)}" for k, (a, b) in differ.items()]
+        raise CheckpointMismatchError(
+            "this state dict was saved by an AudioLoader built with different arguments; build the "
+            "loader with the checkpoint's values for these fields:\n" + "\n".join(lines), differ)
+    _check_file_identity(ours["file_identity"], theirs.get("file_identity"), datasets)
+
+
+def _check_file_identity(ours: dict[str, Any], theirs: dict[str, Any] | None,
+                         datasets: dict[str | None, ShardDataset]) -> None:
+    """`CheckpointMismatchError` naming each file whose content changed since the checkpoint.
+
+    Same name, size and rows are not enough: the metadata digest must match,
+    and where the data is still at the same location (not copied elsewhere,
+    which resets modification times) so must the modification time.
+    """
+    if theirs is None:  # a checkpoint from before file identities: names, sizes and rows were checked
+        return
+    if list(datasets) == [None]:
+        changed = _changed_files(datasets[None], theirs, ours)
+    else:  # per source; the sources themselves were compared with the rest of the fingerprint
+        changed = [line for name, dataset in datasets.items()
+                   for line in _changed_files(dataset, theirs[name], ours[name])]
+    if changed:
+        raise CheckpointMismatchError(
+            f"{len(changed)} shard file(s) changed since the checkpoint was taken, so it would resume on other "
+            "data:\n" + "\n".join(changed) + "\nResume on the data the checkpoint was taken on, or start "
+            "a new run on the new data", {"file_identity": (theirs, ours)})
+
+
+def check_format(state: Any) -> None:
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        got = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise CheckpointMismatchError(f"not an AudioLoader state dict (expected format {STATE_FORMAT!r}, got {got!r})",
+                                      {"format": (got, STATE_FORMAT)})
+
+
+def states_by_rank(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The states of one run in rank order; `CheckpointMismatchError` unless they are ranks 0..W-1 once each."""
+    if not states:
+        raise CheckpointMismatchError("an empty list of states: pass the states of every rank of the run",
+                                      {"rank": ([], None)})
+    worlds = sorted({s["fingerprint"]["world_size"] for s in states})
+    ranks = sorted(s["fingerprint"]["rank"] for s in states)
+    if len(worlds) != 1 or ranks != list(range(worlds[0])):
+        raise CheckpointMismatchError(
+            f"the list must hold the state of every rank of one run exactly once; it has ranks {ranks} of world "
+            f"size(s) {worlds}. Gather all ranks' states (torch.distributed.all_gather_object) or list every "
+            "rank's saved state", {"rank": (ranks, list(range(worlds[0])))})
+    by_rank = sorted(states, key=lambda s: s["fingerprint"]["rank"])
+    first = {k: v for k, v in by_rank[0]["fingerprint"].items() if k != "rank"}
+    for state in by_rank[1:]:
+        other = {k: v for k, v in state["fingerprint"].items() if k != "rank"}
+        if other != first:
+            fields = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
+            raise CheckpointMismatchError(
+                f"the states of rank 0 and rank {state['fingerprint']['rank']} come from loaders built with "
+                f"different {', '.join(fields)}: they are not one run's checkpoint",
+                {k: (first.get(k), other.get(k)) for k in fields})
+    return by_rank
+
+
+
+def _check_snapshots(theirs: list[list[Any]] | None, ours: list[list[Any]] | None) -> None:
+    """`CheckpointMismatchError` naming the table and both snapshot ids when a checkpoint of an Iceberg table's
+    snapshot is loaded into a loader reading another snapshot of it (its rows and their indices differ)."""
+    if not theirs or not ours or theirs == ours:
+        return
+    moved = [(table, then, now) for (table, then), (other, now) in zip(theirs, ours, strict=False)
+             if table == other and then != now]
+    if moved:
+        raise CheckpointMismatchError(
+            "\n".join(f"Iceberg table {table!r}: the checkpoint was taken on snapshot {then}, this loader reads "
+                      f"snapshot {now}" for table, then, now in moved)
+            + "\nResume on the checkpoint's snapshot (IcebergTable(..., snapshot_id=" + str(moved[0][1]) + ")), "
+            "or start a new run on the new one", {"iceberg": (theirs, ours)})
+
+
+def _changed_files(dataset: ShardDataset, theirs: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+    """One line per file of ``dataset`` whose identity changed from ``theirs`` (checkpoint) to ``ours``.
+
+    The metadata digest must match; where the data is still at the same location
+    (not copied elsewhere, which resets modification times) so must the
+    modification time.
+    """
+    in_place = theirs.get("location") == ours["location"]
+    changed = []
+    for f, digest, mtime, their_digest, their_mtime in zip(
+            dataset.files, ours["digests"], ours["mtimes"], theirs["digests"], theirs["mtimes"], strict=True):
+        if digest != their_digest:
+            changed.append(f"  {f.path}: its metadata differs (footer / schema / batch layout digest "
+                           f"{their_digest} -> {digest}) with the same name, size and rows")
+        elif in_place and mtime != their_mtime and None not in (mtime, their_mtime):
+            changed.append(f"  {f.path}: rewritten in place (modification time {_when(their_mtime)} -> "
+                           f"{_when(mtime)}) with the same name, size and rows")
+    return changed
+
+
+
+def _identity_of(dataset: ShardDataset) -> dict[str, Any]:
+    """What identifies the content of a dataset's files (`ShardDataset.identity`) and where they are."""
+    return {"location": _common_folder([f.path for f in dataset.files]), **dataset.identity()}
+
+
+
+def files_of(dataset: ShardDataset) -> list[list[Any]]:
+    """What identifies a dataset's rows in a checkpoint fingerprint (a source's, a noise source's)."""
+    return _portable_files(dataset.fingerprint()["files"])
+
+
+def _common_folder(paths: list[str]) -> str:
+    """The longest folder (ending in "/") that holds every path or URL."""
+    # String prefix on purpose (URLs are not OS paths), then cut back to a "/".
+    prefix = os.path.commonprefix([path.rsplit("/", 1)[0] + "/" for path in paths])  # noqa: RUF071
+    return prefix[: prefix.rfind("/") + 1]  # a whole folder, never part of a name
+
+
+def _portable_files(files: list[list[Any]]) -> list[list[Any]]:
+    """``[[path, size, rows], ...]`` with paths made relative to the files' common folder.
+
+    A checkpoint must survive the data moving to another mount point or bucket
+    prefix; the files' names, sizes, row counts and metadata digests identify the
+    data (their modification times only while it stays where it was).
+    """
+    prefix = _common_folder([str(entry[0]) for entry in files])
+    return [[str(entry[0])[len(prefix):], *entry[1:]] for entry in files]
+
+
+def _when(mtime_ns: int | None) -> str:
+    if mtime_ns is None:
+        return "unknown"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(mtime_ns / 1e9)) + f".{mtime_ns % 10**9:09d} UTC"
+
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

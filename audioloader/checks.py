@@ -1,0 +1,78 @@
+"""Argument checks shared by the whole library: one vocabulary, one message format.
+
+Every check names the argument and the value it got, says what it must be, and
+returns the value converted (an ``int`` for an integer check), so call sites
+read ``self.rows = checks.integer("rows", rows, minimum=1)``. Messages have the
+form ``name=value: must be ...``; an option group's field is named
+``Group.field`` (e.g. ``Workers.num_workers=-1: must be an integer >= 0``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from typing import Any
+
+import numpy as np
+
+
+def bad(name: str, value: Any, why: str) -> ValueError:
+    """The ``ValueError`` of a bad argument: ``name=value: why``."""
+    return ValueError(f"{name}={value!r}: {why}")
+
+
+def is_integer(value: Any) -> bool:
+    """True for Python and numpy integers, False for bools (``True`` is not a count)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def integer(name: str, value: Any, *, minimum: int | None = None, allow_none: bool = False,
+            hint: str = "") -> int | None:
+    """``value`` as an ``int``; ``TypeError`` unless it is one, ``ValueError`` when below ``minimum``."""
+    if value is None and allow_none:
+        return None
+    or_none = " or None" if allow_none else ""
+    if not is_integer(value):
+        raise TypeError(f"{name} must be an int{or_none}, got {type(value).__name__} {value!r}{hint}")
+    if minimum is not None and value < minimum:
+        raise bad(name, value, f"must be an integer >= {minimum}{or_none}{hint}")
+    return int(value)
+
+
+def count(name: str, value: Any, *, minimum: int = 1, allow_none: bool = False, hint: str = "") -> int | None:
+    """An integer ``>= minimum`` where a wrong type is as much a bad value as a small one (``ValueError``).
+
+    For the fields of option groups, whose users pass ``2.0`` or ``"2"`` as often as ``-1``.
+    """
+    if value is None and allow_none:
+        return None
+    if not is_integer(value) or value < minimum:
+        raise bad(name, value, f"must be an integer >= {minimum}" + (" or None" if allow_none else "") + hint)
+    return int(value)
+
+
+def positive_number(name: str, value: Any, *, allow_none: bool = False, unit: str = "") -> float | None:
+    """A finite number ``> 0`` (``unit`` names what it counts, e.g. "seconds")."""
+    if value is None and allow_none:
+        return None
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value <= 0:
+        what = f"a positive number of {unit}" if unit else "a positive finite number"
+        raise bad(name, value, f"must be {what}" + (" or None" if allow_none else ""))
+    return float(value)
+
+
+def one_of(name: str, value: Any, choices: Collection[Any], *, allow_none: bool = False) -> Any:
+    """``value`` if it is one of ``choices`` (or None when allowed); ``ValueError`` listing them."""
+    if (value is None and allow_none) or value in choices:
+        return value
+    raise bad(name, value, f"must be one of {tuple(choices)}" + (" or None" if allow_none else ""))
+
+
+def instance(name: str, value: Any, cls: type, *, default: Any = None) -> Any:
+    """An option group: ``value``, or ``default`` when it is None; ``TypeError`` naming ``name`` otherwise."""
+    if value is None:
+        return default
+    if not isinstance(value, cls):
+        raise TypeError(f"{name} must be an audioloader.{cls.__name__}, got {type(value).__name__}")
+    return value
