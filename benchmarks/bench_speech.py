@@ -15,9 +15,10 @@ Contenders, each in a fresh process, with ``--workers`` workers, training mode,
 80-bin Kaldi fbank with Lhotse's defaults (``snip_edges=False``, ``high_freq=-400``)
 on both sides, batches of up to ``--max-duration`` s from 16 duration buckets:
 
-- ``audioloader``: ``AudioLoader(parquet, features=FbankConfig(...), length=LengthPolicy(crop=None),
-  batching=Bucketing(max_duration=D), label_column=None, columns=["text"], num_workers=N)``, the
-  training preset otherwise (shuffle buffer, interleaving, byte budget: the defaults);
+- ``audioloader``: ``AudioLoader(Source(parquet, label_column=None), features=FbankConfig(...),
+  length=LengthPolicy(crop=None), batching=Bucketing(max_duration=D), columns=["text"],
+  workers=Workers(num_workers=N))``, the training preset otherwise (shuffle buffer, interleaving,
+  byte budget: the defaults);
 - ``lhotse`` (1.33, in a virtual environment this script creates: it is not a
   dependency): ``CutSet.from_file(manifest).repeat()`` (an endless stream, as
   audioloader's), ``DynamicBucketingSampler(cuts, max_duration=D, shuffle=True,
@@ -202,10 +203,10 @@ def run_audioloader(spec: dict) -> dict:
     import audioloader as al
 
     started = time.perf_counter()
-    loader = al.AudioLoader(spec["parquet"], train=True, seed=0,
+    loader = al.AudioLoader(al.Source(spec["parquet"], label_column=None), train=True, seed=0,
                             features=al.FbankConfig(num_mel_bins=80, snip_edges=False, high_freq=-400.0),
                             length=al.LengthPolicy(crop=None), batching=al.Bucketing(max_duration=spec["max_duration"]),
-                            label_column=None, columns=["text"], num_workers=spec["workers"])
+                            columns=["text"], workers=al.Workers(num_workers=spec["workers"]))
     batches = ((b["lengths"].tolist(), b["fbank"].shape[1], b["index"].tolist()) for b in loader)
     result = measure(batches, spec, started)
     memory = loader.stats()["memory"]
