@@ -5,7 +5,8 @@
 """
 
 from .audio_loader import AudioLoader
-from .dsp.augment import AddNoise, Gain, Mixup, Reverb, SpecAugment, SpeedPerturb, mixup_targets
+from .dsp.augment import AddNoise, Gain, Mixup, Reverb, SpecAugment, SpeedPerturb
+from .dsp.augment_math import mixup_targets
 from .dsp.config import FbankConfig, LengthPolicy, MelSpectrogramConfig, WaveformConfig
 from .errors import (
     AudioLoaderError,

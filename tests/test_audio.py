@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import io
-import struct
 
 import numpy as np
 import pyarrow as pa
@@ -14,7 +13,7 @@ import soxr
 
 from audioloader.dsp import audio
 from audioloader.errors import DecodeError
-from tests.helpers import encode, tone
+from tests.helpers import BAD_AUDIO, encode, tone, truncated_flac
 
 FORMATS = [  # (container, subtype, window decode expected)
     ("WAV", "PCM_16", True),
@@ -240,30 +239,6 @@ def test_timer_gets_decode_and_resample(window):
 
 # ---------------------------------------------------------------------------
 # bad audio
-
-def truncated_flac() -> bytes:
-    data = clip("FLAC", "PCM_16", 16000, 1)
-    return data[: len(data) * 2 // 3]
-
-
-def wav_with_format_tag(tag: int) -> bytes:
-    """A valid PCM WAV whose fmt chunk claims codec ``tag`` (e.g. 0x00FF, AAC): unsupported."""
-    data = bytearray(encode(tone(0.2, 16000), 16000, "WAV", "PCM_16"))
-    pos = data.index(b"fmt ") + 8
-    struct.pack_into("<H", data, pos, tag)
-    return bytes(data)
-
-
-BAD_AUDIO = {
-    "null": (None, "audio is null"),
-    "empty": (b"", "empty"),
-    "random bytes": (np.random.default_rng(0).bytes(5000), "cannot open audio"),
-    "truncated": (truncated_flac(), "truncated"),
-    "zero samples": (encode(np.zeros(0, np.float32), 16000, "WAV", "PCM_16"), "no samples"),
-    "unsupported codec": (wav_with_format_tag(0x00FF), "cannot open audio"),
-    "not bytes": ("a string", "expected bytes"),
-}
-
 
 @pytest.mark.parametrize("window", [True, False])
 @pytest.mark.parametrize("kind", sorted(BAD_AUDIO))

@@ -19,68 +19,20 @@ import pytest
 import torch
 
 import audioloader as al
-from tests.helpers import audio_table, make_shards, write_ipc_file
-
-SMALL = al.MelSpectrogramConfig(sample_rate=8000, clip_seconds=0.25, n_fft=256, hop_length=128, n_mels=16)
-ROWS = [13, 9, 18]  # 40 rows in three files
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("shards")
-    make_shards(folder, ROWS, "ipc_file", batch_rows=4, seconds=0.4)
-    return folder
-
-
-def loader_for(source, **kwargs) -> al.AudioLoader:
-    options = {"batch_size": 8, "features": SMALL, "seed": 1, "split_rows": 4, "num_workers": 2}
-    if kwargs.get("train", True):
-        options.update(shuffle_buffer_size=12, shuffle_min_size=6)
-    options.update(kwargs)
-    return al.AudioLoader(source, **options)
+from tests.helpers import (
+    SMALL,
+    assert_same_batches,
+    audio_table,
+    loader_for,
+    make_shards,
+    roundtrip,
+    take,
+    write_ipc_file,
+)
 
 
-def take(loader, n):
-    it = iter(loader)
-    return [next(it) for _ in range(n)]
-
-
-def assert_same_batches(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        assert x.keys() == y.keys()
-        for name in x:
-            if isinstance(x[name], torch.Tensor):
-                assert torch.equal(x[name], y[name]), name
-            else:
-                assert x[name] == y[name], name
-
-
-def roundtrip(state):
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return torch.load(buffer)  # weights_only=True: the state is plain data
-
-
-def assert_resumes_exactly(build, total, cuts, **resumed_options):
-    """Batches cut after each of ``cuts`` and resumed (through torch.save) equal the first ``total`` of one run.
-
-    ``build(**options)`` makes a loader; ``resumed_options`` (e.g. another num_workers) go to the resumed one.
-    """
-    with build() as loader:
-        reference = take(loader, total)
-    for cut in cuts:
-        with build() as first:
-            head = take(first, cut)
-            state = roundtrip(first.state_dict())
-        with build(**resumed_options) as resumed:
-            resumed.load_state_dict(state)
-            assert_same_batches(head + take(resumed, total - cut), reference)
-
-
-def test_eval_yields_every_row_exactly_once(shards):
-    with loader_for(shards, train=False) as loader:
+def test_eval_yields_every_row_exactly_once(ipc_shards):
+    with loader_for(ipc_shards, train=False) as loader:
         batches = list(loader)
         assert len(batches) == len(loader) == 5
         seen = torch.cat([b["index"] for b in batches]).tolist()
@@ -92,22 +44,22 @@ def test_eval_yields_every_row_exactly_once(shards):
         assert first["label"].tolist() == [i % 3 for i in first["index"].tolist()]
 
 
-def test_eval_iterating_again_gives_the_same_batches(shards):
-    with loader_for(shards, train=False) as loader:
+def test_eval_iterating_again_gives_the_same_batches(ipc_shards):
+    with loader_for(ipc_shards, train=False) as loader:
         assert_same_batches(list(loader), list(loader))
 
 
-def test_train_is_infinite_and_len_is_a_type_error(shards):
-    with loader_for(shards) as loader:
+def test_train_is_infinite_and_len_is_a_type_error(ipc_shards):
+    with loader_for(ipc_shards) as loader:
         batches = take(loader, 12)  # 96 samples: more than two passes over 40 rows
         assert len(batches) == 12
         with pytest.raises(TypeError, match="infinite"):
             len(loader)
 
 
-def test_train_passes_cover_each_row_once_per_pass(shards):
+def test_train_passes_cover_each_row_once_per_pass(ipc_shards):
     # min_size = capacity = 1 with the buffer disabled makes pass boundaries visible.
-    with loader_for(shards, shuffle_buffer_size=1, shuffle_min_size=0, batch_size=10) as loader:
+    with loader_for(ipc_shards, shuffle_buffer_size=1, shuffle_min_size=0, batch_size=10) as loader:
         seen = torch.cat([b["index"] for b in take(loader, 8)]).tolist()
     assert sorted(seen[:40]) == list(range(40))
     assert sorted(seen[40:]) == list(range(40))
@@ -115,56 +67,56 @@ def test_train_passes_cover_each_row_once_per_pass(shards):
 
 
 @pytest.mark.parametrize("num_workers", [1, 8])
-def test_same_batches_for_any_num_workers(shards, num_workers):
-    with loader_for(shards, num_workers=2) as reference, loader_for(shards, num_workers=num_workers) as other:
+def test_same_batches_for_any_num_workers(ipc_shards, num_workers):
+    with loader_for(ipc_shards, num_workers=2) as reference, loader_for(ipc_shards, num_workers=num_workers) as other:
         assert_same_batches(take(reference, 8), take(other, 8))
 
 
-def test_seed_changes_crops_and_order(shards):
-    with loader_for(shards, seed=1) as a, loader_for(shards, seed=2) as b:
+def test_seed_changes_crops_and_order(ipc_shards):
+    with loader_for(ipc_shards, seed=1) as a, loader_for(ipc_shards, seed=2) as b:
         x, y = take(a, 2), take(b, 2)
     assert not torch.equal(x[0]["index"], y[0]["index"])
 
 
 @pytest.mark.parametrize("shuffle_before_decode", [False, True])
 @pytest.mark.parametrize("train", [True, False])
-def test_resume_is_exact_at_random_cut_points(shards, train, shuffle_before_decode):
+def test_resume_is_exact_at_random_cut_points(ipc_shards, train, shuffle_before_decode):
     total = 14 if train else 5
-    with loader_for(shards, train=train, shuffle_before_decode=shuffle_before_decode) as loader:
+    with loader_for(ipc_shards, train=train, shuffle_before_decode=shuffle_before_decode) as loader:
         reference = take(loader, total)
     cuts = sorted(random.Random(0).sample(range(total), 4))
     for cut in cuts:
-        with loader_for(shards, train=train, shuffle_before_decode=shuffle_before_decode) as first:
+        with loader_for(ipc_shards, train=train, shuffle_before_decode=shuffle_before_decode) as first:
             head = take(first, cut)
             state = roundtrip(first.state_dict())
-        with loader_for(shards, train=train, shuffle_before_decode=shuffle_before_decode) as resumed:
+        with loader_for(ipc_shards, train=train, shuffle_before_decode=shuffle_before_decode) as resumed:
             resumed.load_state_dict(state)
             tail = take(resumed, total - cut)
         assert_same_batches(head + tail, reference)
 
 
-def test_resume_after_probing_state_dict_first(shards):
-    with loader_for(shards) as loader:
+def test_resume_after_probing_state_dict_first(ipc_shards):
+    with loader_for(ipc_shards) as loader:
         reference = take(loader, 6)
-    with loader_for(shards) as first:
+    with loader_for(ipc_shards) as first:
         head = take(first, 3)
         state = first.state_dict()
-    with loader_for(shards) as resumed:
+    with loader_for(ipc_shards) as resumed:
         resumed.state_dict()  # a checkpoint manager probing the state before restoring
         resumed.load_state_dict(state)
         assert_same_batches(head + take(resumed, 3), reference)
 
 
-def test_resume_in_a_new_process(shards, tmp_path):
-    with loader_for(shards) as loader:
+def test_resume_in_a_new_process(ipc_shards, tmp_path):
+    with loader_for(ipc_shards) as loader:
         reference = take(loader, 7)
-    with loader_for(shards) as first:
+    with loader_for(ipc_shards) as first:
         take(first, 4)
         torch.save(first.state_dict(), tmp_path / "state.pt")
     script = textwrap.dedent(f"""
         import torch, audioloader as al
-        from tests.test_audio_loader import loader_for
-        loader = loader_for({str(shards)!r})
+        from tests.helpers import loader_for
+        loader = loader_for({str(ipc_shards)!r})
         loader.load_state_dict(torch.load({str(tmp_path / 'state.pt')!r}))
         it = iter(loader)
         torch.save([next(it) for _ in range(3)], {str(tmp_path / 'tail.pt')!r})
@@ -174,8 +126,8 @@ def test_resume_in_a_new_process(shards, tmp_path):
     assert_same_batches(reference[4:], torch.load(tmp_path / "tail.pt"))
 
 
-def test_state_dict_is_small_and_plain(shards):
-    with loader_for(shards) as loader:
+def test_state_dict_is_small_and_plain(ipc_shards):
+    with loader_for(ipc_shards) as loader:
         take(loader, 3)
         state = loader.state_dict()
     buffer = io.BytesIO()
@@ -207,27 +159,27 @@ def test_state_dict_is_small_and_plain(shards):
         ("train", {"train": False}),
     ],
 )
-def test_checkpoint_mismatch_names_the_field(shards, field, changes):
-    with loader_for(shards) as loader:
+def test_checkpoint_mismatch_names_the_field(ipc_shards, field, changes):
+    with loader_for(ipc_shards) as loader:
         take(loader, 1)
         state = loader.state_dict()
-    with loader_for(shards, **changes) as other, pytest.raises(al.CheckpointMismatchError) as info:
+    with loader_for(ipc_shards, **changes) as other, pytest.raises(al.CheckpointMismatchError) as info:
         other.load_state_dict(state)
     assert field in info.value.fields
     assert field in str(info.value)
 
 
-def test_checkpoint_mismatch_on_other_files(shards, tmp_path):
+def test_checkpoint_mismatch_on_other_files(ipc_shards, tmp_path):
     make_shards(tmp_path, [40], "ipc_file", batch_rows=4, seconds=0.4)
-    with loader_for(shards) as loader:
+    with loader_for(ipc_shards) as loader:
         take(loader, 1)
         state = loader.state_dict()
     with loader_for(tmp_path) as other, pytest.raises(al.CheckpointMismatchError, match="files"):
         other.load_state_dict(state)
 
 
-def test_unlabeled_data_and_extra_columns(shards):
-    with loader_for(shards, train=False, label_column=None, columns=("uid", "name")) as loader:
+def test_unlabeled_data_and_extra_columns(ipc_shards):
+    with loader_for(ipc_shards, train=False, label_column=None, columns=("uid", "name")) as loader:
         batch = next(iter(loader))
     assert "label" not in batch
     assert batch["uid"].tolist() == batch["index"].tolist()
@@ -276,8 +228,8 @@ def broken_augment(waveform, rng):
     raise AugmentBroke("augment failed", detail="kept")
 
 
-def test_user_exception_keeps_type_and_loader_does_not_hang(shards):
-    loader = loader_for(shards, augment=broken_augment)
+def test_user_exception_keeps_type_and_loader_does_not_hang(ipc_shards):
+    loader = loader_for(ipc_shards, augment=broken_augment)
     it = iter(loader)
     with pytest.raises(AugmentBroke) as info:
         next(it)
@@ -288,8 +240,8 @@ def test_user_exception_keeps_type_and_loader_does_not_hang(shards):
     loader.shutdown()
 
 
-def test_stats_report_counts_and_stage_times(shards):
-    with loader_for(shards, train=False) as loader:
+def test_stats_report_counts_and_stage_times(ipc_shards):
+    with loader_for(ipc_shards, train=False) as loader:
         list(loader)
         stats = loader.stats()
     assert stats["counters"]["samples"] == 40
@@ -299,13 +251,13 @@ def test_stats_report_counts_and_stage_times(shards):
         assert stats["seconds"][stage] > 0
 
 
-def test_threads_return_to_baseline_after_many_loaders(shards):
+def test_threads_return_to_baseline_after_many_loaders(ipc_shards):
     gc.collect()
     before = threading.active_count()
     gc.disable()
     try:
         for i in range(50):
-            loader = loader_for(shards, train=bool(i % 2))
+            loader = loader_for(ipc_shards, train=bool(i % 2))
             if i % 2:
                 batches = iter(loader)
                 next(batches)  # dropped mid-iteration
@@ -318,9 +270,9 @@ def test_threads_return_to_baseline_after_many_loaders(shards):
         gc.enable()
 
 
-def test_torch_thread_setting_is_untouched(shards):
+def test_torch_thread_setting_is_untouched(ipc_shards):
     before = torch.get_num_threads()
-    with loader_for(shards) as loader:
+    with loader_for(ipc_shards) as loader:
         take(loader, 3)
     probe = []
     thread = threading.Thread(target=lambda: probe.append(torch.get_num_threads()))
@@ -331,11 +283,11 @@ def test_torch_thread_setting_is_untouched(shards):
 
 
 @pytest.mark.skipif(os.name != "posix", reason="SIGINT delivery to a child process")
-def test_ctrl_c_reaches_the_training_loop_promptly(shards, tmp_path):
+def test_ctrl_c_reaches_the_training_loop_promptly(ipc_shards, tmp_path):
     script = textwrap.dedent(f"""
         import sys, time
-        from tests.test_audio_loader import loader_for
-        loader = loader_for({str(shards)!r}, shuffle_buffer_size=20, shuffle_min_size=10)
+        from tests.helpers import loader_for
+        loader = loader_for({str(ipc_shards)!r}, shuffle_buffer_size=20, shuffle_min_size=10)
         try:
             for i, batch in enumerate(loader):
                 if i == 2:
@@ -380,13 +332,13 @@ def test_checkpoint_at_buffer_10000_is_under_256_kb(tmp_path, shuffle_before_dec
 
 
 @pytest.mark.parametrize(("saved_with", "resumed_with"), [(2, 0), (0, 3), (1, 2)])
-def test_checkpoint_resumes_with_another_num_workers(shards, saved_with, resumed_with):
-    with loader_for(shards, num_workers=saved_with) as loader:
+def test_checkpoint_resumes_with_another_num_workers(ipc_shards, saved_with, resumed_with):
+    with loader_for(ipc_shards, num_workers=saved_with) as loader:
         it = iter(loader)
         next(it)
         next(it)
         state = loader.state_dict()
         expected = [next(it) for _ in range(3)]
-    with loader_for(shards, num_workers=resumed_with) as resumed:
+    with loader_for(ipc_shards, num_workers=resumed_with) as resumed:
         resumed.load_state_dict(roundtrip(state))
         assert_same_batches(take(resumed, 3), expected)

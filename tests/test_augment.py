@@ -5,44 +5,35 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 
 import audioloader as al
 from audioloader.dsp import hashing
-from audioloader.dsp.augment import Augmentations, apply_masks, mixup_pairs
+from audioloader.dsp.augment import Augmentations
+from audioloader.dsp.augment_math import apply_masks, mixup_pairs
 from audioloader.nodes.decode_spectrogram import SampleDecoder
 from audioloader.samples import BadRow, Key, RawSample
 from audioloader.stats import LoaderStats
-from tests.helpers import encode, make_shards, tone, write_ipc_file
-from tests.test_audio_loader import assert_same_batches, take
+from tests.helpers import (
+    assert_same_batches,
+    corpus_table,
+    durations,
+    encode,
+    impulse_response,
+    make_shards,
+    noise_clip,
+    take,
+    tone,
+    write_audio,
+    write_ipc_file,
+)
 
 RATE = 16000
 WAVE = al.WaveformConfig(sample_rate=RATE)
 CROP = al.LengthPolicy(clip_seconds=0.5)
 MEL = al.MelSpectrogramConfig(sample_rate=RATE, clip_seconds=0.5, n_fft=400, hop_length=160, n_mels=40)
 FBANK = al.FbankConfig(num_mel_bins=40)
-
-
-def noise_clip(i: int, seconds: float) -> np.ndarray:
-    return (0.3 * np.random.default_rng(100 + i).standard_normal(round(seconds * RATE))).astype(np.float32)
-
-
-def impulse_response(i: int) -> np.ndarray:
-    """A short decaying noise with a unit direct path: float32, 0.05 s."""
-    t = np.arange(round(0.05 * RATE)) / RATE
-    ir = np.random.default_rng(200 + i).standard_normal(len(t)) * np.exp(-t / 0.01) * 0.3
-    ir[0] = 1.0
-    return ir.astype(np.float32)
-
-
-def write_audio(path: Path, clips: list, batch_rows: int = 4) -> Path:
-    """An Arrow IPC shard with one ``audio`` column: each clip an array (FLOAT WAV) or raw bytes/None."""
-    values = [encode(c, RATE, "WAV", "FLOAT") if isinstance(c, np.ndarray) else c for c in clips]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_ipc_file(path, pa.table({"audio": pa.array(values, pa.binary())}), batch_rows=batch_rows)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -324,8 +315,6 @@ def test_masks_per_batch_on_a_device_equal_the_per_sample_path(tmp_path, train, 
 
 
 def test_masks_on_whole_utterances_per_batch_equal_the_per_sample_path(tmp_path):
-    from tests.test_speech import corpus_table, durations
-
     write_ipc_file(tmp_path / "speech.arrow", corpus_table(durations(12)), batch_rows=4)
     kwargs = {"batch_size": 4, "features": FBANK, "seed": 2, "split_rows": 4, "num_workers": 2, "train": False,
               "label_column": None, "length": al.LengthPolicy(crop=None),

@@ -20,8 +20,7 @@ from audioloader.errors import DecodeError, ErrorBudgetExceeded
 from audioloader.nodes.decode_spectrogram import DecodeSpectrogram
 from audioloader.samples import BadRow, Key, RawSample, Sample
 from audioloader.stats import LoaderStats
-from tests.helpers import encode, tone
-from tests.test_audio import BAD_AUDIO
+from tests.helpers import BAD_AUDIO, encode, tone
 
 CFG = MelSpectrogramConfig(sample_rate=16000, clip_seconds=0.25, n_fft=400, hop_length=160, n_mels=40)
 FORMATS = [("WAV", "PCM_16"), ("FLAC", "PCM_16"), ("WAV", "FLOAT"), ("OGG", "VORBIS")]

@@ -12,8 +12,7 @@ import pytest
 import torch
 
 import audioloader as al
-from tests.ddp_worker import SMALL
-from tests.helpers import make_shards
+from tests.helpers import SMALL, make_shards
 
 UNEVEN = [7, 5, 11, 3]  # 26 rows, splits of up to 4 rows -> uneven shares
 

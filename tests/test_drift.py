@@ -8,17 +8,12 @@ import shutil
 import pytest
 
 import audioloader as al
-from tests.ddp_worker import SMALL
-from tests.helpers import audio_table, make_shards, write_ipc_file
+from tests.helpers import audio_table, loader_factory, make_shards, write_ipc_file
 
 ROWS = [12, 12, 12]
 
 
-def loader_for(source, **kwargs) -> al.AudioLoader:
-    options = dict(batch_size=4, features=SMALL, seed=5, split_rows=4, num_workers=1, shuffle_buffer_size=10,
-                   shuffle_min_size=8)
-    options.update(kwargs)
-    return al.AudioLoader(source, **options)
+loader_for = loader_factory(batch_size=4, seed=5, num_workers=1, shuffle_buffer_size=10, shuffle_min_size=8)
 
 
 def checkpoint(source, batches: int = 4, **kwargs) -> dict:

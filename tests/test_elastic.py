@@ -13,9 +13,7 @@ import pytest
 import torch
 
 import audioloader as al
-from tests.ddp_worker import SMALL
-from tests.helpers import make_shards
-from tests.test_audio_loader import roundtrip
+from tests.helpers import loader_factory, make_shards, roundtrip
 
 ROWS = [13, 9, 18, 7]  # 47 rows
 TOTAL = sum(ROWS)
@@ -28,13 +26,12 @@ def shards(tmp_path_factory):
     return folder
 
 
+_loader = loader_factory(batch_size=4, seed=7, num_workers=1, worker_type="thread",
+                         train_options={"shuffle_buffer_size": 10, "shuffle_min_size": 5, "infinite": False})
+
+
 def loader_for(source, rank, world_size, **kwargs) -> al.AudioLoader:
-    options = dict(batch_size=4, features=SMALL, seed=7, split_rows=4, num_workers=1, worker_type="thread",
-                   rank=rank, world_size=world_size)
-    if kwargs.get("train", True):
-        options.update(shuffle_buffer_size=10, shuffle_min_size=5, infinite=False)
-    options.update(kwargs)
-    return al.AudioLoader(source, **options)
+    return _loader(source, rank=rank, world_size=world_size, **kwargs)
 
 
 def delivered(batch) -> list[int]:

@@ -5,25 +5,18 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import pytest
 
 import audioloader as al
 from audioloader.shards import readers
-from tests.ddp_worker import SMALL
-from tests.helpers import audio_table, write_ipc_file, write_ipc_stream, write_orc
+from tests.helpers import FILTER_DURATIONS as DURATIONS
+from tests.helpers import FILTER_ROWS as ROWS
+from tests.helpers import filter_table as table
+from tests.helpers import loader_factory
+from tests.helpers import write_filter_shards as write_shards
 
-ROWS = [24, 16, 20]  # 60 rows; row k of a file: duration k / 4 s (ascending), split "test" for every third index
 TOTAL = sum(ROWS)
-DURATIONS = [k / 4 for n in ROWS for k in range(n)]  # by global index
-
-
-def table(start: int, n: int) -> pa.Table:
-    t = audio_table(start, n, seconds=0.3)
-    t = t.append_column("duration", pa.array(DURATIONS[start:start + n], pa.float64()))
-    return t.append_column("split", pa.array(["train" if (start + k) % 3 else "test" for k in range(n)]))
 
 
 def expected(keep) -> list[int]:
@@ -33,19 +26,6 @@ def expected(keep) -> list[int]:
         out += [start + k for k, row in enumerate(rows) if keep(row)]
         start += n
     return out
-
-
-def write_shards(folder, fmt: str):
-    start = 0
-    for i, n in enumerate(ROWS):
-        path = folder / f"part-{i}.{fmt if fmt in ('parquet', 'orc') else 'arrow'}"
-        if fmt == "parquet":
-            pq.write_table(table(start, n), path, row_group_size=4)  # with statistics (pyarrow's default)
-        else:
-            writer = {"ipc_file": write_ipc_file, "ipc_stream": write_ipc_stream, "orc": write_orc}[fmt]
-            writer(path, table(start, n), 4)
-        start += n
-    return folder
 
 
 @pytest.fixture(scope="module", params=["parquet", "ipc_file", "ipc_stream", "orc"])
@@ -62,13 +42,9 @@ SHORT = pc.field("duration") < 1.0  # rows 0-3 of each file: its first Parquet r
 TRAIN_SPLIT = pc.field("split") == "train"
 
 
-def loader_for(source, **kwargs) -> al.AudioLoader:
-    options = dict(batch_size=4, features=SMALL, seed=3, split_rows=8, num_workers=1, worker_type="thread",
-                   columns=("duration",))
-    if kwargs.get("train", True):
-        options.update(shuffle_buffer_size=8, shuffle_min_size=4, infinite=False)
-    options.update(kwargs)
-    return al.AudioLoader(source, **options)
+loader_for = loader_factory(batch_size=4, seed=3, split_rows=8, num_workers=1, worker_type="thread",
+                            columns=("duration",),
+                            train_options={"shuffle_buffer_size": 8, "shuffle_min_size": 4, "infinite": False})
 
 
 def rows_of(batches) -> list[int]:

@@ -10,15 +10,7 @@ import pyarrow.compute as pc
 import pytest
 
 import audioloader as al
-from tests.helpers import make_shards
-from tests.test_audio_loader import SMALL, assert_same_batches, take
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("front-shards")
-    make_shards(folder, [13, 9, 18], "ipc_file", batch_rows=4, seconds=0.4)
-    return folder
+from tests.helpers import SMALL, assert_same_batches, take
 
 
 def grouped(source, **kwargs):
@@ -44,60 +36,60 @@ FLAT = {"split_rows": 4, "num_workers": 2, "worker_type": "thread", "shuffle_buf
 
 
 @pytest.mark.parametrize("rank", [None, 1])
-def test_flat_keywords_of_0_2_warn_and_give_the_same_batches(shards, rank):
+def test_flat_keywords_of_0_2_warn_and_give_the_same_batches(ipc_shards, rank):
     distributed = {} if rank is None else {"rank": rank, "world_size": 2}
     with pytest.warns(FutureWarning, match=r"deprecated .* pass (workers|shuffle|storage)=al\."):
-        old = al.AudioLoader(shards, **COMMON, **FLAT, **distributed)
+        old = al.AudioLoader(ipc_shards, **COMMON, **FLAT, **distributed)
     storage = al.Storage(split_rows=4, **distributed)
-    new = al.AudioLoader(shards, **COMMON, **{**GROUPS, "storage": storage})
+    new = al.AudioLoader(ipc_shards, **COMMON, **{**GROUPS, "storage": storage})
     assert_same_batches(take(old, 3), take(new, 3))
     assert old.state_dict()["fingerprint"] == new.state_dict()["fingerprint"]
     assert (old.num_workers, old.worker_type, old.shuffle_buffer_size, old.rank) == (2, "thread", 12, rank or 0)
 
 
-def test_flat_label_column_and_filter_fold_into_the_source(shards):
+def test_flat_label_column_and_filter_fold_into_the_source(ipc_shards):
     with pytest.warns(FutureWarning, match=r"source=al\.Source\(label_column=None\)|pass source=al\.Source"):
-        old = grouped(shards, train=False, label_column=None, filter=pc.field("label") >= 1)
-    new = grouped(al.Source(shards, label_column=None, filter=pc.field("label") >= 1), train=False)
+        old = grouped(ipc_shards, train=False, label_column=None, filter=pc.field("label") >= 1)
+    new = grouped(al.Source(ipc_shards, label_column=None, filter=pc.field("label") >= 1), train=False)
     a, b = list(old), list(new)
     assert "label" not in a[0]
     assert_same_batches(a, b)
     assert old.state_dict()["fingerprint"] == new.state_dict()["fingerprint"]
 
 
-def test_a_flat_keyword_that_contradicts_its_group_names_both(shards):
+def test_a_flat_keyword_that_contradicts_its_group_names_both(ipc_shards):
     with pytest.raises(ValueError, match="num_workers=2 conflicts with Workers"), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        al.AudioLoader(shards, num_workers=2, workers=al.Workers(num_workers=3))
+        al.AudioLoader(ipc_shards, num_workers=2, workers=al.Workers(num_workers=3))
 
 
-def test_an_unknown_keyword_is_a_type_error(shards):
+def test_an_unknown_keyword_is_a_type_error(ipc_shards):
     with pytest.raises(TypeError, match="unexpected keyword argument 'num_worker'"):
-        al.AudioLoader(shards, num_worker=2)
+        al.AudioLoader(ipc_shards, num_worker=2)
 
 
-def test_on_error_takes_a_string_or_a_budget(shards):
-    assert grouped(shards, on_error="raise").settings.on_error == al.OnError(action="raise")
+def test_on_error_takes_a_string_or_a_budget(ipc_shards):
+    assert grouped(ipc_shards, on_error="raise").settings.on_error == al.OnError(action="raise")
     budget = al.OnError(max_fraction=0.5, min_rows=10)
-    assert grouped(shards, on_error=budget).settings.on_error == budget
+    assert grouped(ipc_shards, on_error=budget).settings.on_error == budget
     with pytest.raises(ValueError, match="on_error='ignore': must be one of"):
-        grouped(shards, on_error="ignore")
+        grouped(ipc_shards, on_error="ignore")
     with pytest.raises(ValueError, match=r"OnError.max_fraction=2: must be a fraction in \[0, 1\]"):
         al.OnError(max_fraction=2)
 
 
-def test_groups_are_checked_by_type(shards):
+def test_groups_are_checked_by_type(ipc_shards):
     with pytest.raises(TypeError, match=r"storage must be an audioloader\.Storage"):
-        grouped(shards, storage={"split_rows": 4})
+        grouped(ipc_shards, storage={"split_rows": 4})
     with pytest.raises(ValueError, match=r"Storage.split_rows=0: must be an integer >= 1"):
         al.Storage(split_rows=0)
 
 
-def test_pickled_loader_rebuilds_from_the_grouped_arguments_without_warnings(shards):
-    loader = grouped(shards)
+def test_pickled_loader_rebuilds_from_the_grouped_arguments_without_warnings(ipc_shards):
+    loader = grouped(ipc_shards)
     first = take(loader, 2)
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         again = pickle.loads(pickle.dumps(loader))
-    assert_same_batches(take(again, 1), take(grouped(shards), 3)[2:])
+    assert_same_batches(take(again, 1), take(grouped(ipc_shards), 3)[2:])
     assert len(first) == 2

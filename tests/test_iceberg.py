@@ -16,8 +16,16 @@ import pyarrow.compute as pc
 import pytest
 
 import audioloader as al
-from tests.helpers import audio_table, make_shards, write_orc
-from tests.test_audio_loader import SMALL, assert_resumes_exactly, assert_same_batches, roundtrip, take
+from tests.helpers import (
+    assert_resumes_exactly,
+    assert_same_batches,
+    audio_table,
+    loader_factory,
+    make_shards,
+    roundtrip,
+    take,
+    write_orc,
+)
 
 pytest.importorskip("pyiceberg", reason="the Iceberg tests need pyiceberg[sql-sqlite] (the dev extra)")
 
@@ -72,13 +80,8 @@ def warehouse(tmp_path_factory) -> Warehouse:
     return Warehouse(catalog, [first, table.current_snapshot().snapshot_id])
 
 
-def loader_for(source, **kwargs) -> al.AudioLoader:
-    options = {"batch_size": 4, "features": SMALL, "seed": 4, "split_rows": 4, "num_workers": 2,
-               "worker_type": "thread", "columns": ("uid", "split")}
-    if kwargs.get("train", True):
-        options.update(shuffle_buffer_size=8, shuffle_min_size=4)
-    options.update(kwargs)
-    return al.AudioLoader(source, **options)
+loader_for = loader_factory(batch_size=4, seed=4, num_workers=2, worker_type="thread", columns=("uid", "split"),
+                            train_options={"shuffle_buffer_size": 8, "shuffle_min_size": 4})
 
 
 def valid_uids(batches) -> list[int]:

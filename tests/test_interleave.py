@@ -12,8 +12,7 @@ import pytest
 import audioloader as al
 from audioloader.nodes import ArrowShardReader
 from audioloader.shards import ShardDataset
-from tests.helpers import make_shards
-from tests.test_audio_loader import SMALL, assert_resumes_exactly, assert_same_batches, roundtrip, take
+from tests.helpers import assert_resumes_exactly, assert_same_batches, loader_factory, make_shards, roundtrip, take
 
 ROWS = [13, 9, 18, 7, 11]  # 58 rows, batches of 3: splits of 3-4 rows
 TOTAL = sum(ROWS)
@@ -83,13 +82,9 @@ def test_resume_from_any_row_is_exact(dataset, interleave, shuffle):
         assert head + keys(resumed, len(reference) - cut) == reference, cut
 
 
-def loader_for(source, **kwargs) -> al.AudioLoader:
-    train = kwargs.get("train", True)
-    options = {"batch_size": 4, "features": SMALL, "seed": 6, "split_rows": 4, "num_workers": 2,
-               "worker_type": "thread", "columns": ("uid",),
-               "shuffle": al.Shuffle(buffer_size=6, min_size=3, interleave=4) if train else al.Shuffle(interleave=4)}
-    options.update(kwargs)
-    return al.AudioLoader(source, **options)
+loader_for = loader_factory(batch_size=4, seed=6, num_workers=2, worker_type="thread", columns=("uid",),
+                            train_options={"shuffle": al.Shuffle(buffer_size=6, min_size=3, interleave=4)},
+                            eval_options={"shuffle": al.Shuffle(interleave=4)})
 
 
 @pytest.mark.parametrize("shuffle_before_decode", [False, True])

@@ -11,13 +11,8 @@ import pyarrow.ipc as ipc
 import pytest
 
 import audioloader as al
-from tests.test_audio_loader import take
-from tests.test_mixing import ROWS, make_sources, mix_loader, mix_of
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return make_sources(tmp_path_factory.mktemp("mix"))
+from tests.helpers import MIX_ROWS as ROWS
+from tests.helpers import mix_loader, mix_of, take
 
 
 def kept_uids(folder, expression) -> set[int]:
@@ -29,19 +24,19 @@ def kept_uids(folder, expression) -> set[int]:
     return kept
 
 
-def test_a_filter_applies_to_every_source_of_a_mix(root):
+def test_a_filter_applies_to_every_source_of_a_mix(mix_root):
     expression = pc.field("label") != 1
-    with mix_loader(root, mix_of(root, stop="all_exhausted"), train=False, filter=expression,
+    with mix_loader(mix_root, mix_of(mix_root, stop="all_exhausted"), train=False, filter=expression,
                     columns=["uid"]) as loader:
         seen = Counter((int(s), int(u)) for b in loader
                        for s, u, ok in zip(b["source"], b["uid"], b["valid"], strict=True) if ok)
-    expected = {(s, uid) for s, name in enumerate(ROWS) for uid in kept_uids(root / name, expression)}
+    expected = {(s, uid) for s, name in enumerate(ROWS) for uid in kept_uids(mix_root / name, expression)}
     assert set(seen) == expected and set(seen.values()) == {1}  # each kept row of each source, once
 
 
-def test_a_changed_file_of_one_source_is_named(root, tmp_path):
+def test_a_changed_file_of_one_source_is_named(mix_root, tmp_path):
     copy = tmp_path / "mix"
-    shutil.copytree(root, copy)
+    shutil.copytree(mix_root, copy)
     with mix_loader(copy) as loader:
         take(loader, 2)
         state = loader.state_dict()
@@ -54,13 +49,13 @@ def test_a_changed_file_of_one_source_is_named(root, tmp_path):
     assert "/a/" not in str(info.value) and "/c/" not in str(info.value)
 
 
-def test_elastic_resume_of_a_mix_is_refused_naming_the_world_size(root):
+def test_elastic_resume_of_a_mix_is_refused_naming_the_world_size(mix_root):
     states = []
     for rank in range(2):
-        with mix_loader(root, rank=rank, world_size=2) as loader:
+        with mix_loader(mix_root, rank=rank, world_size=2) as loader:
             take(loader, 1)
             states.append(loader.state_dict())
-    with mix_loader(root, rank=0, world_size=3) as resumed, \
+    with mix_loader(mix_root, rank=0, world_size=3) as resumed, \
             pytest.raises(al.CheckpointMismatchError, match="world_size=2") as info:
         resumed.load_state_dict(states)
     assert "world_size" in info.value.fields

@@ -15,43 +15,9 @@ import torch
 
 import audioloader as al
 from audioloader.nodes import ArrowShardReader, WeightedMix
-from tests.helpers import audio_table, write_ipc_file
-from tests.test_audio_loader import assert_same_batches, roundtrip, take
-from tests.test_augment import impulse_response, noise_clip, write_audio
-
-SMALL = al.MelSpectrogramConfig(sample_rate=8000, clip_seconds=0.25, n_fft=256, hop_length=128, n_mels=16)
-ROWS = {"a": [13, 9], "b": [20], "c": [6]}  # c is small: it runs out first
-WEIGHTS = {"a": 0.5, "b": 0.3, "c": 0.2}
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory) -> Path:
-    return make_sources(tmp_path_factory.mktemp("mix"))
-
-
-def make_sources(root: Path) -> Path:
-    """Sources a, b, c (`ROWS`, other clips in each), a noise source and an impulse-response source under ``root``."""
-    for s, (name, files) in enumerate(ROWS.items()):
-        start = 100 * s  # other clips in every source
-        for f, n in enumerate(files):
-            (root / name).mkdir(exist_ok=True)
-            write_ipc_file(root / name / f"part-{f}.arrow", audio_table(start, n, seconds=0.4), batch_rows=4)
-            start += n
-    write_audio(root / "noise" / "noise.arrow", [noise_clip(i, 0.5) for i in range(3)])
-    write_audio(root / "rirs" / "rirs.arrow", [impulse_response(i) for i in range(2)])
-    return root
-
-
-def mix_of(root: Path, stop=None, **sources) -> al.Mix:
-    return al.Mix({name: (sources.get(name, str(root / name)), WEIGHTS[name]) for name in ROWS}, stop=stop)
-
-
-def mix_loader(root: Path, mix: al.Mix | None = None, **kwargs) -> al.AudioLoader:
-    options = {"batch_size": 8, "features": SMALL, "seed": 1, "split_rows": 4, "num_workers": 2}
-    if kwargs.get("train", True):
-        options.update(shuffle_buffer_size=12, shuffle_min_size=6)
-    options.update(kwargs)
-    return al.AudioLoader(mix if mix is not None else mix_of(root), **options)
+from tests.helpers import MIX_ROWS as ROWS
+from tests.helpers import MIX_WEIGHTS as WEIGHTS
+from tests.helpers import assert_same_batches, audio_table, mix_loader, mix_of, roundtrip, take, write_ipc_file
 
 
 def every_augmentation(root: Path) -> list:
@@ -75,15 +41,15 @@ def keys_of(node) -> list[al.Key]:
 # ------------------------------------------------------------------------------------------- the mix node
 
 
-def test_realised_proportions_over_10000_draws_are_within_3_sd(root):
-    node = WeightedMix(readers(root), WEIGHTS, stop="cycle", seed=3)
+def test_realised_proportions_over_10000_draws_are_within_3_sd(mix_root):
+    node = WeightedMix(readers(mix_root), WEIGHTS, stop="cycle", seed=3)
     counts = Counter(item.key.source for item in itertools.islice(node, 10000))
     for s, weight in enumerate(WEIGHTS.values()):
         assert abs(counts[s] - 10000 * weight) < 3 * np.sqrt(10000 * weight * (1 - weight)), counts
 
 
-def test_cycling_sources_read_every_row_once_per_pass(root):
-    node = WeightedMix(readers(root), WEIGHTS, stop="cycle", seed=3)
+def test_cycling_sources_read_every_row_once_per_pass(mix_root):
+    node = WeightedMix(readers(mix_root), WEIGHTS, stop="cycle", seed=3)
     keys = [item.key for item in itertools.islice(node, 600)]
     for s, files in enumerate(ROWS.values()):
         rows = sum(files)
@@ -98,8 +64,8 @@ def test_cycling_sources_read_every_row_once_per_pass(root):
         assert passes[complete[0]] != passes[complete[1]]  # a new split order every pass
 
 
-def test_all_exhausted_reads_every_row_once_then_stops(root):
-    keys = keys_of(WeightedMix(readers(root), WEIGHTS, stop="all_exhausted", seed=3))
+def test_all_exhausted_reads_every_row_once_then_stops(mix_root):
+    keys = keys_of(WeightedMix(readers(mix_root), WEIGHTS, stop="all_exhausted", seed=3))
     assert sorted((k.source, k.index) for k in keys) == [(s, i) for s, files in enumerate(ROWS.values())
                                                          for i in range(sum(files))]
     assert {k.pass_index for k in keys} == {0}
@@ -107,28 +73,28 @@ def test_all_exhausted_reads_every_row_once_then_stops(root):
     assert c_positions[-1] < len(keys) - 10  # c ran out first; the others went on without it
 
 
-def test_first_exhausted_stops_when_one_source_runs_out(root):
-    keys = keys_of(WeightedMix(readers(root), WEIGHTS, stop="first_exhausted", seed=3))
+def test_first_exhausted_stops_when_one_source_runs_out(mix_root):
+    keys = keys_of(WeightedMix(readers(mix_root), WEIGHTS, stop="first_exhausted", seed=3))
     per_source = Counter(k.source for k in keys)
     assert per_source[2] == 6  # c gave all its rows...
     assert per_source[0] < 22 and per_source[1] < 20  # ...and the mix ended there
 
 
-def test_an_infinite_mix_starts_the_next_epoch_at_every_source_s_next_pass(root):
-    node = WeightedMix(readers(root), WEIGHTS, stop="all_exhausted", infinite=True, seed=3)
+def test_an_infinite_mix_starts_the_next_epoch_at_every_source_s_next_pass(mix_root):
+    node = WeightedMix(readers(mix_root), WEIGHTS, stop="all_exhausted", infinite=True, seed=3)
     keys = [item.key for item in itertools.islice(node, 48 + 48)]
     assert {k.pass_index for k in keys[:48]} == {0} and {k.pass_index for k in keys[48:]} == {1}
     assert sorted((k.source, k.index) for k in keys[48:]) == sorted((k.source, k.index) for k in keys[:48])
 
 
-def test_mix_node_resumes_exactly_after_an_exhaustion(root):
+def test_mix_node_resumes_exactly_after_an_exhaustion(mix_root):
     for stop in ("cycle", "all_exhausted", "first_exhausted"):
         reference = [item.key for item in itertools.islice(
-            WeightedMix(readers(root), WEIGHTS, stop=stop, infinite=True, seed=3), 120)]
+            WeightedMix(readers(mix_root), WEIGHTS, stop=stop, infinite=True, seed=3), 120)]
         for cut in (5, 29, 47, 48, 77):
-            first = WeightedMix(readers(root), WEIGHTS, stop=stop, infinite=True, seed=3)
+            first = WeightedMix(readers(mix_root), WEIGHTS, stop=stop, infinite=True, seed=3)
             head = [next(first).key for _ in range(cut)]
-            again = WeightedMix(readers(root), WEIGHTS, stop=stop, infinite=True, seed=3)
+            again = WeightedMix(readers(mix_root), WEIGHTS, stop=stop, infinite=True, seed=3)
             again.reset(roundtrip(first.state_dict()))
             assert head + [next(again).key for _ in range(120 - cut)] == reference, (stop, cut)
 
@@ -137,10 +103,10 @@ def test_mix_node_resumes_exactly_after_an_exhaustion(root):
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
-def test_eval_reads_every_row_of_every_source_exactly_once_across_ranks(root, world_size):
+def test_eval_reads_every_row_of_every_source_exactly_once_across_ranks(mix_root, world_size):
     seen, lengths = [], set()
     for rank in range(world_size):
-        with mix_loader(root, train=False, rank=rank, world_size=world_size) as loader:
+        with mix_loader(mix_root, train=False, rank=rank, world_size=world_size) as loader:
             batches = list(loader)
             lengths.add((len(batches), len(loader)))
             for b in batches:
@@ -149,8 +115,8 @@ def test_eval_reads_every_row_of_every_source_exactly_once_across_ranks(root, wo
     assert len(lengths) == 1 and len({n for pair in lengths for n in pair}) == 1  # every rank: len() batches
 
 
-def test_batches_carry_the_source_and_stats_count_per_source(root):
-    with mix_loader(root, train=False, columns=("uid",)) as loader:
+def test_batches_carry_the_source_and_stats_count_per_source(mix_root):
+    with mix_loader(mix_root, train=False, columns=("uid",)) as loader:
         batches = list(loader)
         stats = loader.stats()
         assert loader.source_names == ("a", "b", "c")
@@ -164,8 +130,8 @@ def test_batches_carry_the_source_and_stats_count_per_source(root):
         assert (b["uid"][valid] == 100 * b["source"][valid] + b["index"][valid]).all()
 
 
-def test_training_proportions_in_stats_follow_the_weights(root):
-    with mix_loader(root, batch_size=50) as loader:
+def test_training_proportions_in_stats_follow_the_weights(mix_root):
+    with mix_loader(mix_root, batch_size=50) as loader:
         take(loader, 20)
         sources = loader.stats()["sources"]
     n = sum(s["samples"] for s in sources.values())
@@ -179,18 +145,18 @@ RESUME_CASES = [("cycle", True), ("cycle", False), ("all_exhausted", True), ("fi
 
 
 @pytest.mark.parametrize(("stop", "shuffle_before_decode"), RESUME_CASES)
-def test_resume_is_exact_at_random_cut_points_with_one_source_exhausting(root, stop, shuffle_before_decode):
+def test_resume_is_exact_at_random_cut_points_with_one_source_exhausting(mix_root, stop, shuffle_before_decode):
     kwargs = {"shuffle_before_decode": shuffle_before_decode,
-              "augment": [al.Gain(), al.AddNoise(str(root / "noise")), al.SpecAugment(max_time_width=4)]}
+              "augment": [al.Gain(), al.AddNoise(str(mix_root / "noise")), al.SpecAugment(max_time_width=4)]}
     total = 10
-    with mix_loader(root, mix_of(root, stop), **kwargs) as loader:
+    with mix_loader(mix_root, mix_of(mix_root, stop), **kwargs) as loader:
         reference = take(loader, total)
         assert loader.stats()["sources"]["c"]["passes"] >= 2  # c ran out (and started again) in the window
     for cut in sorted(random.Random(stop).sample(range(1, total), 4)):
-        with mix_loader(root, mix_of(root, stop), **kwargs) as first:
+        with mix_loader(mix_root, mix_of(mix_root, stop), **kwargs) as first:
             head = take(first, cut)
             state = roundtrip(first.state_dict())
-        with mix_loader(root, mix_of(root, stop), **kwargs) as resumed:
+        with mix_loader(mix_root, mix_of(mix_root, stop), **kwargs) as resumed:
             resumed.load_state_dict(state)
             assert_same_batches(head + take(resumed, total - cut), reference)
 
@@ -199,10 +165,10 @@ WORKERS = [(0, "thread"), (1, "thread"), (4, "thread"), (1, "process"), (4, "pro
 
 
 @pytest.mark.parametrize("shuffle_before_decode", [True, False])
-def test_same_batches_for_any_workers_with_a_mix_and_every_augmentation(root, shuffle_before_decode):
+def test_same_batches_for_any_workers_with_a_mix_and_every_augmentation(mix_root, shuffle_before_decode):
     results = []
     for num_workers, kind in WORKERS:
-        with mix_loader(root, augment=every_augmentation(root), num_workers=num_workers, worker_type=kind,
+        with mix_loader(mix_root, augment=every_augmentation(mix_root), num_workers=num_workers, worker_type=kind,
                         shuffle_before_decode=shuffle_before_decode) as loader:
             results.append(take(loader, 5))
     for other in results[1:]:
@@ -210,21 +176,21 @@ def test_same_batches_for_any_workers_with_a_mix_and_every_augmentation(root, sh
     assert "mixup_weights" in results[0][0] and "source" in results[0][0]
 
 
-def test_a_mix_checkpoint_refuses_another_world_size(root):
-    with mix_loader(root, rank=0, world_size=2) as loader:
+def test_a_mix_checkpoint_refuses_another_world_size(mix_root):
+    with mix_loader(mix_root, rank=0, world_size=2) as loader:
         take(loader, 1)
         state = loader.state_dict()
-    with mix_loader(root, rank=0, world_size=3) as other, pytest.raises(al.CheckpointMismatchError) as info:
+    with mix_loader(mix_root, rank=0, world_size=3) as other, pytest.raises(al.CheckpointMismatchError) as info:
         other.load_state_dict(state)
     assert "world_size" in info.value.fields and "mix" in info.value.fields
     assert "world_size" in str(info.value)
 
 
-def test_a_mix_loader_pickles_with_its_position(root):
-    augment = [al.Gain(), al.AddNoise(str(root / "noise")), al.Mixup()]
-    with mix_loader(root, augment=augment) as loader:
+def test_a_mix_loader_pickles_with_its_position(mix_root):
+    augment = [al.Gain(), al.AddNoise(str(mix_root / "noise")), al.Mixup()]
+    with mix_loader(mix_root, augment=augment) as loader:
         reference = take(loader, 5)
-    with mix_loader(root, augment=augment) as loader:
+    with mix_loader(mix_root, augment=augment) as loader:
         head = take(loader, 2)
         copy = pickle.loads(pickle.dumps(loader))  # arguments (the Mix, the list) and position
     with copy:
@@ -232,19 +198,19 @@ def test_a_mix_loader_pickles_with_its_position(root):
 
 
 @pytest.mark.parametrize("change", ["weights", "order", "stop"])
-def test_a_mix_checkpoint_names_a_changed_mix(root, change):
-    with mix_loader(root) as loader:
+def test_a_mix_checkpoint_names_a_changed_mix(mix_root, change):
+    with mix_loader(mix_root) as loader:
         take(loader, 1)
         state = loader.state_dict()
-    entries = {name: (str(root / name), WEIGHTS[name]) for name in ROWS}
-    other_mix = {"weights": al.Mix({**entries, "c": (str(root / "c"), 0.4)}),
+    entries = {name: (str(mix_root / name), WEIGHTS[name]) for name in ROWS}
+    other_mix = {"weights": al.Mix({**entries, "c": (str(mix_root / "c"), 0.4)}),
                  "order": al.Mix(dict(reversed(entries.items()))),
                  "stop": al.Mix(entries, stop="all_exhausted")}[change]
-    with mix_loader(root, other_mix) as other, pytest.raises(al.CheckpointMismatchError, match="mix"):
+    with mix_loader(mix_root, other_mix) as other, pytest.raises(al.CheckpointMismatchError, match="mix"):
         other.load_state_dict(state)
 
 
-def test_single_source_checkpoints_have_exactly_the_old_fields(root):
+def test_single_source_checkpoints_have_exactly_the_old_fields(mix_root):
     # Mixing adds nothing to a single source's checkpoint. (Content identity does: "file_identity" in the
     # fingerprint and the buffered rows' "checksums"; byte budgets: "memory", the preset's "interleave" and the
     # buffer's "pass" and "full"; checkpoints without them still load.)
@@ -252,7 +218,8 @@ def test_single_source_checkpoints_have_exactly_the_old_fields(root):
                        "shuffle_min_size", "train", "infinite", "drop_last", "shuffle_before_decode", "split_rows",
                        "audio_column", "label_column", "columns", "file_identity", "memory", "interleave"}
     for shuffle_before_decode in (True, False):
-        with mix_loader(root, str(root / "a"), shuffle_before_decode=shuffle_before_decode, augment=flip) as loader:
+        with mix_loader(mix_root, str(mix_root / "a"), shuffle_before_decode=shuffle_before_decode,
+                        augment=flip) as loader:
             take(loader, 2)
             state = loader.state_dict()
         assert set(state["fingerprint"]) == old_fingerprint
@@ -274,15 +241,15 @@ def _find(state, key):
     return None
 
 
-def test_sources_with_their_own_columns_and_length_policy(root, tmp_path):
+def test_sources_with_their_own_columns_and_length_policy(mix_root, tmp_path):
     table = audio_table(300, 10, seconds=0.4).rename_columns(["wav", "y", "uid", "name"])
     write_ipc_file(tmp_path / "other.arrow", table, batch_rows=4)
     centre = al.LengthPolicy(crop="center")
-    mix = mix_of(root, b=al.Source(str(root / "b"), length=centre),
+    mix = mix_of(mix_root, b=al.Source(str(mix_root / "b"), length=centre),
                  c=al.Source(str(tmp_path), audio_column="wav", label_column="y"))
-    with mix_loader(root, mix, train=False, columns=("uid",)) as loader:
+    with mix_loader(mix_root, mix, train=False, columns=("uid",)) as loader:
         batches = list(loader)
-    with mix_loader(root, str(root / "b"), train=False) as b_alone:  # eval: centre crops
+    with mix_loader(mix_root, str(mix_root / "b"), train=False) as b_alone:  # eval: centre crops
         expected = {i: spec for batch in b_alone for i, spec in zip(batch["index"].tolist(), batch["spectrogram"],
                                                                     strict=True)}
     got = {(s, i): spec for b in batches for s, i, spec in zip(b["source"].tolist(), b["index"].tolist(),
@@ -311,23 +278,23 @@ def test_sources_with_their_own_columns_and_length_policy(root, tmp_path):
     (lambda root: mix_loader(root, mix_of(root, c=al.Source(str(root / "nowhere")))), al.SourceNotFoundError,
      "nowhere"),
 ])
-def test_bad_mixes_are_refused_with_the_fix(root, make, error, message):
+def test_bad_mixes_are_refused_with_the_fix(mix_root, make, error, message):
     with pytest.raises(error, match=message) as info:
-        make(root)
+        make(mix_root)
     if error is al.SourceNotFoundError:
         assert "Mix source 'c'" in "".join(getattr(info.value, "__notes__", []))
 
 
-def test_a_column_of_two_types_is_refused(root, tmp_path):
+def test_a_column_of_two_types_is_refused(mix_root, tmp_path):
     table = audio_table(0, 6, seconds=0.4)
     table = table.set_column(2, "uid", pa.array([str(u) for u in table.column("uid").to_pylist()]))
     write_ipc_file(tmp_path / "strings.arrow", table, batch_rows=3)
     with pytest.raises(ValueError, match="column 'uid'"):
-        mix_loader(root, mix_of(root, c=str(tmp_path)), columns=("uid",))
+        mix_loader(mix_root, mix_of(mix_root, c=str(tmp_path)), columns=("uid",))
 
 
-def test_torchdata_stop_criteria_names_are_accepted(root):
+def test_torchdata_stop_criteria_names_are_accepted(mix_root):
     from torchdata.nodes import StopCriteria
 
-    assert al.Mix({"a": (str(root / "a"), 1.0)}, stop=StopCriteria.ALL_DATASETS_EXHAUSTED).stop == "all_exhausted"
-    assert al.Mix({"a": (str(root / "a"), 1.0)}, stop=StopCriteria.CYCLE_FOREVER).stop == "cycle"
+    assert al.Mix({"a": (str(mix_root / "a"), 1.0)}, stop=StopCriteria.ALL_DATASETS_EXHAUSTED).stop == "all_exhausted"
+    assert al.Mix({"a": (str(mix_root / "a"), 1.0)}, stop=StopCriteria.CYCLE_FOREVER).stop == "cycle"

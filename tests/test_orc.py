@@ -10,8 +10,7 @@ import pyarrow.orc as orc
 import pytest
 
 import audioloader as al
-from tests.helpers import audio_table, make_shards, write_orc
-from tests.test_audio_loader import SMALL, assert_resumes_exactly
+from tests.helpers import assert_resumes_exactly, audio_table, loader_factory, make_shards, write_orc
 
 ROWS = [13, 9, 18, 7]  # 47 rows in stripes of 4: 4, 3, 5 and 2 stripes
 TOTAL = sum(ROWS)
@@ -24,13 +23,8 @@ def shards(tmp_path_factory):
     return folder
 
 
-def loader_for(source, **kwargs) -> al.AudioLoader:
-    options = {"batch_size": 4, "features": SMALL, "seed": 5, "split_rows": 4, "num_workers": 2,
-               "worker_type": "thread", "columns": ("uid",)}
-    if kwargs.get("train", True):
-        options.update(shuffle_buffer_size=10, shuffle_min_size=5)
-    options.update(kwargs)
-    return al.AudioLoader(source, **options)
+loader_for = loader_factory(batch_size=4, seed=5, num_workers=2, worker_type="thread", columns=("uid",),
+                            train_options={"shuffle_buffer_size": 10, "shuffle_min_size": 5})
 
 
 def test_stripes_are_the_units(shards):

@@ -216,15 +216,82 @@ def test_map_all_keeps_the_stream_intact(backend):
     assert head + drain(node) == [i * i for i in range(30)]
 
 
-@pytest.mark.parametrize("backend", ["thread", "process"])
-def test_reset_mid_stream_cancels_work_in_flight(backend):
-    node = mapper(slow_square, 400, 2, backend, chunk_size=20)
-    next(node)
-    started = time.perf_counter()
-    node.reset()  # 4 chunks of 20 x 20 ms were in flight: they stop after their current item
-    assert time.perf_counter() - started < 0.4 + 0.4 * (backend == "process")
+class Epochs(Items):
+    """``(epoch, i)`` for i < n; every reset without a state starts the next epoch (1, 2, ...)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.epoch = 0
+
+    def reset(self, initial_state=None):
+        super().reset(initial_state)
+        self.epoch += 1
+
+    def next(self):
+        return self.epoch, super().next()
+
+
+GATE = threading.Event()
+STARTED: list[tuple[int, int]] = []
+
+
+def gated_square(item: tuple[int, int]) -> int:
+    """Records each item it starts; items of epoch 1 past the first chunk of 20 wait for `GATE`."""
+    epoch, i = item
+    STARTED.append(item)
+    if epoch == 1 and i >= 20:
+        GATE.wait()
+    return i * i
+
+
+class LoggedSlowSquare:
+    """Records each item it starts in a file (from any process); items of epoch 1 past the first chunk take 0.25 s."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = str(log)
+
+    def __call__(self, item: tuple[int, int]) -> int:
+        epoch, i = item
+        with open(self.log, "a") as fh:
+            fh.write(f"{epoch} {i}\n")
+        if epoch == 1 and i >= 20:
+            time.sleep(0.25)  # the work
+        return i * i
+
+    def started(self, epoch: int) -> list[int]:
+        with open(self.log) as fh:
+            return [int(i) for e, i in (line.split() for line in fh) if int(e) == epoch]
+
+
+def test_reset_mid_stream_stops_thread_chunks_after_their_current_item():
+    GATE.clear()
+    STARTED.clear()
+    node = ParallelMap(Epochs(400), gated_square, num_workers=2, backend="thread", chunk_size=20)
+    node.reset()
+    assert next(node) == 0  # chunk 0 done; chunks 1-4 (80 items) are in flight, the running ones blocked
+    node.reset()
+    GATE.set()  # the current items finish; the rest of their chunks must not start
     assert [next(node) for _ in range(3)] == [0, 1, 4]
+    node.shutdown()  # waits for the worker threads
+    started_late = [i for epoch, i in STARTED if epoch == 1 and i >= 20]
+    assert len(started_late) <= 2, f"items {started_late} of cancelled chunks were started (at most one per worker)"
+
+
+def test_reset_mid_stream_stops_process_chunks_and_keeps_the_workers(tmp_path):
+    job = LoggedSlowSquare(tmp_path / "started.log")
+    node = ParallelMap(Epochs(400), job, num_workers=2, backend="process", chunk_size=20)
+    node.reset()
+    workers = [worker.process.pid for worker in node._pool._workers]
+    assert next(node) == 0  # chunk 0 is done; chunks 1-4 (80 items of 0.25 s) are in flight
+    node.reset()  # returns once every worker has answered for its chunks
+    cancelled = job.started(epoch=1)
+    assert [next(node) for _ in range(3)] == [0, 1, 4]
+    assert [worker.process.pid for worker in node._pool._workers] == workers  # reset reuses the processes
     node.shutdown()
+    assert job.started(epoch=1) == cancelled  # nothing of the old epoch ran after the reset returned
+    # Each in-flight chunk stopped after its current item: a whole chunk of slow items (5 s) never ran.
+    late = [i for i in cancelled if i >= 20]
+    assert len(late) < 20, f"{len(late)} items of the cancelled chunks ran; each worker should stop after one"
 
 
 def children() -> set[int]:

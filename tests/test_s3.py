@@ -5,10 +5,8 @@ from __future__ import annotations
 import pytest
 
 import audioloader as al
-from tests.ddp_worker import SMALL
-from tests.helpers import make_shards
+from tests.helpers import assert_same_batches, loader_factory, make_shards, take, write_filter_shards
 from tests.s3_server import S3_ENVIRONMENT, S3Server
-from tests.test_audio_loader import assert_same_batches, take
 
 ROWS = [13, 9, 18]  # 40 rows in three files
 FORMATS = ["ipc_file", "ipc_stream", "parquet", "orc"]
@@ -39,13 +37,8 @@ def shards(s3, tmp_path_factory) -> dict[str, tuple]:
     return out
 
 
-def loader_for(source, **kwargs) -> al.AudioLoader:
-    options = {"batch_size": 8, "features": SMALL, "seed": 1, "split_rows": 4, "num_workers": 2,
-               "worker_type": "thread", "retry": FAST}
-    if kwargs.get("train", True):
-        options.update(shuffle_buffer_size=12, shuffle_min_size=6)
-    options.update(kwargs)
-    return al.AudioLoader(source, **options)
+loader_for = loader_factory(batch_size=8, seed=1, num_workers=2, worker_type="thread", retry=FAST,
+                            train_options={"shuffle_buffer_size": 12, "shuffle_min_size": 6})
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -145,9 +138,7 @@ def test_filter_on_s3_never_requests_pruned_row_groups(s3, tmp_path):
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from tests.test_filter import write_shards
-
-    write_shards(tmp_path, "parquet")
+    write_filter_shards(tmp_path, "parquet")
     s3.upload(tmp_path, "shards/filtered")
     s3.proxy.clear()
     with loader_for(s3.url("shards/filtered"), train=False, filter=pc.field("duration") < 1.0,

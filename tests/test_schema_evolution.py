@@ -9,8 +9,16 @@ import pyarrow.compute as pc
 import pytest
 
 import audioloader as al
-from tests.helpers import audio_table, write_ipc_file, write_orc, write_parquet
-from tests.test_audio_loader import SMALL, assert_same_batches, roundtrip, take
+from tests.helpers import (
+    assert_same_batches,
+    audio_table,
+    loader_factory,
+    roundtrip,
+    take,
+    write_ipc_file,
+    write_orc,
+    write_parquet,
+)
 
 ROWS = [6, 5, 7]
 TOTAL = sum(ROWS)
@@ -41,13 +49,8 @@ def evolved(tmp_path_factory):
     return folder
 
 
-def loader_for(source, **kwargs) -> al.AudioLoader:
-    options = {"batch_size": 4, "features": SMALL, "seed": 2, "split_rows": 4, "num_workers": 2,
-               "worker_type": "thread", "columns": ("uid", "speaker")}
-    if kwargs.get("train", True):
-        options.update(shuffle_buffer_size=6, shuffle_min_size=3)
-    options.update(kwargs)
-    return al.AudioLoader(source, **options)
+loader_for = loader_factory(batch_size=4, seed=2, num_workers=2, worker_type="thread", columns=("uid", "speaker"),
+                            train_options={"shuffle_buffer_size": 6, "shuffle_min_size": 3})
 
 
 def test_the_unified_schema_widens_and_adds_columns(evolved):

@@ -13,8 +13,7 @@ from torchdata.nodes import IterableWrapper
 import audioloader as al
 from audioloader.nodes.decode_spectrogram import DecodeSpectrogram
 from audioloader.samples import Key, RawSample
-from tests.ddp_worker import SMALL
-from tests.helpers import clip_bytes, make_shards
+from tests.helpers import SMALL, clip_bytes, make_shards
 
 ROOT = Path(__file__).parent.parent
 
@@ -26,7 +25,7 @@ ROOT = Path(__file__).parent.parent
 SCRIPT = textwrap.dedent("""
     import os, sys
     import audioloader as al
-    from tests.ddp_worker import SMALL
+    from tests.helpers import SMALL
     folder, train = sys.argv[1], sys.argv[2] == "train"
     shard = os.path.join(folder, "part-00000.arrow")
     calls = []

@@ -4,42 +4,15 @@ from __future__ import annotations
 
 import io
 import random
-from dataclasses import dataclass
 
 import pytest
 import torch
-from torchdata.nodes import BaseNode, IterableWrapper
+from torchdata.nodes import IterableWrapper
 
 from audioloader.nodes.batcher import Batcher
 from audioloader.nodes.shuffle_buffer import ShuffleBuffer
 from audioloader.samples import Key, Sample
-
-
-@dataclass
-class Item:
-    key: Key
-
-
-class CountingSource(BaseNode):
-    """Yields Item(Key(i, 0)) for i < n; records how many items were pulled."""
-
-    def __init__(self, n: int):
-        super().__init__()
-        self.n = n
-        self.pos = 0
-
-    def reset(self, initial_state=None):
-        super().reset(initial_state)
-        self.pos = initial_state["pos"] if initial_state else 0
-
-    def next(self):
-        if self.pos >= self.n:
-            raise StopIteration
-        self.pos += 1
-        return Item(Key(self.pos - 1, 0))
-
-    def get_state(self):
-        return {"pos": self.pos}
+from tests.helpers import CountingSource, Item
 
 
 def restore_items(keys):

@@ -10,10 +10,7 @@ import audioloader as al
 from audioloader.nodes import ShuffleBuffer
 from audioloader.samples import Key
 from audioloader.stats import LoaderStats, ShuffleQuality
-from tests.helpers import make_shards
-from tests.test_audio_loader import take
-from tests.test_mixing import SMALL
-from tests.test_shuffle_batch import CountingSource, Item
+from tests.helpers import SMALL, CountingSource, Item, make_shards, take
 
 
 @pytest.mark.parametrize(("capacity", "min_size"), [(1, 0), (7, 3), (50, 50)])

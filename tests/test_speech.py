@@ -6,7 +6,6 @@ import random
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 from torchdata.nodes import BaseNode
@@ -17,33 +16,21 @@ from audioloader.dsp.features import compute_features
 from audioloader.nodes import DurationBucketer
 from audioloader.nodes.duration_bucketer import estimate_boundaries, plan
 from audioloader.samples import BatchEnd
-from tests.helpers import encode, tone, write_ipc_file, write_parquet
-from tests.test_audio_loader import assert_same_batches, roundtrip
+from tests.helpers import (
+    assert_same_batches,
+    corpus_table,
+    durations,
+    loader_factory,
+    roundtrip,
+    write_ipc_file,
+    write_parquet,
+)
 
 RATE = 16000
 FBANK = al.FbankConfig(num_mel_bins=40)
 MEL = al.MelSpectrogramConfig(sample_rate=RATE, clip_seconds=1.0, n_fft=400, hop_length=160, n_mels=40)
 WHOLE = al.LengthPolicy(crop=None)
 N = 48
-
-
-def durations(n: int = N, seed: int = 0) -> list[float]:
-    return [round(float(s), 3) for s in np.random.default_rng(seed).uniform(0.3, 3.0, n)]
-
-
-def corpus_table(seconds: list[float], *, duration_column: bool = False) -> pa.Table:
-    """A Hugging Face-shaped speech corpus: audio struct {bytes, path}, text; WAV, FLAC, some at 22.05 kHz."""
-    audio, texts = [], []
-    for i, s in enumerate(seconds):
-        rate = 22050 if i % 5 == 0 else RATE
-        audio.append({"bytes": encode(tone(s, rate, freq=120.0 + 7 * i, seed=i), rate, "FLAC" if i % 2 else "WAV"),
-                      "path": f"utt{i}.wav"})
-        texts.append(f"utterance number {i}")
-    columns = {"audio": pa.array(audio, pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
-               "text": pa.array(texts), "speaker": pa.array([i % 4 for i in range(len(seconds))], pa.int64())}
-    if duration_column:
-        columns["duration"] = pa.array(seconds, pa.float64())
-    return pa.table(columns)
 
 
 @pytest.fixture(scope="module")
@@ -55,13 +42,9 @@ def corpus(tmp_path_factory) -> Path:
     return folder
 
 
-def speech_loader(source, **kwargs) -> al.AudioLoader:
-    options = {"batch_size": 6, "features": FBANK, "seed": 3, "label_column": None, "columns": ["text"],
-               "split_rows": 6, "length": WHOLE, "num_workers": 2}
-    if kwargs.get("train", True):
-        options.update(shuffle_buffer_size=16, shuffle_min_size=8)
-    options.update(kwargs)
-    return al.AudioLoader(source, **options)
+speech_loader = loader_factory(batch_size=6, features=FBANK, seed=3, label_column=None, columns=["text"], split_rows=6,
+                               length=WHOLE, num_workers=2,
+                               train_options={"shuffle_buffer_size": 16, "shuffle_min_size": 8})
 
 
 def efficiency(batches) -> float:

@@ -17,17 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import make_shards
-from tests.test_audio_loader import assert_same_batches, loader_for, roundtrip, take
-
-ROWS = [13, 9, 18]
-
-
-@pytest.fixture(scope="module")
-def ipc(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("ipc")
-    make_shards(folder, ROWS, "ipc_file", batch_rows=4, seconds=0.4)
-    return folder
+from tests.helpers import IPC_ROWS as ROWS
+from tests.helpers import assert_same_batches, loader_for, make_shards, roundtrip, take
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +52,12 @@ def children() -> set[int]:
 
 @pytest.mark.parametrize("train", [True, False])
 @pytest.mark.parametrize("shuffle_before_decode", [True, False])
-def test_processes_give_the_batches_threads_give(ipc, train, shuffle_before_decode):
+def test_processes_give_the_batches_threads_give(ipc_shards, train, shuffle_before_decode):
     kwargs = {"train": train, "shuffle_before_decode": shuffle_before_decode, "augment": flip}
-    with loader_for(ipc, worker_type="thread", num_workers=2, **kwargs) as threads:
+    with loader_for(ipc_shards, worker_type="thread", num_workers=2, **kwargs) as threads:
         expected = take(threads, 6) if train else list(threads)
     for workers in (1, 3):
-        with loader_for(ipc, worker_type="process", num_workers=workers, **kwargs) as processes:
+        with loader_for(ipc_shards, worker_type="process", num_workers=workers, **kwargs) as processes:
             assert_same_batches(take(processes, 6) if train else list(processes), expected)
 
 
@@ -80,46 +71,46 @@ def test_processes_on_parquet_receive_the_audio_through_shared_memory(parquet):
 
 @pytest.mark.parametrize(("saved", "resumed"), [("process", "thread"), ("thread", "process"),
                                                 ("process", "process")])
-def test_resume_is_exact_across_worker_types(ipc, saved, resumed):
+def test_resume_is_exact_across_worker_types(ipc_shards, saved, resumed):
     for shuffle_before_decode in (True, False):
         kwargs = {"shuffle_before_decode": shuffle_before_decode}
-        with loader_for(ipc, worker_type=saved, num_workers=2, **kwargs) as loader:
+        with loader_for(ipc_shards, worker_type=saved, num_workers=2, **kwargs) as loader:
             it = iter(loader)
             [next(it) for _ in range(3)]
             state = loader.state_dict()
             expected = [next(it) for _ in range(4)]
-        with loader_for(ipc, worker_type=resumed, num_workers=3, **kwargs) as again:
+        with loader_for(ipc_shards, worker_type=resumed, num_workers=3, **kwargs) as again:
             again.load_state_dict(roundtrip(state))
             assert_same_batches(take(again, 4), expected)
 
 
-def test_worker_processes_report_stage_times(ipc):
-    with loader_for(ipc, train=False, worker_type="process") as loader:
+def test_worker_processes_report_stage_times(ipc_shards):
+    with loader_for(ipc_shards, train=False, worker_type="process") as loader:
         list(loader)
         seconds = loader.stats()["seconds"]
     assert seconds["decode"] > 0 and seconds["mel"] > 0
 
 
-def test_user_exception_from_a_process_keeps_type_attributes_and_worker_traceback(ipc):
-    with loader_for(ipc, augment=broken, worker_type="process") as loader, pytest.raises(Broke) as info:
+def test_user_exception_from_a_process_keeps_type_attributes_and_worker_traceback(ipc_shards):
+    with loader_for(ipc_shards, augment=broken, worker_type="process") as loader, pytest.raises(Broke) as info:
         take(loader, 1)
     assert info.value.detail == "kept"
     assert "broken" in [entry.name for entry in info.traceback]  # the worker's frames, rebuilt here
 
 
-def test_lambda_augment_with_processes_is_refused_with_the_fix(ipc):
+def test_lambda_augment_with_processes_is_refused_with_the_fix(ipc_shards):
     with pytest.raises(TypeError, match="top level of a module"):
-        loader_for(ipc, augment=lambda wave, rng: wave, worker_type="process")
+        loader_for(ipc_shards, augment=lambda wave, rng: wave, worker_type="process")
 
 
-def test_auto_uses_threads_on_small_machines_and_for_unpicklable_augments(ipc, monkeypatch):
+def test_auto_uses_threads_on_small_machines_and_for_unpicklable_augments(ipc_shards, monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
-    assert loader_for(ipc).worker_type == "thread"
+    assert loader_for(ipc_shards).worker_type == "thread"
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    assert loader_for(ipc).worker_type == "process"
-    assert loader_for(ipc, num_workers=0).worker_type == "thread"
+    assert loader_for(ipc_shards).worker_type == "process"
+    assert loader_for(ipc_shards, num_workers=0).worker_type == "thread"
     with pytest.warns(UserWarning, match="decoding runs in threads"):
-        assert loader_for(ipc, augment=lambda wave, rng: wave).worker_type == "thread"
+        assert loader_for(ipc_shards, augment=lambda wave, rng: wave).worker_type == "thread"
 
 
 # ---------------------------------------------------------------------------------------- features per batch
@@ -130,10 +121,10 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("train", [True, False])
-def test_batched_features_match_per_sample_features(ipc, train):
-    with loader_for(ipc, train=train, drop_last=False) as per_sample:
+def test_batched_features_match_per_sample_features(ipc_shards, train):
+    with loader_for(ipc_shards, train=train, drop_last=False) as per_sample:
         expected = take(per_sample, 4) if train else list(per_sample)
-    with loader_for(ipc, train=train, device="cpu") as batched:
+    with loader_for(ipc_shards, train=train, device="cpu") as batched:
         got = take(batched, 4) if train else list(batched)
     assert len(got) == len(expected)
     for x, y in zip(got, expected, strict=True):
@@ -145,15 +136,15 @@ def test_batched_features_match_per_sample_features(ipc, train):
                 assert torch.equal(x[name], y[name]) if isinstance(x[name], torch.Tensor) else x[name] == y[name]
 
 
-def test_batched_features_give_the_same_checkpoints(ipc):
+def test_batched_features_give_the_same_checkpoints(ipc_shards):
     states = []
     for device in (None, "cpu"):
-        with loader_for(ipc, device=device, worker_type="process") as loader:
+        with loader_for(ipc_shards, device=device, worker_type="process") as loader:
             it = iter(loader)
             [next(it) for _ in range(3)]
             states.append(loader.state_dict())
     assert states[0] == states[1]
-    with loader_for(ipc) as per_sample, loader_for(ipc, device="cpu") as batched:
+    with loader_for(ipc_shards) as per_sample, loader_for(ipc_shards, device="cpu") as batched:
         per_sample.load_state_dict(roundtrip(states[1]))  # a state saved on one path resumes on the other
         batched.load_state_dict(roundtrip(states[0]))
         for x, y in zip(take(per_sample, 2), take(batched, 2), strict=True):
@@ -169,16 +160,16 @@ def test_eval_padding_entries_have_zero_features_on_both_paths(tmp_path):
         assert padded and all(float(b["spectrogram"][~b["valid"]].abs().sum()) == 0 for b in padded)
 
 
-def test_cuda_device_without_cuda_is_refused(ipc):
+def test_cuda_device_without_cuda_is_refused(ipc_shards):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     with pytest.raises(ValueError, match="CUDA is not available"):
-        loader_for(ipc, device="cuda")
+        loader_for(ipc_shards, device="cuda")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_features_match_the_cpu_path(ipc):
-    with loader_for(ipc) as cpu, loader_for(ipc, device="cuda") as gpu:
+def test_cuda_features_match_the_cpu_path(ipc_shards):
+    with loader_for(ipc_shards) as cpu, loader_for(ipc_shards, device="cuda") as gpu:
         for x, y in zip(take(cpu, 4), take(gpu, 4), strict=True):
             assert y["spectrogram"].device.type == "cuda" and y["label"].device.type == "cuda"
             assert rel_l2(y["spectrogram"].cpu(), x["spectrogram"]) < 1e-4
@@ -188,10 +179,10 @@ def test_cuda_features_match_the_cpu_path(ipc):
 # ---------------------------------------------------------------------------------------- lifecycle
 
 
-def test_processes_stop_with_the_loader(ipc):
+def test_processes_stop_with_the_loader(ipc_shards):
     before = children()
     for i in range(4):
-        loader = loader_for(ipc, train=bool(i % 2), worker_type="process")
+        loader = loader_for(ipc_shards, train=bool(i % 2), worker_type="process")
         if i % 2:
             it = iter(loader)
             next(it)
@@ -204,14 +195,14 @@ def test_processes_stop_with_the_loader(ipc):
 
 @pytest.mark.skipif(os.name != "posix", reason="SIGINT delivery to a child process")
 @pytest.mark.parametrize("phase", ["steady", "buffer fill"])
-def test_ctrl_c_with_worker_processes(ipc, phase):
+def test_ctrl_c_with_worker_processes(ipc_shards, phase):
     # "buffer fill": a large min fill, so Ctrl-C lands while the shuffle buffer fills.
     sizes = "shuffle_buffer_size=20, shuffle_min_size=10" if phase == "steady" else \
         "shuffle_buffer_size=40, shuffle_min_size=40, shuffle_before_decode=False"
     script = textwrap.dedent(f"""
         import multiprocessing, sys, time
-        from tests.test_audio_loader import loader_for
-        loader = loader_for({str(ipc)!r}, worker_type="process", {sizes})
+        from tests.helpers import loader_for
+        loader = loader_for({str(ipc_shards)!r}, worker_type="process", {sizes})
         try:
             it = iter(loader)
             print("running", flush=True)
@@ -242,10 +233,10 @@ def test_ctrl_c_with_worker_processes(ipc, phase):
 # ---------------------------------------------------------------------------------------- pickling, misuse
 
 
-def test_pickled_loader_goes_on_where_it_was(ipc):
-    with loader_for(ipc, augment=flip) as loader:
+def test_pickled_loader_goes_on_where_it_was(ipc_shards):
+    with loader_for(ipc_shards, augment=flip) as loader:
         fresh = pickle.loads(pickle.dumps(loader))
-        assert_same_batches(take(fresh, 2), take(loader_for(ipc, augment=flip), 2))
+        assert_same_batches(take(fresh, 2), take(loader_for(ipc_shards, augment=flip), 2))
         it = iter(loader)
         [next(it) for _ in range(2)]
         copy = pickle.loads(pickle.dumps(loader))
@@ -255,14 +246,14 @@ def test_pickled_loader_goes_on_where_it_was(ipc):
         assert_same_batches(take(copy, 3), expected)
 
 
-def test_pickling_a_loader_with_a_lambda_says_what_to_do(ipc):
-    loader = loader_for(ipc, augment=lambda wave, rng: wave, worker_type="thread")
+def test_pickling_a_loader_with_a_lambda_says_what_to_do(ipc_shards):
+    loader = loader_for(ipc_shards, augment=lambda wave, rng: wave, worker_type="thread")
     with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
         pickle.dumps(loader)
 
 
-def test_a_second_iterator_while_one_is_open_is_an_error(ipc):
-    loader = loader_for(ipc)
+def test_a_second_iterator_while_one_is_open_is_an_error(ipc_shards):
+    loader = loader_for(ipc_shards)
     first = iter(loader)
     next(first)
     with pytest.raises(RuntimeError, match="already being iterated"):
@@ -276,8 +267,8 @@ def test_a_second_iterator_while_one_is_open_is_an_error(ipc):
     loader.shutdown()
 
 
-def test_two_threads_cannot_share_one_stream(ipc):
-    loader = loader_for(ipc)
+def test_two_threads_cannot_share_one_stream(ipc_shards):
+    loader = loader_for(ipc_shards)
     errors, started = [], threading.Event()
 
     def consume():
@@ -298,16 +289,17 @@ def test_two_threads_cannot_share_one_stream(ipc):
     loader.shutdown()
 
 
-def test_wrapping_in_a_torch_dataloader_says_what_to_do(ipc):
-    with loader_for(ipc, train=False) as loader, pytest.raises(TypeError, match="iterate it directly"):
+def test_wrapping_in_a_torch_dataloader_says_what_to_do(ipc_shards):
+    with loader_for(ipc_shards, train=False) as loader, pytest.raises(TypeError, match="iterate it directly"):
         next(iter(torch.utils.data.DataLoader(loader, batch_size=None, num_workers=2)))
-    with loader_for(ipc, train=True) as loader, pytest.raises(TypeError, match="iterate the AudioLoader directly"):
+    with loader_for(ipc_shards, train=True) as loader, \
+            pytest.raises(TypeError, match="iterate the AudioLoader directly"):
         next(iter(torch.utils.data.DataLoader(loader, batch_size=None)))
 
 
 @pytest.mark.parametrize("worker_type", ["thread", "process"])
-def test_a_forked_child_gets_an_error_not_a_hang(ipc, worker_type):
-    loader = loader_for(ipc, worker_type=worker_type)
+def test_a_forked_child_gets_an_error_not_a_hang(ipc_shards, worker_type):
+    loader = loader_for(ipc_shards, worker_type=worker_type)
     it = iter(loader)
     next(it)
     read, write = os.pipe()
@@ -326,12 +318,12 @@ def test_a_forked_child_gets_an_error_not_a_hang(ipc, worker_type):
     loader.shutdown()
 
 
-def test_no_beta_warning_reaches_users(ipc):
+def test_no_beta_warning_reaches_users(ipc_shards):
     # In a fresh interpreter with every warning shown: torch's once-per-process sparse CSR
     # warning used to escape from a decode thread.
     script = textwrap.dedent(f"""
-        from tests.test_audio_loader import loader_for, take
-        with loader_for({str(ipc)!r}, worker_type="thread") as loader:
+        from tests.helpers import loader_for, take
+        with loader_for({str(ipc_shards)!r}, worker_type="thread") as loader:
             take(loader, 2)
         print("done")
     """)

@@ -6,7 +6,8 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from ..dsp.augment import Augmentations, apply_masks, mixup_batch
+from ..dsp.augment import Augmentations
+from ..dsp.augment_math import apply_masks, mixup_batch
 from .batcher import BATCH_PARAMS_KEY
 
 

@@ -15,7 +15,8 @@ from torchdata.nodes import BaseNode
 
 from ..dsp import hashing
 from ..dsp.audio import fit, load_clip, probe_seconds
-from ..dsp.augment import Augmentations, change_speed
+from ..dsp.augment import Augmentations
+from ..dsp.augment_math import change_speed
 from ..dsp.config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, check_features
 from ..dsp.features import compute_features, prepare
 from ..errors import DecodeError, ErrorBudgetExceeded

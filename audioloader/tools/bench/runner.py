@@ -166,8 +166,13 @@ class TreeSampler(threading.Thread):
         return sum(self.cpu_ticks.values()) / os.sysconf("SC_CLK_TCK")
 
 
-def run_contender(spec: dict[str, Any], timeout: float, log) -> dict[str, Any]:
-    """Run one contender in a fresh process; its result plus memory, wall time and disturbance."""
+def run_contender(spec: dict[str, Any], timeout: float, log, command: list[str] | None = None) -> dict[str, Any]:
+    """Run one contender in a fresh process; its result plus memory, wall time and disturbance.
+
+    ``command``: the child's command line, to which the spec is appended as JSON (default: this package's
+    contenders, ``python -m audioloader.tools.bench._child``); the child prints its result on a line that
+    starts with `contenders.RESULT_PREFIX` (a benchmark script can run its own contenders this way).
+    """
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update(spec.get("env") or {})
@@ -175,7 +180,8 @@ def run_contender(spec: dict[str, Any], timeout: float, log) -> dict[str, Any]:
     own_before = time.process_time()
     started = time.perf_counter()
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "audioloader.tools.bench._child", json.dumps(spec)],
+        argv = command or [sys.executable, "-m", "audioloader.tools.bench._child"]
+        proc = subprocess.Popen([*argv, json.dumps(spec)],
                                 env=env, stdout=subprocess.PIPE, stderr=err, text=True)
         sampler = TreeSampler(proc.pid)
         sampler.start()
