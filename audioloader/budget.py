@@ -59,6 +59,10 @@ LEGACY_TRAIN = ShufflePreset(buffer_size=10000, min_size=8000, max_bytes=None, m
 #: The share of ``max_bytes`` a bucketer may hold in its buckets before it hands out its fullest bucket early.
 BUCKETER_SHARE = 0.5
 
+#: The least share of ``max_bytes`` the buffer and the bucketer keep when ``Shuffle(interleave=k)`` asks for more lanes
+#: than the budget holds (those lanes then come on top of the budget).
+BUFFER_FLOOR = 0.25
+
 #: The share of ``max_bytes`` the rows in flight to the decode workers may hold (reported apart: see `ParallelMap`).
 DECODE_SHARE = 0.5
 
@@ -97,10 +101,11 @@ class ShuffleSettings:
 
     @property
     def buffer_max_bytes(self) -> int | None:
-        """The budget less the readers' lanes: what the buffer and a bucketer after it hold together."""
+        """The budget less the readers' lanes: what the buffer and a bucketer after it hold together (at least
+        `BUFFER_FLOOR` of the budget, however many lanes were asked for)."""
         if self.max_bytes is None:
             return None
-        return max(1, self.max_bytes - self.interleave * self.lane_bytes)
+        return max(int(self.max_bytes * BUFFER_FLOOR), 1, self.max_bytes - self.interleave * self.lane_bytes)
 
     @property
     def bucketer_max_bytes(self) -> int | None:

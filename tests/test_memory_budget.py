@@ -18,8 +18,17 @@ from audioloader import budget
 from audioloader.nodes import DurationBucketer, ShuffleBuffer
 from audioloader.samples import BatchEnd, Key
 from tests import legacy_checkpoints
-from tests.helpers import encode, make_shards, tone, write_ipc_file, write_parquet
-from tests.test_audio_loader import assert_resumes_exactly, assert_same_batches, roundtrip, take
+from tests.helpers import (
+    assert_resumes_exactly,
+    assert_same_batches,
+    encode,
+    make_shards,
+    roundtrip,
+    take,
+    tone,
+    write_ipc_file,
+    write_parquet,
+)
 
 RATE = 8000
 FBANK = al.FbankConfig(sample_rate=RATE, num_mel_bins=16)
@@ -377,3 +386,15 @@ def test_rows_in_flight_to_the_decode_workers_are_counted_and_bounded(backend):
 
 def _weight(item: Item) -> int:
     return item.key.index * 100
+
+
+def test_lanes_come_out_of_the_budget_down_to_a_quarter_left_for_the_buffer():
+    settings = budget.resolve(al.Shuffle(max_bytes=1000), train=True, bucketing=True, mixed=False)
+    assert settings.fitted(100).interleave == 5 and settings.fitted(100).buffer_max_bytes == 500
+    assert settings.fitted(0).interleave == budget.MAX_INTERLEAVE and settings.fitted(0).buffer_max_bytes == 1000
+    asked = budget.resolve(al.Shuffle(max_bytes=1000, interleave=16), train=True, bucketing=True, mixed=False)
+    assert asked.fitted(100).interleave == 16 and asked.fitted(100).buffer_max_bytes == 250
+    assert asked.fitted(100).bucketer_max_bytes == 125
+    evaluation = budget.resolve(al.Shuffle(), train=False, bucketing=True, mixed=False).fitted(100)
+    assert evaluation.interleave == 1 and evaluation.buffer_max_bytes is None
+    assert evaluation.bucketer_max_bytes is None
