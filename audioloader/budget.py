@@ -46,7 +46,7 @@ class ShufflePreset:
 
 #: Training. The rows are the 0.1 preset's; the bytes bound what rows cannot: 10000 decoded log-mels
 #: were 2.5 GB, now at most 256 MiB (about 1,000); the first batch waits for 32 MiB of held data (about
-#: 128 decoded clips, 200 Parquet speech rows) instead of 8000 decodes. Raw rows of memory-mapped IPC
+#: 128 decoded clips, 100-200 Parquet speech rows) instead of 8000 decodes. Raw rows of memory-mapped IPC
 #: shards cost about 600 B each, so there the rows decide, as before.
 TRAIN = ShufflePreset(buffer_size=10000, min_size=8000, max_bytes=256 * MiB, min_bytes=32 * MiB, interleave=None)
 
