@@ -9,6 +9,7 @@ from .dsp.augment import AddNoise, Gain, Mixup, Reverb, SpecAugment, SpeedPertur
 from .dsp.augment_math import mixup_targets
 from .dsp.config import FbankConfig, LengthPolicy, MelSpectrogramConfig, WaveformConfig
 from .errors import (
+    AccessDeniedError,
     AudioLoaderError,
     CheckpointMismatchError,
     DecodeError,
@@ -26,6 +27,7 @@ from .shards.writer import ShardWriter
 __version__ = "0.1.0"
 
 __all__ = [
+    "AccessDeniedError",
     "AddNoise",
     "AudioLoader",
     "AudioLoaderError",

@@ -76,7 +76,8 @@ class AudioLoader:
         columns: extra columns carried into each batch.
         shuffle: `Shuffle` (buffer size, min fill, raw rows or decoded samples, interleave).
         workers: `Workers` (how many, processes or threads, start method, prefetch, pinning).
-        storage: `Storage` (rank and world size, split size, filesystem, retries).
+        storage: `Storage` (rank and world size, split size, filesystem, retries, a local cache of
+            remote shards: ``Storage(cache_dir=..., cache_limit=...)``).
         device: None (default): features per sample in the decode workers. A torch device
             (``"cuda"``): the workers deliver cropped waveforms and each batch's features
             are computed there in one call on a side stream (`BatchFeatures`); every tensor

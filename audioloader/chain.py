@@ -209,7 +209,8 @@ def _open_one(source: Source, settings: Settings, stats: LoaderStats) -> Sources
         source.data, audio_column=source.audio_column, label_column=source.label_column, columns=columns,
         seed=s.seed, rank=storage.rank, world_size=storage.world_size, shuffle=s.train, infinite=s.infinite,
         split_rows=storage.split_rows, filesystem=_filesystem(source, storage), stats=stats, retry=storage.retry,
-        filter=source.filter, interleave=s.shuffle.interleave)
+        filter=source.filter, interleave=s.shuffle.interleave, cache_dir=storage.cache_dir,
+        cache_limit=storage.cache_limit)
     return Sources([reader], reader, [source.length or s.length], (), None, source.label_column is not None,
                    duration_column, False, source.audio_column, source.label_column)
 
@@ -269,7 +270,7 @@ def _mix_reader(position: int, entry: Any, settings: Settings, stats: LoaderStat
             columns=settings.columns, seed=source_seed(settings.seed, position), rank=storage.rank,
             world_size=storage.world_size, shuffle=settings.train, infinite=False, split_rows=storage.split_rows,
             filesystem=_filesystem(source, storage), stats=stats, retry=storage.retry, filter=source.filter,
-            interleave=settings.shuffle.interleave)
+            interleave=settings.shuffle.interleave, cache_dir=storage.cache_dir, cache_limit=storage.cache_limit)
     except Exception as error:
         if hasattr(error, "add_note"):  # Python 3.11+
             error.add_note(f"(in Mix source {entry.name!r})")

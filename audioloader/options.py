@@ -19,6 +19,7 @@ import torch
 
 from . import checks
 from .distributed import resolve_rank
+from .shards.cache import parse_bytes
 
 WORKER_KINDS = ("auto", "thread", "process")
 START_METHODS = ("fork", "forkserver", "spawn")
@@ -162,6 +163,14 @@ class Storage:
             crosses a record batch, row group or stripe).
         filesystem: a ``pyarrow.fs.FileSystem`` for the source paths (None: from the URL scheme).
         retry: how remote reads are retried and timed out (`Retry`; docs/storage.md).
+        cache_dir: a folder on a local disk where whole remote shard files are kept after their
+            first read, so later passes (and restarts) read them from disk, memory-mapped, instead
+            of the network. Shared safely by every rank and process of the machine (one download
+            per file). A folder of its own (new or empty: the cache deletes what it evicts). None:
+            no cache (docs/storage.md, "A local cache of remote shards").
+        cache_limit: bytes the cache may hold (an int, or e.g. ``"200GB"``); the least recently
+            used files are evicted past it. At least the largest shard; best the whole dataset
+            (then every pass after the first reads nothing remote). None: no limit.
     """
 
     rank: int | None = None
@@ -169,9 +178,20 @@ class Storage:
     split_rows: int = 512
     filesystem: Any = None
     retry: Any = None
+    cache_dir: str | os.PathLike | None = None
+    cache_limit: int | str | None = None
 
     def __post_init__(self) -> None:
         _positive_int_or_none(self, "split_rows", allow_none=False)
+        if self.cache_dir is not None:
+            if not isinstance(self.cache_dir, (str, os.PathLike)) or not os.fspath(self.cache_dir):
+                raise _bad(self, "cache_dir", "must be a folder path (str or Path) or None")
+            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
+        if self.cache_limit is not None:
+            if self.cache_dir is None:
+                raise ValueError(f"Storage(cache_limit={self.cache_limit!r}) without cache_dir: give the cache a "
+                                 "folder, Storage(cache_dir='/local/disk/audioloader-cache', cache_limit=...)")
+            object.__setattr__(self, "cache_limit", parse_bytes(self.cache_limit, "Storage.cache_limit"))
 
 
 @dataclass(frozen=True)

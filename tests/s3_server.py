@@ -1,24 +1,39 @@
-"""A real S3-compatible server on loopback (moto's server mode) and a fault-injecting proxy in front of it.
+"""A real S3-compatible server on loopback (moto's server mode) and a shaping, fault-injecting proxy in front of it.
 
 Nothing here leaves 127.0.0.1: the server and the proxy bind it with a port the
 OS picks, requests go only to them, and both stop when the test session ends.
-The proxy forwards every request to the server and logs it (method, object,
-``Range`` header, status, body bytes), so tests can prove what was read; it can
-answer with an HTTP 503 or 500, reset the connection, or stall (send nothing
-until the client gives up), a given number of times for matching requests.
+
+The proxy forwards every request to the server and counts it (method, bytes);
+in-process it also logs it (method, object, ``Range`` header, status, body
+bytes), so tests can prove what was read. It shapes the traffic like a remote
+store: ``latency`` seconds are waited before each request is forwarded (an S3
+GET's time to the first byte is 20-100 ms), and ``bandwidth`` bytes/s caps each
+connection's response bodies. It can answer with an HTTP 503 or 500, refuse
+access (403 AccessDenied), reset the connection, or stall (send nothing until the
+client gives up), a given number of times for matching requests. The server can also enforce real authentication
+(moto's IAM: unknown keys, wrong secrets and users without a policy are refused).
+
+Tests use `FaultProxy` in their own process. A benchmark runs the same proxy in
+a child process (`ProxyProcess`, ``python -m tests.s3_server proxy HOST:PORT``)
+so that its Python does not take the GIL from the loader it measures.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import http.client
+import json
+import os
 import socket
 import struct
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -26,10 +41,17 @@ import pyarrow.fs as pafs
 #: Longest a stalled response waits for the client to give up (the proxy's stop also ends it).
 STALL_CAP_SECONDS = 30.0
 
-FAULTS = ("503", "500", "reset", "stall")
+FAULTS = ("503", "500", "403", "reset", "stall")
 
 _ERROR_BODY = ('<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>injected by the test '
                'proxy</Message></Error>')
+
+#: Request headers not forwarded: hop-by-hop ones, and ``Expect`` (the proxy has read the whole body already).
+_DROP_REQUEST = frozenset({"connection", "keep-alive", "expect", "proxy-connection"})
+#: Response headers not forwarded (the proxy sets its own framing).
+_DROP_RESPONSE = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"})
+
+_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -54,16 +76,47 @@ class Request:
     fault: str
 
 
-class FaultProxy:
-    """A threaded HTTP proxy on 127.0.0.1 in front of ``upstream`` (host, port)."""
+def request_kind(method: str, path: str) -> str:
+    """``"LIST"`` for a GET of a bucket (``/bucket`` or ``/bucket/``: a listing), else the method."""
+    if method == "GET" and "/" not in path.strip("/"):
+        return "LIST"
+    return method
 
-    def __init__(self, upstream: tuple[str, int]) -> None:
+
+def _check_shaping(latency: float, bandwidth: float | None) -> None:
+    if not latency >= 0:
+        raise ValueError(f"latency={latency!r}: seconds >= 0")
+    if bandwidth is not None and not bandwidth > 0:
+        raise ValueError(f"bandwidth={bandwidth!r}: bytes per second > 0, or None for no cap")
+
+
+class FaultProxy:
+    """A threaded HTTP proxy on 127.0.0.1 in front of ``upstream`` (host, port).
+
+    Args:
+        upstream: the server's (host, port).
+        latency: seconds waited before each request is forwarded (also before an injected fault).
+        bandwidth: bytes per second a connection's response bodies may use, or None for no cap.
+        keep_log: keep every `Request` in ``requests`` (a benchmark's long run keeps the counters only).
+    """
+
+    def __init__(self, upstream: tuple[str, int], *, latency: float = 0.0, bandwidth: float | None = None,
+                 keep_log: bool = True) -> None:
+        _check_shaping(latency, bandwidth)
         self.upstream = upstream
+        self.latency = latency
+        self.bandwidth = bandwidth
+        self.keep_log = keep_log
         self.requests: list[Request] = []
         self._faults: list[Fault] = []
         self._lock = threading.Lock()
+        self._flight = threading.Condition(self._lock)
+        self._counts: dict[str, int] = {}
+        self._in_flight = 0
         self.stopping = threading.Event()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._open = threading.Event()  # cleared by hold(): requests wait before they are forwarded
+        self._open.set()
+        self._server = _Server(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="s3-fault-proxy", daemon=True)
         self._thread.start()
@@ -72,6 +125,11 @@ class FaultProxy:
     def endpoint(self) -> str:
         host, port = self._server.server_address[:2]
         return f"{host}:{port}"
+
+    def configure(self, *, latency: float, bandwidth: float | None) -> None:
+        """The shaping of the requests that arrive from now on (``bandwidth=None``: no cap)."""
+        _check_shaping(latency, bandwidth)
+        self.latency, self.bandwidth = latency, bandwidth
 
     def inject(self, kind: str, times: int = 1, *, method: str = "GET", path: str = "") -> None:
         if kind not in FAULTS:
@@ -95,17 +153,94 @@ class FaultProxy:
 
     def record(self, request: Request) -> None:
         with self._lock:
-            self.requests.append(request)
+            if self.keep_log:
+                self.requests.append(request)
+            counts = self._counts
+            kind = request_kind(request.method, request.path)
+            for key, n in (("requests", 1), (kind, 1), ("bytes", request.body_bytes),
+                           ("faults", 1 if request.fault else 0)):
+                counts[key] = counts.get(key, 0) + n
 
     def log(self, method: str = "GET", path: str = "") -> list[Request]:
         with self._lock:
             return [r for r in self.requests if r.method == method and path in r.path]
 
+    def stats(self) -> dict[str, int]:
+        """Counters since the last `reset_counters`: ``requests``, per kind (``GET``, ``HEAD``, ``LIST``, ``PUT``,
+        ...), ``bytes`` (response bodies, as declared), ``faults``, ``max_in_flight`` (most requests held at once).
+
+        A request is counted before its body is sent, so a client holding its response finds it counted."""
+        with self._lock:
+            out = {"requests": 0, "bytes": 0, "faults": 0, "GET": 0, "HEAD": 0, "LIST": 0}
+            out.update(self._counts)
+            return out
+
+    def reset_counters(self) -> None:
+        with self._lock:
+            self._counts = {"max_in_flight": self._in_flight}
+
+    # -- requests in flight (a request is in flight from its arrival to its last byte) ----------------------
+
+    def hold(self) -> None:
+        """Keep requests that arrive from now on waiting before they are forwarded, until `release`."""
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
+
+    def wait_in_flight(self, n: int, timeout: float) -> bool:
+        """Wait until ``n`` requests are in flight at once; False if that did not happen within ``timeout`` s."""
+        with self._flight:
+            return self._flight.wait_for(lambda: self._in_flight >= n, timeout)
+
+    def _enter(self) -> None:
+        with self._flight:
+            self._in_flight += 1
+            self._counts["max_in_flight"] = max(self._counts.get("max_in_flight", 0), self._in_flight)
+            self._flight.notify_all()
+
+    def _leave(self) -> None:
+        with self._flight:
+            self._in_flight -= 1
+
     def close(self) -> None:
         self.stopping.set()
+        self._open.set()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # 100+ clients may connect at once; the default backlog of 5 drops SYNs (1 s retries)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that hung up is no error of the proxy's
+            super().handle_error(request, client_address)
+
+
+class _Pacer:
+    """Paces one connection's response bytes to ``bandwidth`` bytes/s: `wait(n)` returns when n more bytes may go.
+
+    Bytes are due one after another (a connection sends one response at a time);
+    idle time earns no credit, so a response never bursts above the cap.
+    """
+
+    def __init__(self) -> None:
+        self._free_at = 0.0
+
+    def wait(self, n: int, bandwidth: float, stopping: threading.Event) -> None:
+        now = time.monotonic()
+        self._free_at = max(self._free_at, now) + n / bandwidth
+        if self._free_at > now:
+            stopping.wait(self._free_at - now)
+
+
+def _chunk_size(bandwidth: float | None) -> int:
+    """Bytes written at once: ~5 ms of the cap (16 KiB - 1 MiB), so the pacing is smooth and cheap."""
+    if bandwidth is None:
+        return 1 << 20
+    return int(min(1 << 20, max(16 << 10, bandwidth * 0.005)))
 
 
 def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
@@ -113,11 +248,26 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"  # keep-alive, as the S3 client expects
         disable_nagle_algorithm = True  # headers and body go out as separate writes: no 40 ms delayed-ACK stalls
 
+        def setup(self) -> None:
+            super().setup()
+            self._upstream: http.client.HTTPConnection | None = None  # kept open across this connection's requests
+            self._pacer = _Pacer()
+
+        def finish(self) -> None:
+            with contextlib.suppress(OSError):
+                super().finish()
+            if self._upstream is not None:
+                self._upstream.close()
+
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             pass
 
         def do_GET(self) -> None:
-            self._serve()
+            proxy._enter()
+            try:
+                self._serve()
+            finally:
+                proxy._leave()
 
         do_HEAD = do_PUT = do_POST = do_DELETE = do_GET
 
@@ -125,34 +275,96 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             path = self.path.split("?", 1)[0]
+            proxy._open.wait()
+            if proxy.latency:
+                proxy.stopping.wait(proxy.latency)  # the store's time to first byte, before the request goes on
             fault = proxy.take_fault(self.command, path)
             if fault:
                 self._inject(fault, path)
                 return
-            upstream = http.client.HTTPConnection(*proxy.upstream, timeout=60)
+            response = self._forward(body)
             try:
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "keep-alive")}
-                upstream.request(self.command, self.path, body=body, headers=headers)
-                response = upstream.getresponse()
-                data = response.read()
-            finally:
-                upstream.close()
+                self._answer(response, Request(self.command, path, self.headers.get("Range"), response.status, 0,
+                                               ""))
+            except BaseException:  # the client left mid-body: the upstream response is half read
+                self._drop_upstream()
+                self.close_connection = True
+                raise
+
+        def _answer(self, response: http.client.HTTPResponse, request: Request) -> None:
+            """Send the upstream response on; the request is counted before its body goes out, so a client that
+            has its whole response finds it counted."""
             self.send_response(response.status)
             for name, value in response.getheaders():
-                if name.lower() not in ("connection", "transfer-encoding", "content-length", "server", "date"):
+                if name.lower() not in _DROP_RESPONSE:
                     self.send_header(name, value)
             declared = response.getheader("Content-Length")
-            self.send_header("Content-Length", declared if self.command == "HEAD" and declared else str(len(data)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(data)
-            proxy.record(Request(self.command, path, self.headers.get("Range"), response.status,
-                                 0 if self.command == "HEAD" else len(data), ""))
+            if self.command == "HEAD":
+                response.read()
+                proxy.record(request)
+                self.send_header("Content-Length", declared or "0")
+                self.end_headers()
+            elif declared is not None and response.getheader("Transfer-Encoding") is None:
+                proxy.record(dataclasses.replace(request, body_bytes=int(declared)))
+                self.send_header("Content-Length", declared)
+                self.end_headers()
+                if not self._stream(response, int(declared)):
+                    self._drop_upstream()  # the server sent less than it declared: neither side can go on
+                    self.close_connection = True
+            else:  # no length given (chunked): read it whole, then send it with a length
+                data = response.read()
+                proxy.record(dataclasses.replace(request, body_bytes=len(data)))
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self._send(data)
+
+        def _forward(self, body: bytes | None) -> http.client.HTTPResponse:
+            """Send this request upstream over the connection kept for this client; a kept connection that went
+            stale (the server closed it while idle) is replaced once."""
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _DROP_REQUEST}
+            while True:
+                reused = self._upstream is not None
+                if not reused:
+                    self._upstream = http.client.HTTPConnection(*proxy.upstream, timeout=60)
+                try:
+                    self._upstream.request(self.command, self.path, body=body, headers=headers)
+                    return self._upstream.getresponse()
+                except (http.client.HTTPException, OSError):
+                    self._drop_upstream()
+                    if not reused:
+                        raise
+
+        def _drop_upstream(self) -> None:
+            if self._upstream is not None:
+                self._upstream.close()
+                self._upstream = None
+
+        def _stream(self, response: http.client.HTTPResponse, length: int) -> bool:
+            """Copy ``length`` body bytes from upstream to the client; False if upstream sent fewer."""
+            sent = 0
+            while sent < length:
+                block = response.read(min(_chunk_size(proxy.bandwidth), length - sent))
+                if not block:
+                    return False
+                self._send(block)
+                sent += len(block)
+            return True
+
+        def _send(self, data: bytes) -> None:
+            """Write ``data``, paced to the bandwidth cap when there is one (each piece waits for its slot first,
+            so the client's last byte arrives no sooner than bytes / bandwidth after the first)."""
+            view = memoryview(data)
+            step = _chunk_size(proxy.bandwidth)
+            for at in range(0, len(view), step):
+                piece = view[at:at + step]
+                if proxy.bandwidth is not None:
+                    self._pacer.wait(len(piece), proxy.bandwidth, proxy.stopping)
+                self.wfile.write(piece)
 
         def _inject(self, fault: str, path: str) -> None:
             proxy.record(Request(self.command, path, self.headers.get("Range"), 0, 0, fault))
-            if fault in ("503", "500"):
-                code = {"503": "SlowDown", "500": "InternalError"}[fault]
+            if fault in ("503", "500", "403"):
+                code = {"503": "SlowDown", "500": "InternalError", "403": "AccessDenied"}[fault]
                 payload = _ERROR_BODY.format(code=code).encode()
                 self.send_response(int(fault))
                 self.send_header("Content-Type", "application/xml")
@@ -172,6 +384,82 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class ProxyProcess:
+    """The same proxy in a child process (its own GIL), for benchmarks: counters and shaping over a pipe.
+
+    ``python -m tests.s3_server proxy HOST:PORT`` prints its port, then answers one
+    JSON line per JSON line on its standard input (``{"op": "stats"}``,
+    ``{"op": "reset"}``, ``{"op": "configure", "latency": s, "bandwidth": b or null}``), and
+    stops when its standard input closes. No request log (counters only).
+    """
+
+    def __init__(self, upstream: tuple[str, int], *, latency: float = 0.0, bandwidth: float | None = None) -> None:
+        _check_shaping(latency, bandwidth)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH")) if p)
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "tests.s3_server", "proxy", f"{upstream[0]}:{upstream[1]}"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=_ROOT, env=env)
+        line = self._process.stdout.readline()
+        if not line.strip().isdigit():
+            self._process.kill()
+            raise RuntimeError(f"the proxy process did not start (exit {self._process.wait()})")
+        self.upstream = upstream
+        self.endpoint = f"127.0.0.1:{int(line)}"
+        self.pid = self._process.pid
+        self.configure(latency=latency, bandwidth=bandwidth)
+
+    def _call(self, **message: Any) -> dict[str, Any]:
+        self._process.stdin.write(json.dumps(message) + "\n")
+        self._process.stdin.flush()
+        answer = json.loads(self._process.stdout.readline())
+        if "error" in answer:
+            raise ValueError(answer["error"])
+        return answer
+
+    def configure(self, *, latency: float, bandwidth: float | None) -> None:
+        self._call(op="configure", latency=latency, bandwidth=bandwidth)
+
+    def stats(self) -> dict[str, int]:
+        return self._call(op="stats")
+
+    def reset_counters(self) -> None:
+        self._call(op="reset")
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            self._process.stdin.close()
+            try:
+                self._process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+
+
+def _serve_proxy(upstream: str) -> None:
+    """The child of `ProxyProcess`: a `FaultProxy` answering commands on stdin until it closes."""
+    host, port = upstream.rsplit(":", 1)
+    proxy = FaultProxy((host, int(port)), keep_log=False)
+    print(proxy.endpoint.rsplit(":", 1)[1], flush=True)
+    for line in sys.stdin:
+        message = json.loads(line)
+        try:
+            if message["op"] == "stats":
+                answer: dict[str, Any] = proxy.stats()
+            elif message["op"] == "reset":
+                proxy.reset_counters()
+                answer = {}
+            elif message["op"] == "configure":
+                proxy.configure(latency=message["latency"], bandwidth=message["bandwidth"])
+                answer = {"latency": proxy.latency, "bandwidth": proxy.bandwidth}
+            else:
+                answer = {"error": f"unknown op {message['op']!r}"}
+        except ValueError as error:
+            answer = {"error": str(error)}
+        print(json.dumps(answer), flush=True)
+    proxy.close()
+
+
 # Run in a child process (its own GIL, so the server does not slow the loader under test): starts
 # moto's server on a port the OS picks, prints it, and stops when its standard input closes.
 _SERVER_SCRIPT = """
@@ -186,26 +474,63 @@ server.stop()
 """
 
 
-class S3Server:
-    """moto's S3 server on 127.0.0.1 (a free port, in a child process), with a `FaultProxy` in front of it."""
+#: Requests moto serves without authentication when it enforces it: the admin user's creation (`S3Server`).
+_UNAUTHENTICATED_SETUP = 3
 
-    def __init__(self) -> None:
+
+class S3Server:
+    """moto's S3 server on 127.0.0.1 (a free port, in a child process), with a proxy in front of it.
+
+    Args:
+        latency, bandwidth: the proxy's shaping (see `FaultProxy`); `proxy.configure` changes it later.
+        proxy_process: run the proxy in its own process (`ProxyProcess`: counters, no log, no faults)
+            instead of a thread of this one (`FaultProxy`).
+        enforce_auth: requests must be signed with the keys of an IAM user allowed to make them (moto's
+            IAM); the server's own `access_key` / `secret_key` are then an admin's, and `add_user` makes others.
+    """
+
+    def __init__(self, *, latency: float = 0.0, bandwidth: float | None = None, proxy_process: bool = False,
+                 enforce_auth: bool = False) -> None:
+        env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT=str(_UNAUTHENTICATED_SETUP)) if enforce_auth else None
         self._process = subprocess.Popen([sys.executable, "-c", _SERVER_SCRIPT], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, text=True)
+                                         stdout=subprocess.PIPE, text=True, env=env)
         line = self._process.stdout.readline()
         if not line.strip().isdigit():
             self._process.kill()
             raise RuntimeError(f"the S3 test server did not start (exit {self._process.wait()}); it needs "
                                "moto[server], part of audioloader's dev extra")
         upstream = ("127.0.0.1", int(line))
+        self.pid = self._process.pid
         self.direct_endpoint = f"127.0.0.1:{upstream[1]}"
-        self.proxy = FaultProxy(upstream)
+        kind = ProxyProcess if proxy_process else FaultProxy
+        try:
+            self.proxy: Any = kind(upstream, latency=latency, bandwidth=bandwidth)
+        except BaseException:
+            self._stop_server()
+            raise
+        self.access_key = self.secret_key = "testing"
+        if enforce_auth:  # the first requests are served unauthenticated: they make the admin
+            self.access_key, self.secret_key = self.add_user("admin", allowed=True, keys=("testing", "testing"))
+
+    def add_user(self, name: str, allowed: bool, keys: tuple[str, str] | None = None) -> tuple[str, str]:
+        """Make an IAM user (allowed everything, or nothing) and return its ``(access key, secret key)``."""
+        import boto3
+
+        key, secret = keys or (self.access_key, self.secret_key)
+        iam = boto3.client("iam", endpoint_url=f"http://{self.direct_endpoint}", region_name="us-east-1",
+                           aws_access_key_id=key, aws_secret_access_key=secret)
+        iam.create_user(UserName=name)
+        created = iam.create_access_key(UserName=name)["AccessKey"]
+        if allowed:
+            policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+            iam.put_user_policy(UserName=name, PolicyName="everything", PolicyDocument=json.dumps(policy))
+        return created["AccessKeyId"], created["SecretAccessKey"]
 
     def filesystem(self, direct: bool = True, **options: Any) -> pafs.S3FileSystem:
         """An S3 filesystem for this server (uploading goes straight to it, reads through the proxy)."""
-        return pafs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1", scheme="http",
-                                 endpoint_override=self.direct_endpoint if direct else self.proxy.endpoint,
-                                 allow_bucket_creation=True, **options)
+        endpoint = self.direct_endpoint if direct else self.proxy.endpoint
+        return pafs.S3FileSystem(access_key=self.access_key, secret_key=self.secret_key, region="us-east-1",
+                                 scheme="http", endpoint_override=endpoint, allow_bucket_creation=True, **options)
 
     def url(self, path: str, direct: bool = False) -> str:
         """An ``s3://`` URL of ``path`` (bucket/key) read through the proxy (``direct``: straight from the server)."""
@@ -227,6 +552,9 @@ class S3Server:
 
     def close(self) -> None:
         self.proxy.close()
+        self._stop_server()
+
+    def _stop_server(self) -> None:
         self._process.stdin.close()  # the server stops and exits
         try:
             self._process.wait(timeout=30)
@@ -238,3 +566,9 @@ class S3Server:
 #: Environment for the S3 client: static test credentials, and no instance-metadata lookups (no network).
 S3_ENVIRONMENT = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
                   "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["proxy"] or len(sys.argv) != 3:
+        sys.exit("usage: python -m tests.s3_server proxy HOST:PORT")
+    _serve_proxy(sys.argv[2])

@@ -190,7 +190,7 @@ class ArrowShardReader(BaseNode[RawSample]):
     Args:
         source_or_dataset: a `ShardDataset`, or a source for one (folder, glob, file,
             URL or a list of them; see `ShardDataset`).
-        audio_column, label_column, columns, split_rows, filesystem, retry, filter: passed to
+        audio_column, label_column, columns, split_rows, filesystem, retry, filter, cache_dir, cache_limit: passed to
             `ShardDataset` (when a dataset is given they must match it or be left at their defaults).
         seed: seeds the split order of each pass (``shuffle=True``).
         rank, world_size: this process's share; ``None`` takes them from torch.distributed.
@@ -226,7 +226,7 @@ class ArrowShardReader(BaseNode[RawSample]):
                  columns: Sequence[str] = (), seed: int = 0, rank: int | None = 0, world_size: int | None = 1,
                  shuffle: bool = True, infinite: bool = False, split_rows: int = 512, filesystem: Any = None,
                  stats: LoaderStats | None = None, retry: Retry | None = None, filter: Any = None,
-                 interleave: int = 1):
+                 interleave: int = 1, cache_dir: str | None = None, cache_limit: int | None = None):
         super().__init__()
         self.stats = stats
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -237,7 +237,9 @@ class ArrowShardReader(BaseNode[RawSample]):
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.seed, self.shuffle, self.infinite = int(seed), bool(shuffle), bool(infinite)
         self.dataset = self._dataset(source_or_dataset, audio_column, label_column, columns, split_rows, filesystem,
-                                     retry, filter)
+                                     retry, filter, (cache_dir, cache_limit))
+        if stats is not None and self.dataset.cache is not None:
+            self.dataset.cache.report_to(stats)
         self.splits = self._splits_for_world()
         self._eval_assignment = None if self.shuffle else balance_splits(self.splits, self.world_size)
         if self._eval_assignment is not None:
@@ -255,10 +257,12 @@ class ArrowShardReader(BaseNode[RawSample]):
 
     @staticmethod
     def _dataset(source: Any, audio_column: str, label_column: str | None, columns: Sequence[str],
-                 split_rows: int, filesystem: Any, retry: Retry | None, filter: Any) -> ShardDataset:
+                 split_rows: int, filesystem: Any, retry: Retry | None, filter: Any,
+                 cache: tuple[str | None, int | None] = (None, None)) -> ShardDataset:
         if not isinstance(source, ShardDataset):
             return ShardDataset(source, audio_column=audio_column, label_column=label_column, columns=columns,
-                                split_rows=split_rows, filesystem=filesystem, retry=retry, filter=filter)
+                                split_rows=split_rows, filesystem=filesystem, retry=retry, filter=filter,
+                                cache_dir=cache[0], cache_limit=cache[1])
         given = {"audio_column": (audio_column, "audio", source.audio_column),
                  "label_column": (label_column, "label", source.label_column),
                  "columns": (list(columns), [], list(source.columns)),
@@ -267,9 +271,9 @@ class ArrowShardReader(BaseNode[RawSample]):
             if value != default and value != actual:
                 raise ValueError(f"{name}={value!r} differs from the ShardDataset's {actual!r}; "
                                  f"leave {name} out when passing a ShardDataset, or build the dataset with it")
-        if filesystem is not None or retry is not None or filter is not None:
-            raise ValueError("filesystem=, retry= and filter= are for sources; a ShardDataset already has its "
-                             "files (pass them to the ShardDataset)")
+        if filesystem is not None or retry is not None or filter is not None or cache != (None, None):
+            raise ValueError("filesystem=, retry=, filter= and cache_dir= are for sources; a ShardDataset already "
+                             "has its files (pass them to the ShardDataset)")
         return source
 
     def _splits_for_world(self) -> list[Split]:
