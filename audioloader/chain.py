@@ -90,6 +90,8 @@ class Chain:
     batcher: Batcher
     boundaries: list[float] | None  # the bucketing's edges (None without bucketing)
     num_batches: int | None  # eval: batches every rank yields
+    buffer: ShuffleBuffer | None = None  # the shuffle buffer and the bucketer, whose limits a legacy
+    bucketer: DurationBucketer | None = None  # checkpoint sets (`budget.ShuffleSettings.configure`)
 
 
 def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Chain:
@@ -106,17 +108,25 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
     boundaries = bucket_boundaries(settings, sources) if s.batching is not None else None
     num_batches = count_batches(settings, sources, boundaries) if not s.train else None
     decoder = functools.partial(_decoder, settings, sources, stats)
-    buffer = functools.partial(ShuffleBuffer, capacity=s.shuffle.buffer_size, min_size=s.shuffle.min_size,
-                               seed=s.seed, rank=s.storage.rank, stats=stats)
+    held: list[ShuffleBuffer] = []  # the buffer, once made
 
+    def buffer(source: BaseNode, restore: Any) -> ShuffleBuffer:
+        # The byte budget less the readers' lanes, shared with a bucketer after it (`audioloader.budget`).
+        held.append(ShuffleBuffer(source, s.shuffle.buffer_size, s.shuffle.min_size, seed=s.seed, rank=s.storage.rank,
+                                  restore=restore, stats=stats, max_bytes=s.shuffle.buffer_max_bytes,
+                                  min_bytes=s.shuffle.min_bytes, one_pass=s.shuffle.one_pass))
+        return held[0]
+
+    bucketer = None
     if s.batching is not None:  # rows grouped by duration before they are decoded: only a batch's rows decode
         reader = sources.reader
         rows = buffer(reader, restore=reader.fetch) if s.train else reader
-        rows = DurationBucketer(rows, max_duration=s.batching.max_duration, boundaries=boundaries,
-                                max_batch_size=s.batching.max_batch_size, restore=reader.fetch,
-                                drop_last=s.drop_last, stats=stats,
-                                duration_fn=functools.partial(row_seconds, duration_column=sources.duration_column,
-                                                              segments=sources.segments))
+        rows = bucketer = DurationBucketer(
+            rows, max_duration=s.batching.max_duration, boundaries=boundaries,
+            max_batch_size=s.batching.max_batch_size, restore=reader.fetch, drop_last=s.drop_last, stats=stats,
+            duration_fn=functools.partial(row_seconds, duration_column=sources.duration_column,
+                                          segments=sources.segments),
+            max_bytes=s.shuffle.bucketer_max_bytes, distinct=s.shuffle.one_pass)
         samples = decode = decoder(rows)
     elif sources.shuffle_before_decode:  # the buffer holds raw rows
         samples = decode = decoder(buffer(rows, restore=fetch_rows))
@@ -135,7 +145,7 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
             root = BatchAugment(root, s.augmentations, s.features.batch_key)
     elif s.workers.pin_memory and _has_cuda():
         root = PinMemory(root)
-    return Chain(root, decode, batcher, boundaries, num_batches)
+    return Chain(root, decode, batcher, boundaries, num_batches, held[0] if held else None, bucketer)
 
 
 def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: BaseNode) -> DecodeSpectrogram:
@@ -149,7 +159,8 @@ def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: Bas
         augment=s.augmentations, on_error=s.on_error.action, max_error_fraction=s.on_error.max_fraction,
         error_budget_min_rows=s.on_error.min_rows, stats=stats, worker_type=s.workers.kind, fetch=fetch,
         start_method=s.workers.start_method, compute_features=s.device is None, length=length,
-        guard=file_guard(sources.datasets), segments=sources.segments)
+        guard=file_guard(sources.datasets), segments=sources.segments,
+        max_bytes_in_flight=s.shuffle.decode_max_bytes)
 
 
 def _batcher(settings: Settings, sources: Sources, samples: BaseNode, num_batches: int | None,
@@ -190,7 +201,9 @@ def open_sources(source: Any, settings: Settings, stats: LoaderStats) -> Sources
     else:
         sources = _open_one(source if isinstance(source, Source) else Source(source), settings, stats)
     before = settings.shuffle.before_decode
-    sources.shuffle_before_decode = (all(_raw_rows_by_default(r) for r in sources.readers)
+    # With batching the rows are grouped before they are decoded: whatever holds them holds raw rows.
+    sources.shuffle_before_decode = (True if settings.batching is not None else
+                                     all(_raw_rows_by_default(r) for r in sources.readers)
                                      if before is None else bool(before))
     stats.shuffle.configure([_split_rows_of(reader) for reader in sources.readers],
                             sources.mix.weights if sources.mix is not None else [1.0], settings.batch_size)
@@ -373,8 +386,13 @@ def bucket_boundaries(settings: Settings, sources: Sources) -> list[float]:
     kept = reader.dataset.kept_indices()
     n = len(kept)
     picks = kept[np.unique(np.linspace(0, n - 1, min(n, settings.batching.estimate_rows)).round().astype(np.int64))]
-    rows = reader.fetch([Key(int(i), 0) for i in picks])
-    return estimate_boundaries((sources.seconds_of(r) for r in rows), settings.batching.num_buckets)
+    seconds: list[Any] = [None] * len(picks)
+    if sources.duration_column is not None and sources.segments is None:  # no audio read before the first batch
+        seconds = reader.dataset.read_column(sources.duration_column, picks.tolist())
+    missing = [k for k, value in enumerate(seconds) if value is None]
+    for k, row in zip(missing, reader.fetch([Key(int(picks[k]), 0) for k in missing]), strict=True):
+        seconds[k] = sources.seconds_of(row)
+    return estimate_boundaries((float(x) for x in seconds), settings.batching.num_buckets)
 
 
 def count_batches(settings: Settings, sources: Sources, boundaries: list[float] | None) -> int:

@@ -69,6 +69,9 @@ def _newer_fields(settings: Any, sources: Any, boundaries: list[float] | None) -
         extra["filter"] = str(sources.readers[0].dataset.filter)
     if s.shuffle.interleave > 1:
         extra["interleave"] = s.shuffle.interleave
+    memory = s.shuffle.fingerprint()
+    if memory is not None:  # a checkpoint without it was taken before byte budgets (budget.LEGACY_TRAIN)
+        extra["memory"] = memory
     tables = [[r.dataset.table.table, r.dataset.table.snapshot_id] for r in sources.readers if r.dataset.table]
     if tables:
         extra["iceberg"] = tables  # [table, snapshot id] per Iceberg source: a resume reads the same snapshot

@@ -20,7 +20,7 @@ from ..dsp.augment_math import change_speed
 from ..dsp.config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, Segments, check_features
 from ..dsp.features import compute_features, prepare
 from ..errors import DecodeError, ErrorBudgetExceeded
-from ..samples import BadRow, BatchEnd, Key, RawSample, Sample
+from ..samples import BadRow, BatchEnd, Key, RawSample, Sample, held_bytes
 from ..stats import MAX_REPORTED_BAD_ROWS, LoaderStats
 from ..workers import memory
 from ..workers.threads import pin_worker_to_one_thread
@@ -288,6 +288,9 @@ class DecodeSpectrogram(BaseNode[Sample]):
         length: one `LengthPolicy`, or one per source of a mix (indexed by ``Key.source``).
         segments: `Segments`: each row is the window of its audio named by two of its
             extra columns (the source must read them), decoded alone (None: whole rows).
+        max_bytes_in_flight: hand out no further chunk while the rows in flight hold this many bytes
+            (`held_bytes`; at least one chunk is always in flight); None: ``num_workers`` x 2 chunks whatever
+            they weigh. The bytes in flight are reported in ``stats()["memory"]["decode_in_flight"]``.
 
     State: ``{"mapper": <ParallelMap state>, "rows_seen": n, "bad_rows": k}``;
     the same for every ``num_workers`` and ``worker_type``.
@@ -304,7 +307,8 @@ class DecodeSpectrogram(BaseNode[Sample]):
                  worker_type: str = "thread", fetch: Fetch | None = None, start_method: str | None = None,
                  chunk_size: int | None = None, compute_features: bool = True,
                  length: LengthPolicy | Sequence[LengthPolicy] = DEFAULT_LENGTH,
-                 guard: Callable[[str], None] | None = None, segments: Segments | None = None) -> None:
+                 guard: Callable[[str], None] | None = None, segments: Segments | None = None,
+                 max_bytes_in_flight: int | None = None) -> None:
         super().__init__()
         if segments is not None and not isinstance(segments, Segments):
             raise TypeError(f"segments must be a Segments or None, got {type(segments).__name__}")
@@ -334,7 +338,8 @@ class DecodeSpectrogram(BaseNode[Sample]):
                                       segments=segments)
         self._mapper = ParallelMap(source, self._decoder, num_workers=self.num_workers, backend=worker_type,
                                    chunk_size=chunk_size, start_method=start_method, stats=self.stats,
-                                   thread_initializer=self._pin_thread, what="decode worker")
+                                   thread_initializer=self._pin_thread, what="decode worker", size_fn=held_bytes,
+                                   max_bytes_in_flight=max_bytes_in_flight)
         self._rows_seen = 0
         self._bad_rows = 0
         self._reports: deque[dict[str, Any]] = deque(maxlen=MAX_REPORTED_BAD_ROWS)
