@@ -7,8 +7,9 @@
 from .audio_loader import AudioLoader
 from .dsp.augment import AddNoise, Gain, Mixup, Reverb, SpecAugment, SpeedPerturb
 from .dsp.augment_math import mixup_targets
-from .dsp.config import FbankConfig, LengthPolicy, MelSpectrogramConfig, WaveformConfig
+from .dsp.config import FbankConfig, LengthPolicy, MelSpectrogramConfig, Segments, WaveformConfig
 from .errors import (
+    AccessDeniedError,
     AudioLoaderError,
     CheckpointMismatchError,
     DecodeError,
@@ -26,6 +27,7 @@ from .shards.writer import ShardWriter
 __version__ = "0.1.0"
 
 __all__ = [
+    "AccessDeniedError",
     "AddNoise",
     "AudioLoader",
     "AudioLoaderError",
@@ -49,6 +51,7 @@ __all__ = [
     "Reverb",
     "Sample",
     "SchemaError",
+    "Segments",
     "ShardDataset",
     "ShardReadError",
     "ShardWriter",

@@ -52,6 +52,8 @@ def _newer_fields(settings: Any, sources: Any, boundaries: list[float] | None) -
     if s.batching is not None:
         extra["batching"] = {**s.batching.to_dict(), "boundaries": boundaries,
                              "duration_column": sources.duration_column}
+    if sources.segments is not None:
+        extra["segments"] = sources.segments.to_dict()
     if sources.mix is not None:
         # world_size here too: resuming a mix on another number of ranks is refused by name
         # (elastic resume redistributes one source's rows; a mix's draws are per rank).
@@ -67,6 +69,9 @@ def _newer_fields(settings: Any, sources: Any, boundaries: list[float] | None) -
         extra["filter"] = str(sources.readers[0].dataset.filter)
     if s.shuffle.interleave > 1:
         extra["interleave"] = s.shuffle.interleave
+    memory = s.shuffle.fingerprint()
+    if memory is not None:  # a checkpoint without it was taken before byte budgets (budget.LEGACY_TRAIN)
+        extra["memory"] = memory
     tables = [[r.dataset.table.table, r.dataset.table.snapshot_id] for r in sources.readers if r.dataset.table]
     if tables:
         extra["iceberg"] = tables  # [table, snapshot id] per Iceberg source: a resume reads the same snapshot
@@ -162,22 +167,31 @@ def _check_snapshots(theirs: list[list[Any]] | None, ours: list[list[Any]] | Non
 def _changed_files(dataset: ShardDataset, theirs: dict[str, Any], ours: dict[str, Any]) -> list[str]:
     """One line per file of ``dataset`` whose identity changed from ``theirs`` (checkpoint) to ``ours``.
 
-    The metadata digest must match; where the data is still at the same location
-    (not copied elsewhere, which resets modification times) so must the
-    modification time.
+    The metadata digest must match. Where the data is still at the same location (not
+    copied elsewhere, which resets modification times and may change ETags) so must the
+    object's ETag where both sides know it, else the modification time (S3's has 1 s
+    resolution: a rewrite in the second of the upload keeps it; the ETag does not).
+    Checkpoints from before ETags have none: their modification times are compared.
     """
     in_place = theirs.get("location") == ours["location"]
+    no_etags = [None] * len(dataset.files)
     changed = []
-    for f, digest, mtime, their_digest, their_mtime in zip(
-            dataset.files, ours["digests"], ours["mtimes"], theirs["digests"], theirs["mtimes"], strict=True):
+    for f, digest, mtime, etag, their_digest, their_mtime, their_etag in zip(
+            dataset.files, ours["digests"], ours["mtimes"], ours.get("etags", no_etags), theirs["digests"],
+            theirs["mtimes"], theirs.get("etags", no_etags), strict=True):
         if digest != their_digest:
             changed.append(f"  {f.path}: its metadata differs (footer / schema / batch layout digest "
                            f"{their_digest} -> {digest}) with the same name, size and rows")
-        elif in_place and mtime != their_mtime and None not in (mtime, their_mtime):
+        elif not in_place:
+            continue
+        elif None not in (etag, their_etag):
+            if etag != their_etag:
+                changed.append(f"  {f.path}: rewritten in place (ETag {their_etag} -> {etag}; modification time "
+                               f"{_when(their_mtime)} -> {_when(mtime)}) with the same name, size and rows")
+        elif mtime != their_mtime and None not in (mtime, their_mtime):
             changed.append(f"  {f.path}: rewritten in place (modification time {_when(their_mtime)} -> "
                            f"{_when(mtime)}) with the same name, size and rows")
     return changed
-
 
 
 def _identity_of(dataset: ShardDataset) -> dict[str, Any]:

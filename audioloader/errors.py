@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+# A URL's user-info ("key:secret@") and query string ("?access_key=...&token=...") may hold credentials.
+_USER_INFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#@\s'\"]*@")
+_QUERY = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://[^?#\s'\"]*)[?#][^\s'\"]*")
+
+
+def redacted(text: str) -> str:
+    """``text`` (a URL, or a message holding URLs) with each URL's user-info and query string left out.
+
+    Errors, logs, stats and checkpoints show URLs this way: ``s3://key:secret@bucket/a?token=x`` -> ``s3://bucket/a``.
+    """
+    return _QUERY.sub(r"\1", _USER_INFO.sub(r"\1", text))
 
 
 class AudioLoaderError(Exception):
@@ -15,6 +28,10 @@ class SchemaError(AudioLoaderError, ValueError):
 
 class ShardReadError(AudioLoaderError, OSError):
     """A shard file cannot be opened or read (not Arrow/Parquet, truncated, unreadable)."""
+
+
+class AccessDeniedError(ShardReadError, PermissionError):
+    """The storage refused the request (HTTP 401/403: credentials, permissions, region or endpoint); not retried."""
 
 
 class DecodeError(AudioLoaderError):

@@ -8,9 +8,10 @@ in-process it also logs it (method, object, ``Range`` header, status, body
 bytes), so tests can prove what was read. It shapes the traffic like a remote
 store: ``latency`` seconds are waited before each request is forwarded (an S3
 GET's time to the first byte is 20-100 ms), and ``bandwidth`` bytes/s caps each
-connection's response bodies. It can answer with an HTTP 503 or 500, reset the
-connection, or stall (send nothing until the client gives up), a given number of
-times for matching requests.
+connection's response bodies. It can answer with an HTTP 503 or 500, refuse
+access (403 AccessDenied), reset the connection, or stall (send nothing until the
+client gives up), a given number of times for matching requests. The server can also enforce real authentication
+(moto's IAM: unknown keys, wrong secrets and users without a policy are refused).
 
 Tests use `FaultProxy` in their own process. A benchmark runs the same proxy in
 a child process (`ProxyProcess`, ``python -m tests.s3_server proxy HOST:PORT``)
@@ -40,7 +41,7 @@ import pyarrow.fs as pafs
 #: Longest a stalled response waits for the client to give up (the proxy's stop also ends it).
 STALL_CAP_SECONDS = 30.0
 
-FAULTS = ("503", "500", "reset", "stall")
+FAULTS = ("503", "500", "403", "reset", "stall")
 
 _ERROR_BODY = ('<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>injected by the test '
                'proxy</Message></Error>')
@@ -362,8 +363,8 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
 
         def _inject(self, fault: str, path: str) -> None:
             proxy.record(Request(self.command, path, self.headers.get("Range"), 0, 0, fault))
-            if fault in ("503", "500"):
-                code = {"503": "SlowDown", "500": "InternalError"}[fault]
+            if fault in ("503", "500", "403"):
+                code = {"503": "SlowDown", "500": "InternalError", "403": "AccessDenied"}[fault]
                 payload = _ERROR_BODY.format(code=code).encode()
                 self.send_response(int(fault))
                 self.send_header("Content-Type", "application/xml")
@@ -473,6 +474,10 @@ server.stop()
 """
 
 
+#: Requests moto serves without authentication when it enforces it: the admin user's creation (`S3Server`).
+_UNAUTHENTICATED_SETUP = 3
+
+
 class S3Server:
     """moto's S3 server on 127.0.0.1 (a free port, in a child process), with a proxy in front of it.
 
@@ -480,11 +485,15 @@ class S3Server:
         latency, bandwidth: the proxy's shaping (see `FaultProxy`); `proxy.configure` changes it later.
         proxy_process: run the proxy in its own process (`ProxyProcess`: counters, no log, no faults)
             instead of a thread of this one (`FaultProxy`).
+        enforce_auth: requests must be signed with the keys of an IAM user allowed to make them (moto's
+            IAM); the server's own `access_key` / `secret_key` are then an admin's, and `add_user` makes others.
     """
 
-    def __init__(self, *, latency: float = 0.0, bandwidth: float | None = None, proxy_process: bool = False) -> None:
+    def __init__(self, *, latency: float = 0.0, bandwidth: float | None = None, proxy_process: bool = False,
+                 enforce_auth: bool = False) -> None:
+        env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT=str(_UNAUTHENTICATED_SETUP)) if enforce_auth else None
         self._process = subprocess.Popen([sys.executable, "-c", _SERVER_SCRIPT], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, text=True)
+                                         stdout=subprocess.PIPE, text=True, env=env)
         line = self._process.stdout.readline()
         if not line.strip().isdigit():
             self._process.kill()
@@ -499,12 +508,29 @@ class S3Server:
         except BaseException:
             self._stop_server()
             raise
+        self.access_key = self.secret_key = "testing"
+        if enforce_auth:  # the first requests are served unauthenticated: they make the admin
+            self.access_key, self.secret_key = self.add_user("admin", allowed=True, keys=("testing", "testing"))
+
+    def add_user(self, name: str, allowed: bool, keys: tuple[str, str] | None = None) -> tuple[str, str]:
+        """Make an IAM user (allowed everything, or nothing) and return its ``(access key, secret key)``."""
+        import boto3
+
+        key, secret = keys or (self.access_key, self.secret_key)
+        iam = boto3.client("iam", endpoint_url=f"http://{self.direct_endpoint}", region_name="us-east-1",
+                           aws_access_key_id=key, aws_secret_access_key=secret)
+        iam.create_user(UserName=name)
+        created = iam.create_access_key(UserName=name)["AccessKey"]
+        if allowed:
+            policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+            iam.put_user_policy(UserName=name, PolicyName="everything", PolicyDocument=json.dumps(policy))
+        return created["AccessKeyId"], created["SecretAccessKey"]
 
     def filesystem(self, direct: bool = True, **options: Any) -> pafs.S3FileSystem:
         """An S3 filesystem for this server (uploading goes straight to it, reads through the proxy)."""
-        return pafs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1", scheme="http",
-                                 endpoint_override=self.direct_endpoint if direct else self.proxy.endpoint,
-                                 allow_bucket_creation=True, **options)
+        endpoint = self.direct_endpoint if direct else self.proxy.endpoint
+        return pafs.S3FileSystem(access_key=self.access_key, secret_key=self.secret_key, region="us-east-1",
+                                 scheme="http", endpoint_override=endpoint, allow_bucket_creation=True, **options)
 
     def url(self, path: str, direct: bool = False) -> str:
         """An ``s3://`` URL of ``path`` (bucket/key) read through the proxy (``direct``: straight from the server)."""

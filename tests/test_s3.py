@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 import audioloader as al
@@ -158,3 +160,71 @@ def test_filter_on_s3_never_requests_pruned_row_groups(s3, tmp_path):
                 start = min(o for o in (chunk.dictionary_page_offset, chunk.data_page_offset) if o is not None)
                 stop = start + chunk.total_compressed_size
                 assert not any(lo < stop and start <= hi for lo, hi in spans), (path.name, group, c)
+
+
+def test_access_refused_mid_pass_is_raised_after_one_request(s3, shards):
+    _, prefix = shards["parquet"]
+    with loader_for(s3.url(prefix), train=False) as loader:
+        s3.proxy.clear()
+        s3.proxy.inject("403", 100, path=f"/{prefix}/part-00001")
+        try:
+            with pytest.raises(al.AccessDeniedError) as info:
+                list(loader)
+            refused = [r for r in s3.proxy.requests if r.fault]
+        finally:
+            s3.proxy.clear()
+    assert len(refused) == 1, refused  # FAST allows 4 attempts: a refusal takes none of them
+    message = str(info.value)
+    assert f"of shard s3://{prefix}/part-00001.parquet was refused by the storage" in message, message
+    assert "ACCESS_DENIED" in message and "credentials" in message
+
+
+def flip_audio_bytes(path, row: int, count: int = 64) -> None:
+    """Flip ``count`` bytes inside row ``row``'s audio samples of an IPC shard, in place: same size, same footer."""
+    import pyarrow as pa
+
+    audio = pa.ipc.open_file(pa.memory_map(str(path))).read_all().column("audio")[row].as_py()
+    data = bytearray(path.read_bytes())
+    start = data.find(audio) + len(audio) // 2  # past the WAV header, in the samples
+    data[start:start + count] = bytes(b ^ 0xFF for b in data[start:start + count])
+    path.write_bytes(bytes(data))
+
+
+def test_a_same_size_rewrite_in_the_same_second_is_refused_by_its_etag(s3, tmp_path):
+    # Issue 19: S3's modification times have 1 s resolution; a shard rewritten in the second it was uploaded
+    # (64 bytes flipped, same size, same footer) resumed silently on the changed data.
+    make_shards(tmp_path, [12, 12], "ipc_file", batch_rows=4, seconds=0.4)
+    s3.upload(tmp_path, "shards/rewritten")
+    url = s3.url("shards/rewritten")
+    with loader_for(url) as loader:
+        take(loader, 2)
+        state = loader.state_dict()
+    flip_audio_bytes(tmp_path / "part-00001.arrow", row=5)
+    with s3.filesystem().open_output_stream("shards/rewritten/part-00001.arrow") as out:
+        out.write((tmp_path / "part-00001.arrow").read_bytes())
+    with loader_for(url) as resumed:
+        ours = resumed._fingerprint["file_identity"]
+        assert ours["digests"] == state["fingerprint"]["file_identity"]["digests"]  # the footer is the same
+        same_second = copy.deepcopy(state)
+        same_second["fingerprint"]["file_identity"]["mtimes"] = ours["mtimes"]  # as if within the same second
+        for checkpoint in (state, same_second):
+            with pytest.raises(al.CheckpointMismatchError) as info:
+                resumed.load_state_dict(checkpoint)
+            message = str(info.value)
+            assert "s3://shards/rewritten/part-00001.arrow: rewritten in place (ETag" in message, message
+            assert "part-00000" not in message
+
+
+def test_checkpoints_without_etags_still_resume_exactly(s3, shards):
+    _, prefix = shards["ipc_file"]
+    url = s3.url(prefix)
+    with loader_for(url) as loader:
+        reference = take(loader, 5)
+    with loader_for(url) as first:
+        head = take(first, 2)
+        state = first.state_dict()
+    assert all(etag and etag.startswith("ETag:") for etag in state["fingerprint"]["file_identity"]["etags"])
+    del state["fingerprint"]["file_identity"]["etags"]  # as saved before ETags were fingerprinted
+    with loader_for(url) as resumed:
+        resumed.load_state_dict(state)
+        assert_same_batches(head + take(resumed, 3), reference)

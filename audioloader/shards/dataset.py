@@ -16,8 +16,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..errors import ShardReadError
+from .cache import ObjectCache, parse_bytes
 from .filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
-from .formats import _cheapest_column, _FileMeta, _open_random, _scan_all, listed_meta
+from .formats import _cheapest_column, _FileMeta, _open_random, _scan_all, cache_identity, listed_meta
 from .readers import _audio_values, _ConformedHandle, _IpcFileHandle, _IpcStreamHandle, _OrcHandle, _ParquetHandle
 from .retry import DEFAULT_RETRY, Retry, with_retries
 from .schema import _check_schema, _label_names, check_columns, unify
@@ -110,6 +111,9 @@ class ShardDataset:
             pruned by their partition values and column bounds, Parquet row groups
             pruned by statistics, then the filter's columns read and evaluated, at
             construction). Rows keep their global index.
+        cache_dir, cache_limit: a local cache of remote files (`cache.ObjectCache`): each remote
+            file is downloaded whole into ``cache_dir`` on its first read and read from there,
+            memory-mapped, like a local file; at most ``cache_limit`` bytes (None: no limit).
 
     Attributes:
         files: the `ShardFile` list, sorted by path.
@@ -138,18 +142,25 @@ class ShardDataset:
 
     def __init__(self, source: Any, *, audio_column: str = "audio", label_column: str | None = "label",
                  columns: Sequence[str] = (), split_rows: int = 512, filesystem: Any = None,
-                 retry: Retry | None = None, filter: Any = None):
+                 retry: Retry | None = None, filter: Any = None, cache_dir: str | None = None,
+                 cache_limit: int | None = None):
         self.audio_column, self.label_column = audio_column, label_column
         self.columns = self._check_arguments(audio_column, label_column, columns, split_rows, filesystem)
         self.split_rows = split_rows
         self.retry = _check_retry(retry)
+        self.cache_dir = cache_dir
+        self.cache_limit = None if cache_limit is None else parse_bytes(cache_limit, "cache_limit")
         self.table: TableSnapshot | None = None
         if isinstance(source, IcebergTable):
             self.table, self._locations = resolve_iceberg(source, filesystem, self.retry, guarantees=filter is not None)
         else:
             self._locations = resolve_source(source, filesystem, self.retry)
         self._pruned = self._pruned_by_table(filter)
+        self.cache = self._open_cache()
         metas = self._scan()
+        if self.cache is not None:
+            self.cache.check_holds([(m.size, loc.path) for loc, m in zip(self._locations, metas, strict=True)
+                                    if loc.fs is not None])
         self._unified = self._unify_schemas(metas)
         self._metas = metas
         self.files = self._make_files(metas)
@@ -208,9 +219,16 @@ class ShardDataset:
                              "column bounds rule it out; loosen it or read another table")
         return pruned
 
+    def _open_cache(self) -> ObjectCache | None:
+        """The local cache of remote files, when ``cache_dir`` is set and some file is remote."""
+        if self.cache_dir is None or all(loc.fs is None for loc in self._locations):
+            return None
+        return ObjectCache(self.cache_dir, self.cache_limit, self.retry)
+
     def _scan(self) -> list[_FileMeta]:
         """Every file's metadata: scanned, or what its table says for a file a filter pruned (it is never opened)."""
-        scanned = iter(_scan_all([loc for i, loc in enumerate(self._locations) if i not in self._pruned], self.retry))
+        scanned = iter(_scan_all([loc for i, loc in enumerate(self._locations) if i not in self._pruned], self.retry,
+                                 self.cache))
         return [listed_meta(loc.listed) if i in self._pruned else next(scanned)
                 for i, loc in enumerate(self._locations)]
 
@@ -263,8 +281,8 @@ class ShardDataset:
             for unit in units:
                 def read(unit: int = unit) -> list[pa.RecordBatch]:
                     nonlocal handle
-                    if handle is None:
-                        handle = self._open_handle(file_id, columns)
+                    if handle is None:  # not downloaded into a cache for this: a filter may keep few of its rows
+                        handle = self._open_handle(file_id, columns, download=False)
                     return handle.unit(unit)
 
                 def forget() -> None:
@@ -337,13 +355,24 @@ class ShardDataset:
         IPC stream message header, the Parquet footer (schema, row groups, column
         chunk sizes and statistics), or the ORC file tail (postscript and footer:
         schema, stripes and their sizes and rows, statistics). ``mtimes``: modification times in ns (None where
-        the storage has none). Computed from bytes read anyway: costs no extra read.
+        the storage has none). ``etags`` (only when a file has one): each remote object's ETag or version
+        (`identity.object_identity`; None for local files and where the storage reports none). Computed from
+        what construction reads anyway: costs no extra request.
         """
-        return {"digests": [m.digest for m in self._metas], "mtimes": [m.mtime_ns for m in self._metas]}
+        identity: dict[str, list[Any]] = {"digests": [m.digest for m in self._metas],
+                                          "mtimes": [m.mtime_ns for m in self._metas]}
+        if any(m.etag is not None for m in self._metas):  # local datasets' checkpoints stay as they were
+            identity["etags"] = [m.etag for m in self._metas]
+        return identity
 
     def is_remote(self, file_id: int) -> bool:
         """Whether a file is read through a remote filesystem (its rows are copies, not memory-map views)."""
         return self._locations[file_id].fs is not None
+
+    def is_memory_mapped(self, file_id: int) -> bool:
+        """Whether a file's audio values are views of a memory map (a local Arrow IPC file or stream), which
+        cost page cache, not process memory; a Parquet or ORC unit is decompressed into process memory."""
+        return self.files[file_id].format in ("ipc_file", "ipc_stream") and not self.is_remote(file_id)
 
     def check_unchanged(self, file_id: int) -> None:
         """Raise `ShardReadError` naming the file if a local shard's size or modification time changed.
@@ -386,7 +415,7 @@ class ShardDataset:
             return handle
         handle = self._open_handle(file_id)
         cache[file_id] = handle
-        local = self._locations[file_id].fs is None
+        local = self._locations[file_id].fs is None or self.cache is not None  # cached copies hold a descriptor
         if len(cache) > (_HANDLES_PER_THREAD if local else _REMOTE_HANDLES_PER_THREAD):
             cache.popitem(last=False)[1].close()
         return handle
@@ -398,8 +427,11 @@ class ShardDataset:
         if handle is not None:
             handle.close()
 
-    def _open_handle(self, file_id: int, columns: Sequence[str] | None = None) -> Any:
-        """A handle reading ``columns`` (default: the used ones) of a file, in the unified schema's types."""
+    def _open_handle(self, file_id: int, columns: Sequence[str] | None = None, download: bool = True) -> Any:
+        """A handle reading ``columns`` (default: the used ones) of a file, in the unified schema's types.
+
+        ``download``: a remote file not yet in the cache is downloaded into it (else read remotely).
+        """
         meta = self._metas[file_id]
         if meta.schema is None:
             raise IndexError(f"{self.files[file_id].path} was pruned by the filter (its table metadata rules it "
@@ -408,31 +440,47 @@ class ShardDataset:
         target = pa.schema([self.schema.field(c) for c in columns])
         present = [c for c in columns if c in meta.schema.names]
         # A file with none of the columns still reads one, for its rows' count (ORC gives no rows for no columns).
-        handle = self._open_format_handle(file_id, present or [_cheapest_column(meta.schema)])
+        handle = self._open_format_handle(file_id, present or [_cheapest_column(meta.schema)], download)
         if present != columns or any(meta.schema.field(c).type != target.field(c).type for c in present):
             return _ConformedHandle(handle, target)  # schema evolution: missing columns, narrower types
         return handle
 
-    def _open_format_handle(self, file_id: int, columns: list[str]) -> Any:
+    def _open_format_handle(self, file_id: int, columns: list[str], download: bool = True) -> Any:
         loc, meta = self._locations[file_id], self._metas[file_id]
-        f = _open_random(loc)
+        f = self._cached_copy(file_id, download)
+        local = loc.fs is None or f is not None  # a cached copy is read like a local file: memory-mapped
+        f = f if f is not None else _open_random(loc, mapped=meta.format in ("ipc_file", "ipc_stream"))
+        tail = None if local else meta.tail
         try:
             if f.size() != meta.size:
                 raise ShardReadError(f"shard {loc.path} changed after the loader was built: it has {f.size()} "
                                      f"bytes, {meta.size} when it was scanned. Do not rewrite shards while a loader "
                                      "reads them; build the loader again to read the new content")
             if meta.format == "ipc_file":
-                return _IpcFileHandle(f, meta.schema, columns, loc.fs is None, meta.tail)
+                return _IpcFileHandle(f, meta.schema, columns, local, tail)
             if meta.format == "ipc_stream":
                 return _IpcStreamHandle(f, meta.schema, meta.offsets or (), columns)
             if meta.format == "orc":
-                return _OrcHandle(f, columns, meta.tail)
+                return _OrcHandle(f, columns, tail)
             return _ParquetHandle(f, columns, meta.parquet_metadata)
         except (OSError, pa.ArrowException) as error:
             f.close()
             if isinstance(error, ShardReadError) or loc.fs is not None:  # remote: for with_retries to judge
                 raise
             raise ShardReadError(f"cannot open shard {loc.path}: {error}") from error
+
+    def _cached_copy(self, file_id: int, download: bool = True) -> Any:
+        """A memory map of a remote file's copy in the cache (downloaded first if needed and ``download``), or
+        None: no cache, a local file, no copy and not ``download``, or a remote file whose storage reports
+        neither an ETag nor a modification time (its copy could not be told from a changed object's)."""
+        loc, meta = self._locations[file_id], self._metas[file_id]
+        identity = cache_identity(meta)
+        if self.cache is None or loc.fs is None or identity is None:
+            return None
+        if not download:
+            found = self.cache.lookup(loc, meta.size, identity)
+            return None if found is None else found[1]
+        return self.cache.open(loc, meta.size, identity)
 
     def _read_unit(self, file_id: int, unit: int) -> list[pa.RecordBatch]:
         """One record batch / row group; remote reads are retried (`with_retries`), local files checked first."""
@@ -560,6 +608,41 @@ class ShardDataset:
                 batch, at = _batch_at(batches, row - unit_start)
                 out[k] = self._row_from(batch.slice(at, 1), file_id, row)
         return out  # type: ignore[return-value]
+
+    def read_column(self, name: str, indices: Sequence[int]) -> list[Any]:
+        """The values of column ``name`` at global row ``indices``, in that order, reading that column only
+        (e.g. the durations that estimate the bucket edges: no audio is read)."""
+        located = [self.locate(i) for i in indices]
+        wanted: dict[int, dict[int, list[int]]] = {}
+        for k, (file_id, row) in enumerate(located):
+            unit = bisect.bisect_right(self._unit_starts[file_id], row) - 1
+            wanted.setdefault(file_id, {}).setdefault(unit, []).append(k)
+        out: list[Any] = [None] * len(located)
+        for file_id, units in sorted(wanted.items()):
+            for unit, values in self._column_units(file_id, name, sorted(units)):
+                start = self._unit_starts[file_id][unit]
+                for k in units[unit]:
+                    out[k] = values[located[k][1] - start]
+        return out
+
+    def _column_units(self, file_id: int, name: str, units: list[int]) -> Iterator[tuple[int, list[Any]]]:
+        """``(unit, values)`` of one column of a file's ``units``, through one handle reading only that column."""
+        handle = None
+
+        def read(unit: int) -> list[pa.RecordBatch]:
+            nonlocal handle
+            if handle is None:
+                handle = self._open_handle(file_id, [name])
+            return handle.unit(unit)
+
+        try:
+            for unit in units:
+                batches = self._remote_or_local(file_id, f"column {name!r} of batch/row group {unit}",
+                                                lambda unit=unit: read(unit))
+                yield unit, [v for batch in batches for v in batch.column(name).to_pylist()]
+        finally:
+            if handle is not None:
+                handle.close()
 
     def _row_from(self, one_row: pa.RecordBatch, file_id: int, row: int) -> ShardRow:
         cols = self.columns_of(one_row)

@@ -3,7 +3,9 @@
 Every read of a remote shard (listing, footer scan, a record batch or row group)
 goes through `with_retries`: a failed attempt is retried after a capped
 exponential backoff with jitter, and after the last attempt a `ShardReadError`
-names the object, the attempts and the last error. A read is all or nothing (a
+names the object, the attempts and the last error. A refused request (credentials,
+permissions: `is_access_refused`) is never retried: it raises `AccessDeniedError`
+at once, saying what to check. A read is all or nothing (a
 whole record batch / row group, or a whole footer scan), so a retry can neither
 lose nor duplicate a row. Local files are never retried: their errors are not
 transient.
@@ -16,6 +18,7 @@ randomness (which is a pure function of the seed and the keys).
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -24,7 +27,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from ..errors import ShardReadError
+from ..errors import AccessDeniedError, ShardReadError, redacted
 
 T = TypeVar("T")
 
@@ -71,19 +74,64 @@ class Retry:
 DEFAULT_RETRY = Retry()
 
 
+# Error codes of a refused request, as S3 (and S3-compatible stores) send them, as pyarrow's S3 filesystem writes
+# them (the AWS SDK's enum names), as GCS (google-cloud-cpp) and Azure write them. None of them passes by waiting.
+_REFUSED_CODES = re.compile(r"\b(?:" + "|".join((
+    "AccessDenied", "AllAccessDisabled", "AccountProblem", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+    "ExpiredToken", "InvalidToken", "TokenRefreshRequired", "RequestExpired", "InvalidClientTokenId",
+    "MissingAuthenticationToken", "UnrecognizedClientException", "RequestTimeTooSkewed",
+    "ACCESS_DENIED", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "INVALID_CLIENT_TOKEN_ID",
+    "MISSING_AUTHENTICATION_TOKEN", "REQUEST_EXPIRED", "UNRECOGNIZED_CLIENT", "INVALID_SIGNATURE",
+    "INCOMPLETE_SIGNATURE", "REQUEST_TIME_TOO_SKEWED",
+    "PERMISSION_DENIED", "UNAUTHENTICATED",
+    "AuthenticationFailed", "AuthorizationFailure", "AuthorizationPermissionMismatch",
+    "InsufficientAccountPermissions")) + r")\b")
+# An HTTP status in the text: "HTTP status 403" (pyarrow, for a code the SDK does not know), "HTTP response
+# code: 403", "status code 401", "403, message='Forbidden'" (aiohttp, under fsspec's http).
+_REFUSED_STATUS = re.compile(r"(?:\b(?:HTTP|status|response code)\D{0,12}\b40[13]\b|\b40[13], message=)", re.IGNORECASE)
+_EXPIRED_TOKEN = re.compile(r"\btoken (?:has|is) expired\b", re.IGNORECASE)  # S3's ExpiredToken, as message only
+
+
+def is_access_refused(error: BaseException) -> bool:
+    """Whether the storage refused a request: credentials, permissions, or a region / endpoint that is not theirs.
+
+    By type (``PermissionError``: s3fs, gcsfs, local files; a ``code`` or ``status`` attribute of 401 / 403:
+    HTTP clients) or by the error codes and statuses the storage clients write into their messages.
+    """
+    if isinstance(error, PermissionError):
+        return True
+    for attribute in ("code", "status", "status_code"):
+        if getattr(error, attribute, None) in (401, 403):
+            return True
+    text = str(error)
+    return bool(_REFUSED_CODES.search(text) or _REFUSED_STATUS.search(text) or _EXPIRED_TOKEN.search(text))
+
+
 def is_transient(error: BaseException) -> bool:
     """Whether a failed remote read may succeed when tried again.
 
-    Missing objects, refused permissions and our own checks (`ShardReadError`:
+    Missing objects, refused access (`is_access_refused`) and our own checks (`ShardReadError`:
     a shard that changed) are final; other I/O errors (HTTP 5xx, resets,
     timeouts) and short reads that break parsing are worth another try.
     """
-    if isinstance(error, (ShardReadError, FileNotFoundError, PermissionError)):
+    if isinstance(error, (ShardReadError, FileNotFoundError)) or is_access_refused(error):
         return False
     text = str(error)
-    if "AccessDenied" in text or "HTTP response code: 403" in text or "NoSuchKey" in text or "NoSuchBucket" in text:
+    if "NoSuchKey" in text or "NoSuchBucket" in text or "NO_SUCH_KEY" in text or "NO_SUCH_BUCKET" in text:
         return False
     return isinstance(error, (OSError, EOFError, pa.ArrowInvalid))
+
+
+def refused(error: BaseException, what: str) -> AccessDeniedError:
+    """The `AccessDeniedError` for ``error``, a refused read of ``what``: what to check, no secrets shown."""
+    said = redacted(str(error).strip().rstrip("."))
+    return AccessDeniedError(
+        f"access to {redacted(what)} was refused by the storage: {said}. This is not retried. Check the "
+        "credentials the storage client finds (for S3: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, "
+        "AWS_PROFILE and ~/.aws/credentials, or the instance's / pod's role; a session token may have expired), that "
+        "the bucket policy or the role allows reading the objects (s3:GetObject) and listing the prefix "
+        "(s3:ListBucket), and the region and endpoint (AWS_DEFAULT_REGION, AWS_ENDPOINT_URL, or ?region= / "
+        "?endpoint_override= on the URL): a request sent to another region or server is refused too")
 
 
 def with_retries(read: Callable[[], T], *, what: str, retry: Retry, on_failure: Callable[[], Any] | None = None,
@@ -99,6 +147,8 @@ def with_retries(read: Callable[[], T], *, what: str, retry: Retry, on_failure: 
         try:
             return read()
         except Exception as error:
+            if not isinstance(error, ShardReadError) and is_access_refused(error):
+                raise refused(error, what) from error
             if not is_transient(error):
                 raise
             attempts += 1
@@ -106,7 +156,7 @@ def with_retries(read: Callable[[], T], *, what: str, retry: Retry, on_failure: 
                 on_failure()
             if attempts == retry.attempts:
                 raise ShardReadError(
-                    f"cannot read {what}: {attempts} attempt{'s' if attempts > 1 else ''} failed over "
-                    f"{time.monotonic() - start:.1f} s; last error: {str(error).strip()}. Check the storage "
+                    f"cannot read {redacted(what)}: {attempts} attempt{'s' if attempts > 1 else ''} failed over "
+                    f"{time.monotonic() - start:.1f} s; last error: {redacted(str(error).strip())}. Check the storage "
                     "endpoint and the network; Retry(attempts=..., timeout=...) sets how hard to try") from error
             sleep(retry.delay(attempts))

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from ..errors import ShardReadError
+from ..errors import ShardReadError, redacted
 from .retry import DEFAULT_RETRY, Retry, with_retries
 
 SHARD_EXTENSIONS = (".arrow", ".ipc", ".feather", ".parquet", ".pq", ".orc")
@@ -86,13 +86,13 @@ def _filesystem_for(url: str, retry: Retry = DEFAULT_RETRY) -> tuple[Any, str]:
         try:
             import fsspec  # optional: covers hf://, memory://, az://, http(s)://, ...
         except ImportError:
-            raise ValueError(f"cannot open {url!r}: pyarrow has no filesystem for this scheme "
+            raise ValueError(f"cannot open {redacted(url)!r}: pyarrow has no filesystem for this scheme "
                              f"({arrow_error}); install fsspec and the scheme's package "
                              "(e.g. s3fs, gcsfs), or pass filesystem=") from None
         try:
             fs, path = fsspec.core.url_to_fs(url)
         except (ImportError, ValueError) as fsspec_error:
-            raise ValueError(f"cannot open {url!r}: no filesystem for this scheme in pyarrow "
+            raise ValueError(f"cannot open {redacted(url)!r}: no filesystem for this scheme in pyarrow "
                              f"({arrow_error}) or fsspec ({fsspec_error}); install the scheme's "
                              "fsspec package or pass filesystem=") from None
         return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
@@ -165,6 +165,7 @@ def _mtime_ns(info: pafs.FileInfo) -> int | None:
 
 def _expand_remote(item: str, fs: Any, fs_path: str, retry: Retry) -> tuple[list[tuple[str, int | None]], str]:
     """Files (as ``(fs path, mtime_ns)``) for one entry on a pyarrow filesystem."""
+    item = redacted(item)  # as shown in messages: no credentials
     def listing(selector: Any) -> list[pafs.FileInfo]:
         return with_retries(lambda: fs.get_file_info(selector), what=f"the listing of {item!r}", retry=retry)
 

@@ -374,8 +374,8 @@ class ProcessPool:
             return  # a forked copy of the consumer: the workers are not its children
         for worker in workers:
             _set_generation(worker.control, -1)  # stop the current chunk early
-            with contextlib.suppress(OSError):
-                worker.conn.send_bytes(pickle.dumps(("stop",)))
+        for worker in workers:
+            self._send_stop(worker)
         for worker in workers:
             worker.process.join(STOP_GRACE_SECONDS)
             if worker.process.is_alive():
@@ -438,6 +438,8 @@ class ProcessPool:
     def _send(self, worker: _Worker, message: tuple) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         try:
+            # One writer at a time: a message over 16 KiB (a chunk of remote rows carries their bytes) is
+            # written in several pieces, and another thread's message between two of them corrupts the stream.
             with self._io_lock:
                 if self._closed.is_set():
                     raise PoolClosed
@@ -447,6 +449,22 @@ class ProcessPool:
                 raise PoolClosed from None
             raise WorkerError(f"{self.what} {worker.process.name} {_describe_exit(worker.process.exitcode)}") \
                 from error
+
+    def _send_stop(self, worker: _Worker) -> None:
+        """Ask a worker to exit, under the lock of `_send` (a stop written into the middle of a chunk message
+        that another thread is writing was read by the worker as a broken pickle: ``UnpicklingError``).
+
+        The lock is waited for `STOP_GRACE_SECONDS` at most: a sender blocked on a worker that no longer reads
+        (stuck in native code, its socket full) keeps it, and that worker is terminated without a stop.
+        """
+        if not self._io_lock.acquire(timeout=STOP_GRACE_SECONDS):
+            return
+        try:
+            worker.conn.send_bytes(pickle.dumps(("stop",)))
+        except OSError:
+            pass  # the worker is gone already
+        finally:
+            self._io_lock.release()
 
     def _receive(self, worker: _Worker, doing: str) -> tuple:
         """The worker's next message; raises `PoolClosed` on shutdown, `WorkerError` if it died."""
