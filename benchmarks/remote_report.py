@@ -90,7 +90,9 @@ def targets(results: list[dict[str, Any]], ratio: dict[str, float | None]) -> li
             if r["dataset"] == "speech":
                 out.append(_target(f"{key}: rows/s", rate(r), ">=", 3500))
         elif c == "construct-cold" and r["latency_ms"] == 50.0:
-            out.append(_target(f"{key}: construct s", r.get("construct_s") if r.get("ok") else None, "<=", 3.0))
+            key = f"{key} ({r.get('files')} files)"
+            if (r.get("files") or 0) >= 1000:  # the target is for 1,000 files; fewer would pass by size
+                out.append(_target(f"{key}: construct s", r.get("construct_s") if r.get("ok") else None, "<=", 3.0))
             out.append(_target(f"{key}: construction requests per file", _div(construct_requests(r), r.get("files")),
                                "<=", 1.0))
             resumed = _find(results, project=r["project"], contender="construct-resume", latency_ms=50.0)
