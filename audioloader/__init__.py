@@ -7,7 +7,7 @@
 from .audio_loader import AudioLoader
 from .dsp.augment import AddNoise, Gain, Mixup, Reverb, SpecAugment, SpeedPerturb
 from .dsp.augment_math import mixup_targets
-from .dsp.config import FbankConfig, LengthPolicy, MelSpectrogramConfig, WaveformConfig
+from .dsp.config import FbankConfig, LengthPolicy, MelSpectrogramConfig, Segments, WaveformConfig
 from .errors import (
     AccessDeniedError,
     AudioLoaderError,
@@ -51,6 +51,7 @@ __all__ = [
     "Reverb",
     "Sample",
     "SchemaError",
+    "Segments",
     "ShardDataset",
     "ShardReadError",
     "ShardWriter",

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import checkpoint, elastic
+from . import budget, checkpoint, elastic
 from .chain import build_chain, open_sources, pinned_source, resumed_batches
 from .dsp.config import FeatureConfig, LengthPolicy
 from .errors import CheckpointMismatchError
@@ -62,8 +62,9 @@ class AudioLoader:
         batch_size: samples per batch (with ``batching=``, the most rows a batch may hold is
             the bucketing's).
         train: the mode's preset. True: infinite passes, random crops, a shuffle buffer of
-            10000 rows (min fill 8000). False: one pass, each sample exactly once across
-            ranks, center crops, no shuffle (rows in file order).
+            10000 rows and 256 MiB (first fill 8000 rows or 32 MiB), one pass at a time, the
+            reader's interleave fitted to the budget (`audioloader.budget`). False: one pass, each
+            sample exactly once across ranks, center crops, no shuffle (rows in file order).
         seed: every random choice is a pure function of ``seed`` and the sample's key.
         infinite: override the preset: passes forever (True) or one pass per ``iter`` (False).
         features: `MelSpectrogramConfig` (default), `FbankConfig` or `WaveformConfig`.
@@ -116,9 +117,14 @@ class AudioLoader:
         arguments = {name: value for name, value in locals().items() if name not in ("self", "__class__", "moved")}
         arguments, source_fields = _fold(arguments, moved)
         source = arguments["source"] = _with_source_fields(arguments["source"], source_fields)
-        self.settings = resolve(**{k: v for k, v in arguments.items() if k != "source"})
+        self.settings = resolve(**arguments)
         self.stats_counters = LoaderStats()
         self.sources = open_sources(source, self.settings, self.stats_counters)
+        # A preset's interleave, fitted to the byte budget and the shards' units (`budget.fit_interleave`).
+        self.settings = dataclasses.replace(self.settings, shuffle=self.settings.shuffle.fitted(
+            budget.lane_bytes(self.sources.datasets)))
+        self.settings.shuffle.configure(None, None, self.sources.readers)
+        self._note_memory()
         if self.sources.mix is not None:  # a mix's columns are its sources'; 0.2 recorded the flat ones
             self.sources.audio_column = source_fields.get("audio_column", "audio")
             self.sources.label_column = source_fields.get("label_column", "label")
@@ -151,6 +157,8 @@ class AudioLoader:
     shuffle_buffer_size = property(lambda self: self.settings.shuffle.buffer_size)
     shuffle_min_size = property(lambda self: self.settings.shuffle.min_size)
     interleave = property(lambda self: self.settings.shuffle.interleave)
+    shuffle_max_bytes = property(lambda self: self.settings.shuffle.max_bytes)
+    shuffle_min_bytes = property(lambda self: self.settings.shuffle.min_bytes)
     shuffle_before_decode = property(lambda self: self.sources.shuffle_before_decode)
     rank = property(lambda self: self.settings.storage.rank)
     world_size = property(lambda self: self.settings.storage.world_size)
@@ -272,13 +280,32 @@ class AudioLoader:
             self._load_states_of_all_ranks(list(state_dict))
             return
         checkpoint.check_format(state_dict)
+        self._adopt_legacy(state_dict["fingerprint"])
         self._check_fingerprint(state_dict["fingerprint"])
         self._loader.load_state_dict(state_dict["loader"])
 
     def _check_fingerprint(self, theirs: dict[str, Any], ignore: Sequence[str] = ()) -> None:
         datasets = ({None: self.sources.readers[0].dataset} if self.mix is None else
                     {name: r.dataset for name, r in zip(self.source_names, self.readers, strict=True)})
+        if self.batching is not None:  # rows are buffered raw with batching, whatever an older loader reported
+            ignore = (*ignore, "shuffle_before_decode")
         checkpoint.check_fingerprint(self._fingerprint, theirs, datasets, ignore)
+
+    def _adopt_legacy(self, theirs: dict[str, Any]) -> None:
+        """A checkpoint taken before byte budgets: go on with the settings it was taken with (`budget`)."""
+        if "memory" in theirs or self.settings.shuffle.legacy:
+            return
+        self.settings = dataclasses.replace(self.settings, shuffle=self.settings.shuffle.as_legacy(theirs))
+        self.settings.shuffle.configure(self._chain.buffer, self._chain.bucketer, self.readers)
+        self._note_memory()
+        self._fingerprint = checkpoint.fingerprint(self.settings, self.sources, self._chain.boundaries)
+
+    def _note_memory(self) -> None:
+        """The whole budget and the readers' lanes, beside what the buffer and the bucketer report holding."""
+        shuffle = self.settings.shuffle
+        self.stats_counters.memory.notes.update(
+            loader_budget_bytes=shuffle.max_bytes, interleave=shuffle.interleave, lane_bytes=shuffle.lane_bytes,
+            legacy_checkpoint=shuffle.legacy)
 
     def _load_states_of_all_ranks(self, states: list[dict[str, Any]]) -> None:
         """`load_state_dict` of a list: the states of ranks 0..W-1 of one run."""
@@ -293,6 +320,7 @@ class AudioLoader:
                 f"this Mix checkpoint was saved on {len(by_rank)} ranks and this loader runs on {self.world_size}: "
                 "a mix resumes only on the same number of ranks (its draws are per rank); resume with "
                 f"world_size={len(by_rank)}", {"world_size": (len(by_rank), self.world_size)})
+        self._adopt_legacy(by_rank[0]["fingerprint"])
         self._check_fingerprint(by_rank[0]["fingerprint"], ignore=("rank", "world_size"))
         chain_states = [state["loader"]["root"] for state in by_rank]
         start = elastic.plan(self._loader.root, self.reader, chain_states)

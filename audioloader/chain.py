@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 from torchdata.nodes import BaseNode, PinMemory
 
-from .dsp.config import LengthPolicy
+from .dsp.config import LengthPolicy, Segments
 from .errors import CheckpointMismatchError
 from .mix import Mix, Source, check_columns, check_lengths, fetch_mixed, source_seed
 from .nodes.arrow_shard_reader import ArrowShardReader
@@ -36,6 +36,7 @@ from .nodes.weighted_mix import WeightedMix
 from .options import Settings
 from .samples import BadRow, Key, RawSample, Sample
 from .shards import IcebergTable, ShardDataset
+from .shards.writer import shard_doc
 from .stats import LoaderStats
 
 
@@ -58,6 +59,11 @@ class Sources:
     shuffle_before_decode: bool
     audio_column: str | None = "audio"  # the single source's (a mix's sources have their own)
     label_column: str | None = "label"
+    segments: Segments | None = None  # the single source's
+
+    def seconds_of(self, row: RawSample) -> float:
+        """A row's duration for bucketing: its window's length (segments), its duration column, or its header."""
+        return row_seconds(row, self.duration_column, self.segments)
 
     @property
     def reader(self) -> ArrowShardReader | None:
@@ -84,6 +90,8 @@ class Chain:
     batcher: Batcher
     boundaries: list[float] | None  # the bucketing's edges (None without bucketing)
     num_batches: int | None  # eval: batches every rank yields
+    buffer: ShuffleBuffer | None = None  # the shuffle buffer and the bucketer, whose limits a legacy
+    bucketer: DurationBucketer | None = None  # checkpoint sets (`budget.ShuffleSettings.configure`)
 
 
 def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Chain:
@@ -100,16 +108,25 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
     boundaries = bucket_boundaries(settings, sources) if s.batching is not None else None
     num_batches = count_batches(settings, sources, boundaries) if not s.train else None
     decoder = functools.partial(_decoder, settings, sources, stats)
-    buffer = functools.partial(ShuffleBuffer, capacity=s.shuffle.buffer_size, min_size=s.shuffle.min_size,
-                               seed=s.seed, rank=s.storage.rank, stats=stats)
+    held: list[ShuffleBuffer] = []  # the buffer, once made
 
+    def buffer(source: BaseNode, restore: Any) -> ShuffleBuffer:
+        # The byte budget less the readers' lanes, shared with a bucketer after it (`audioloader.budget`).
+        held.append(ShuffleBuffer(source, s.shuffle.buffer_size, s.shuffle.min_size, seed=s.seed, rank=s.storage.rank,
+                                  restore=restore, stats=stats, max_bytes=s.shuffle.buffer_max_bytes,
+                                  min_bytes=s.shuffle.min_bytes, one_pass=s.shuffle.one_pass))
+        return held[0]
+
+    bucketer = None
     if s.batching is not None:  # rows grouped by duration before they are decoded: only a batch's rows decode
         reader = sources.reader
         rows = buffer(reader, restore=reader.fetch) if s.train else reader
-        rows = DurationBucketer(rows, max_duration=s.batching.max_duration, boundaries=boundaries,
-                                max_batch_size=s.batching.max_batch_size, restore=reader.fetch,
-                                drop_last=s.drop_last, stats=stats,
-                                duration_fn=functools.partial(row_seconds, duration_column=sources.duration_column))
+        rows = bucketer = DurationBucketer(
+            rows, max_duration=s.batching.max_duration, boundaries=boundaries,
+            max_batch_size=s.batching.max_batch_size, restore=reader.fetch, drop_last=s.drop_last, stats=stats,
+            duration_fn=functools.partial(row_seconds, duration_column=sources.duration_column,
+                                          segments=sources.segments),
+            max_bytes=s.shuffle.bucketer_max_bytes, distinct=s.shuffle.one_pass)
         samples = decode = decoder(rows)
     elif sources.shuffle_before_decode:  # the buffer holds raw rows
         samples = decode = decoder(buffer(rows, restore=fetch_rows))
@@ -128,7 +145,7 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
             root = BatchAugment(root, s.augmentations, s.features.batch_key)
     elif s.workers.pin_memory and _has_cuda():
         root = PinMemory(root)
-    return Chain(root, decode, batcher, boundaries, num_batches)
+    return Chain(root, decode, batcher, boundaries, num_batches, held[0] if held else None, bucketer)
 
 
 def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: BaseNode) -> DecodeSpectrogram:
@@ -142,7 +159,8 @@ def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: Bas
         augment=s.augmentations, on_error=s.on_error.action, max_error_fraction=s.on_error.max_fraction,
         error_budget_min_rows=s.on_error.min_rows, stats=stats, worker_type=s.workers.kind, fetch=fetch,
         start_method=s.workers.start_method, compute_features=s.device is None, length=length,
-        guard=file_guard(sources.datasets))
+        guard=file_guard(sources.datasets), segments=sources.segments,
+        max_bytes_in_flight=s.shuffle.decode_max_bytes)
 
 
 def _batcher(settings: Settings, sources: Sources, samples: BaseNode, num_batches: int | None,
@@ -183,7 +201,9 @@ def open_sources(source: Any, settings: Settings, stats: LoaderStats) -> Sources
     else:
         sources = _open_one(source if isinstance(source, Source) else Source(source), settings, stats)
     before = settings.shuffle.before_decode
-    sources.shuffle_before_decode = (all(_raw_rows_by_default(r) for r in sources.readers)
+    # With batching the rows are grouped before they are decoded: whatever holds them holds raw rows.
+    sources.shuffle_before_decode = (True if settings.batching is not None else
+                                     all(_raw_rows_by_default(r) for r in sources.readers)
                                      if before is None else bool(before))
     stats.shuffle.configure([_split_rows_of(reader) for reader in sources.readers],
                             sources.mix.weights if sources.mix is not None else [1.0], settings.batch_size)
@@ -196,20 +216,42 @@ def _open_one(source: Source, settings: Settings, stats: LoaderStats) -> Sources
                            columns=s.columns, split_rows=storage.split_rows, filesystem=_filesystem(source, storage),
                            retry=storage.retry, filter=source.filter, cache_dir=storage.cache_dir,
                            cache_limit=storage.cache_limit, remote_reads=storage.remote_reads())
-    duration_column, dataset = _with_duration_column(dataset, settings)
+    duration_column, dataset = _with_duration_column(dataset, settings, source.segments)
     reader = ArrowShardReader(dataset, seed=s.seed, rank=storage.rank, world_size=storage.world_size,
                               shuffle=s.train, infinite=s.infinite, stats=stats, interleave=s.shuffle.interleave)
     return Sources([reader], reader, [source.length or s.length], (), None, source.label_column is not None,
-                   duration_column, False, source.audio_column, source.label_column)
+                   duration_column, False, source.audio_column, source.label_column, source.segments)
 
 
-def _with_duration_column(dataset: ShardDataset, settings: Settings) -> tuple[str | None, ShardDataset]:
-    """The bucketing's duration column when the shards have it (else None), and ``dataset`` reading it too
-    (`ShardDataset.with_columns`: no file is read again)."""
+def _with_duration_column(dataset: ShardDataset, settings: Settings,
+                          segments: Any = None) -> tuple[str | None, ShardDataset]:
+    """The bucketing's duration column when the shards have it (else None), and ``dataset`` reading it and the
+    segments' columns too (`ShardDataset.with_columns`: no file is read again)."""
+    columns = list(settings.columns)
+    if segments is not None:
+        _check_segment_columns(dataset.schema, segments)
+        columns += [c for c in segments.columns if c not in columns]
     wanted = settings.batching.duration_column if settings.batching is not None else None
-    if wanted is None or wanted not in dataset.schema.names:
-        return None, dataset
-    return wanted, dataset if wanted in settings.columns else dataset.with_columns((*settings.columns, wanted))
+    duration_column = wanted if wanted is not None and (wanted in columns or wanted in dataset.schema.names) else None
+    if duration_column is not None and duration_column not in columns:
+        columns.append(duration_column)
+    return duration_column, dataset if columns == list(settings.columns) else dataset.with_columns(columns)
+
+
+def _check_segment_columns(schema: pa.Schema, segments: Segments) -> None:
+    """The shards have numeric segment columns, and their rows are not segments ``audioloader pack`` already cut."""
+    for name in segments.columns:
+        if name not in schema.names:
+            raise ValueError(f"segments={segments}: the shards have no column {name!r} (columns: "
+                             f"{', '.join(schema.names)}); name the columns holding each row's window in seconds")
+        kind = schema.field(name).type
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+            raise ValueError(f"segments={segments}: column {name!r} has type {kind}; the window needs numbers "
+                             "(seconds). Write the times as floats")
+    if shard_doc(schema).get("segments") == "cut":
+        raise ValueError(f"segments={segments}: these shards were packed from segments, and each row's audio is "
+                         "already its segment (audioloader pack cut it from its recording; the start/end columns "
+                         "only say where it was). Leave segments= out")
 
 
 def _filesystem(source: Source, storage: Any) -> Any:
@@ -219,6 +261,11 @@ def _filesystem(source: Source, storage: Any) -> Any:
 def _open_mix(mix: Mix, settings: Settings, stats: LoaderStats) -> Sources:
     """One reader per source of the `Mix`, interleaved by a `WeightedMix` node."""
     s = settings
+    with_segments = [e.name for e in mix.entries if e.source.segments is not None]
+    if with_segments:
+        raise ValueError(f"Mix source(s) {with_segments} have segments=: a Mix does not take segments yet; read "
+                         "the segments of one source, or pack them into rows of their own (audioloader pack cuts "
+                         "them)")
     if s.batching is not None:
         raise ValueError("batching=Bucketing(...) does not take a Mix yet: bucket one source, or mix "
                          "fixed-size batches (batch_size=)")
@@ -336,9 +383,13 @@ def bucket_boundaries(settings: Settings, sources: Sources) -> list[float]:
     kept = reader.dataset.kept_indices()
     n = len(kept)
     picks = kept[np.unique(np.linspace(0, n - 1, min(n, settings.batching.estimate_rows)).round().astype(np.int64))]
-    rows = reader.fetch([Key(int(i), 0) for i in picks])
-    return estimate_boundaries((row_seconds(r, sources.duration_column) for r in rows),
-                               settings.batching.num_buckets)
+    seconds: list[Any] = [None] * len(picks)
+    if sources.duration_column is not None and sources.segments is None:  # no audio read before the first batch
+        seconds = reader.dataset.read_column(sources.duration_column, picks.tolist())
+    missing = [k for k, value in enumerate(seconds) if value is None]
+    for k, row in zip(missing, reader.fetch([Key(int(picks[k]), 0) for k in missing]), strict=True):
+        seconds[k] = sources.seconds_of(row)
+    return estimate_boundaries((float(x) for x in seconds), settings.batching.num_buckets)
 
 
 def count_batches(settings: Settings, sources: Sources, boundaries: list[float] | None) -> int:
@@ -368,6 +419,6 @@ def planned_batches(settings: Settings, sources: Sources, boundaries: list[float
                                 shuffle=s.train, infinite=False, interleave=s.shuffle.interleave)
         if start is not None:
             rows.start_from(start.state_for(rows))
-        counts.append(len(plan((row_seconds(r, sources.duration_column) for r in rows), boundaries,
+        counts.append(len(plan((sources.seconds_of(r) for r in rows), boundaries,
                                s.batching.max_duration, s.batching.max_batch_size, s.drop_last)))
     return max(counts)

@@ -52,6 +52,8 @@ def _newer_fields(settings: Any, sources: Any, boundaries: list[float] | None) -
     if s.batching is not None:
         extra["batching"] = {**s.batching.to_dict(), "boundaries": boundaries,
                              "duration_column": sources.duration_column}
+    if sources.segments is not None:
+        extra["segments"] = sources.segments.to_dict()
     if sources.mix is not None:
         # world_size here too: resuming a mix on another number of ranks is refused by name
         # (elastic resume redistributes one source's rows; a mix's draws are per rank).
@@ -67,6 +69,9 @@ def _newer_fields(settings: Any, sources: Any, boundaries: list[float] | None) -
         extra["filter"] = str(sources.readers[0].dataset.filter)
     if s.shuffle.interleave > 1:
         extra["interleave"] = s.shuffle.interleave
+    memory = s.shuffle.fingerprint()
+    if memory is not None:  # a checkpoint without it was taken before byte budgets (budget.LEGACY_TRAIN)
+        extra["memory"] = memory
     tables = [[r.dataset.table.table, r.dataset.table.snapshot_id] for r in sources.readers if r.dataset.table]
     if tables:
         extra["iceberg"] = tables  # [table, snapshot id] per Iceberg source: a resume reads the same snapshot

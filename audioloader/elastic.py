@@ -69,9 +69,10 @@ def _left_of(node: BaseNode, state: dict[str, Any]) -> _Left:
     if isinstance(node, ShuffleBuffer):
         left = _left_of(node.source, state[node.SOURCE_KEY])
         if "items" in state:
-            left.held += [node.key_fn(item) for item in state["items"]]
-        else:
-            left.held += _keys(state["indices"], state["passes"])
+            fenced = [state["fenced_item"]] if state.get("fenced_item") is not None else []
+            left.held += [node.key_fn(item) for item in (*state["items"], *fenced)]
+        else:  # the rows held, and the one set aside for the next pass (one_pass)
+            left.held += [Key(k.index, k.pass_index) for k in ShuffleBuffer.keys_of(state)]
         return left
     if isinstance(node, DurationBucketer):
         left = _left_of(node.source, state[node.SOURCE_KEY])

@@ -18,7 +18,7 @@ import pyarrow as pa
 from torchdata.nodes import StopCriteria
 
 from .dsp import hashing
-from .dsp.config import FeatureConfig, LengthPolicy
+from .dsp.config import FeatureConfig, LengthPolicy, Segments
 from .nodes.arrow_shard_reader import fetch_rows
 from .samples import Key, RawSample
 from .shards import ShardDataset
@@ -61,6 +61,11 @@ class Source:
         filter: a ``pyarrow.compute.Expression`` over non-audio columns, e.g.
             ``pc.field("duration") < 10.0``: only the rows it keeps are read (Parquet row
             groups pruned by statistics first; docs/storage.md). Rows keep their index.
+        segments: `Segments`: each row is a window of its audio, named by two numeric
+            columns (``start``/``end`` seconds, or ``start``/``duration``): only the window
+            is decoded (WAV/FLAC/AIFF seek to it), crops and whole utterances are taken
+            from it, and duration bucketing uses its length. None: whole rows. A single
+            source only, for now (not in a `Mix`).
 
     The loader's ``columns=`` are read from every source. A loader of one source takes
     a `Source` too: ``AudioLoader(al.Source("speech/", label_column=None), ...)``.
@@ -72,6 +77,7 @@ class Source:
     length: LengthPolicy | None = None
     filesystem: Any = None
     filter: Any = None
+    segments: Segments | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.data, Source):
@@ -79,6 +85,9 @@ class Source:
         if self.length is not None and not isinstance(self.length, LengthPolicy):
             raise TypeError(f"Source.length must be an audioloader.LengthPolicy or None, got "
                             f"{type(self.length).__name__}")
+        if self.segments is not None and not isinstance(self.segments, Segments):
+            raise TypeError(f"Source.segments must be an audioloader.Segments or None, got "
+                            f"{type(self.segments).__name__}; e.g. al.Segments(start='start', end='end')")
 
 
 @dataclass(frozen=True)

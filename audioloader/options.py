@@ -83,28 +83,45 @@ class Bucketing:
 
 @dataclass(frozen=True)
 class Shuffle:
-    """The shuffle buffer: ``buffer_size`` items, ``min_size`` held before the first leaves.
+    """The shuffle buffer: how much it holds, in rows and in bytes, and how soon the first batch leaves.
+
+    ``buffer_size``: most rows held; ``max_bytes``: most bytes held ahead of decoding
+    (the reader's lanes, the buffer and a bucketer after it together; raw rows count
+    their own audio copies, nothing for memory-mapped Arrow IPC shards; decoded
+    samples their features; see docs/concepts.md, "Memory"). ``min_size`` rows or
+    ``min_bytes`` bytes, whichever comes first, are held before the first item leaves
+    (the first batch waits for no more). None takes the mode's preset
+    (`audioloader.budget`): train 10000 rows / 256 MiB, first fill 8000 rows / 32 MiB;
+    eval 1 / 0 (no shuffle). In training from one source a buffer never holds two
+    passes: a corpus smaller than the buffer is shuffled whole each pass.
 
     ``before_decode``: hold raw rows and decode after the buffer (far less memory,
-    fast resume, same batches); None: yes for local Arrow IPC shards and remote shards.
-    None sizes take the mode's preset (train 10000 / 8000, eval 1 / 0).
+    fast resume, same batches); None: yes for local Arrow IPC shards, remote shards,
+    and with ``batching=`` (the bucketer groups rows before they are decoded; False
+    is refused there).
 
     ``interleave``: splits the reader reads at once, taking one row of each in turn
     (a seeded order each round; `ArrowShardReader`), so that consecutive rows rarely
     come from one split and a small buffer mixes far better (docs/lakehouse.md,
-    "Interleaving"). 1 (default): one split after the other. Costs a record batch /
-    row group / stripe in memory per split read at once.
+    "Interleaving"). 1: one split after the other. None: the preset (training: as
+    many as half the byte budget holds, up to 16; 16 on memory-mapped IPC shards,
+    whose lanes cost nothing; evaluation: 1). Costs a record batch / row group /
+    stripe in memory per split read at once (nothing for memory-mapped IPC shards).
     """
 
     buffer_size: int | None = None
     min_size: int | None = None
     before_decode: bool | None = None
-    interleave: int = 1
+    interleave: int | None = None
+    max_bytes: int | None = None
+    min_bytes: int | None = None
 
     def __post_init__(self) -> None:
         _positive_int_or_none(self, "buffer_size")
         _positive_int_or_none(self, "min_size", minimum=0)
-        _positive_int_or_none(self, "interleave", allow_none=False)
+        _positive_int_or_none(self, "interleave")
+        _positive_int_or_none(self, "max_bytes")
+        _positive_int_or_none(self, "min_bytes", minimum=0)
 
 
 @dataclass(frozen=True)
@@ -293,19 +310,17 @@ def merge(group: Any, **legacy: Any) -> Any:
 
 @dataclass(frozen=True)
 class ModePreset:
-    """Defaults of one mode (DESIGN.md, "Modes")."""
+    """Defaults of one mode (DESIGN.md, "Modes"); its shuffle buffer's are in `audioloader.budget`."""
 
     infinite: bool
-    shuffle_buffer_size: int
-    shuffle_min_size: int
     num_workers: int
 
 
-TRAIN = ModePreset(infinite=True, shuffle_buffer_size=10000, shuffle_min_size=8000, num_workers=8)
-# Eval does not shuffle (buffer of 1 = pass-through), unlike DESIGN.md's 1000 / 0: a
+TRAIN = ModePreset(infinite=True, num_workers=8)
+# Eval does not shuffle (buffer of 1 = pass-through, budget.EVAL), unlike DESIGN.md's 1000 / 0: a
 # metric does not depend on order, and the growing buffer made the first batch wait
 # for twice as many decodes (benchmark: first batch 0.66 s -> 0.26 s, 40% less memory).
-EVAL = ModePreset(infinite=False, shuffle_buffer_size=1, shuffle_min_size=0, num_workers=4)
+EVAL = ModePreset(infinite=False, num_workers=4)
 
 #: ``Workers(kind="auto")`` decodes in processes on machines with at least this many cores, else in threads.
 #: Measured on 2 cores with a training step in the loop (benchmarks/bench_train_loop.py): processes 928 vs
@@ -352,16 +367,6 @@ def _worker_kind(kind: str, num_workers: int, augment: Any) -> str:
     return "process"
 
 
-def resolve_shuffle(shuffle: Shuffle, preset: ModePreset) -> Shuffle:
-    """``shuffle`` with the preset's sizes where it has None (``before_decode`` stays None: it depends on the
-    shards, see `chain.open_sources`); ``ValueError`` when the min fill exceeds the buffer."""
-    buffer_size = preset.shuffle_buffer_size if shuffle.buffer_size is None else shuffle.buffer_size
-    min_size = min(preset.shuffle_min_size, buffer_size) if shuffle.min_size is None else shuffle.min_size
-    if min_size > buffer_size:
-        raise ValueError(f"shuffle_min_size={min_size} must be <= shuffle_buffer_size={buffer_size}")
-    return dataclasses.replace(shuffle, buffer_size=buffer_size, min_size=min_size)
-
-
 def resolve_storage(storage: Storage) -> Storage:
     """``storage`` with ``rank`` and ``world_size`` filled in (from torch.distributed when initialized)."""
     rank, world_size = resolve_rank(storage.rank, storage.world_size)
@@ -399,7 +404,8 @@ def resolve_device(device: Any, features: Any) -> torch.device | None:
 class Settings:
     """Every option of an `AudioLoader`, checked, with the mode's presets filled in (see `resolve`).
 
-    ``shuffle.before_decode`` may still be None: it depends on the shards (`chain.open_sources`).
+    ``shuffle`` is a `budget.ShuffleSettings`: its ``before_decode`` may still be None (it depends on the
+    shards, `chain.open_sources`), and a preset's interleave is fitted to the shards' units there.
     """
 
     train: bool
@@ -412,7 +418,7 @@ class Settings:
     batching: Bucketing | None
     augmentations: Any  # an Augmentations, or None
     columns: tuple[str, ...]
-    shuffle: Shuffle
+    shuffle: Any  # a budget.ShuffleSettings
     workers: Workers
     storage: Storage
     device: torch.device | None
@@ -421,8 +427,9 @@ class Settings:
 
 def resolve(*, batch_size: Any, train: Any, seed: Any, infinite: Any, features: Any, length: Any, batching: Any,
             augment: Any, columns: Any, shuffle: Any, workers: Any, storage: Any, device: Any, drop_last: Any,
-            on_error: Any) -> Settings:
+            on_error: Any, source: Any = None) -> Settings:
     """Check the front's arguments and fill in the mode's presets; errors name the argument and the fix."""
+    from . import budget
     from .dsp.augment import Augmentations
     from .dsp.config import LengthPolicy, MelSpectrogramConfig, check_features
 
@@ -449,7 +456,14 @@ def resolve(*, batch_size: Any, train: Any, seed: Any, infinite: Any, features: 
         if length.variable_length:
             raise ValueError("Mixup mixes equal-length crops; with whole utterances (LengthPolicy(crop=None)) "
                              "leave Mixup out")
-    shuffle = resolve_shuffle(checks.instance("shuffle", shuffle, Shuffle, default=Shuffle()), preset)
+    shuffle = checks.instance("shuffle", shuffle, Shuffle, default=Shuffle())
+    if batching is not None and shuffle.before_decode is False:
+        raise ValueError("shuffle_before_decode=False with batching=Bucketing(...): the bucketer groups rows by "
+                         "duration before they are decoded, so the buffer before it holds raw rows; leave "
+                         "Shuffle(before_decode=...) out")
+    from .mix import Mix
+
+    shuffle = budget.resolve(shuffle, train=train, bucketing=batching is not None, mixed=isinstance(source, Mix))
     return Settings(
         train=train, batch_size=batch_size, seed=seed, infinite=bool(preset.infinite if infinite is None else infinite),
         drop_last=bool(drop_last), features=features, length=length, batching=batching, augmentations=augmentations,

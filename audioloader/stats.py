@@ -84,6 +84,73 @@ class ShuffleQuality:
         return out
 
 
+class Holding:
+    """What one node holds: rows and bytes now, and the most bytes it held (see `HeldBytes`).
+
+    ``info``: the node's own figures for the report (its limits, what stopped it growing...).
+    """
+
+    __slots__ = ("budgeted", "bytes", "info", "owner", "peak_bytes", "rows")
+
+    def __init__(self, owner: HeldBytes, budgeted: bool = True) -> None:
+        self.owner = owner
+        self.budgeted = budgeted  # part of the total the budget bounds (else only reported)
+        self.rows = self.bytes = self.peak_bytes = 0
+        self.info: dict[str, Any] = {}
+
+    def add(self, nbytes: int, rows: int = 1) -> None:
+        """``rows`` rows of ``nbytes`` bytes in all came in (negative: went out)."""
+        self.rows += rows
+        self.bytes += nbytes
+        if self.bytes > self.peak_bytes:
+            self.peak_bytes = self.bytes
+        if self.budgeted:
+            self.owner.changed(nbytes)
+
+    def clear(self) -> None:
+        """Everything held went away (a reset)."""
+        if self.budgeted:
+            self.owner.changed(-self.bytes)
+        self.rows = self.bytes = 0
+
+    def report(self) -> dict[str, Any]:
+        return {"rows": self.rows, "bytes": self.bytes, "peak_bytes": self.peak_bytes, **self.info}
+
+
+class HeldBytes:
+    """The bytes of audio held ahead of the decode stage, per holder (``"shuffle_buffer"``, ``"bucketer"``).
+
+    The holders of one chain share it: the total is what a `ShuffleBuffer`'s byte
+    budget (``limit``) bounds. Updated only by the thread that pulls the chain
+    (nothing here depends on timing), read by `LoaderStats.snapshot` from any thread.
+    """
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit
+        self.total = self.peak = 0
+        self.holdings: dict[str, Holding] = {}
+        self.notes: dict[str, Any] = {}  # the loader's own figures for the report (its whole budget, the lanes)
+
+    def holding(self, name: str, budgeted: bool = True) -> Holding:
+        """The `Holding` of the holder ``name`` (made at the first call); ``budgeted=False``: reported beside the
+        total, not in it (the decode stage's rows in flight: when they come back depends on timing)."""
+        if name not in self.holdings:
+            self.holdings[name] = Holding(self, budgeted)
+        return self.holdings[name]
+
+    def changed(self, delta: int) -> None:
+        self.total += delta
+        if self.total > self.peak:
+            self.peak = self.total
+
+    def report(self) -> dict[str, Any]:
+        """``{"budget_bytes", "held_bytes", "peak_bytes", <holder>: {"rows", "bytes", "peak_bytes", ...}}``."""
+        out: dict[str, Any] = {"budget_bytes": self.limit, "held_bytes": self.total, "peak_bytes": self.peak,
+                               **self.notes}
+        out.update({name: holding.report() for name, holding in list(self.holdings.items())})
+        return out
+
+
 class LoaderStats:
     """Thread-safe counters shared by the nodes of one chain.
 
@@ -92,7 +159,8 @@ class LoaderStats:
     ``mel``, ``wait``), summed over threads, so they can exceed elapsed time.
     ``bad_rows``: the most recent `MAX_REPORTED_BAD_ROWS` reports of rows that could
     not be decoded; ``skipped_rows``: of rows the length policy left out.
-    ``shuffle``: the `ShuffleQuality` figures. ``sources``: per source of a mix
+    ``shuffle``: the `ShuffleQuality` figures. ``memory``: the `HeldBytes` of the
+    shuffle buffer and the bucketer. ``sources``: per source of a mix
     (`describe_sources`), its weight and counters (``samples`` batched,
     ``rows_read``, ``passes`` started).
     """
@@ -105,6 +173,7 @@ class LoaderStats:
         self.bad_rows: deque[dict[str, Any]] = deque(maxlen=MAX_REPORTED_BAD_ROWS)
         self.skipped_rows: deque[dict[str, Any]] = deque(maxlen=MAX_REPORTED_BAD_ROWS)
         self.shuffle = ShuffleQuality()
+        self.memory = HeldBytes()
         self.source_names: list[str] = []
         self.source_weights: list[float] = []
         self.source_counters: list[dict[str, int]] = []
@@ -193,7 +262,7 @@ class LoaderStats:
         return (LoaderStats, ())
 
     def snapshot(self) -> dict[str, Any]:
-        """A plain-dict copy: ``{"counters", "seconds", "gauges", "bad_rows", "skipped_rows", "shuffle"}``,
+        """A plain-dict copy: ``{"counters", "seconds", "gauges", "bad_rows", "skipped_rows", "shuffle", "memory"}``,
         and ``"sources"`` for a mix: ``{name: {"weight", "share", "samples", "rows_read", "passes"}}``
         (``share``: the fraction of the batched samples that came from the source)."""
         with self._lock:
@@ -204,6 +273,7 @@ class LoaderStats:
                 "bad_rows": list(self.bad_rows),
                 "skipped_rows": list(self.skipped_rows),
                 "shuffle": self.shuffle.summary(mixed=bool(self.source_names)),
+                "memory": self.memory.report(),
             }
             if self.source_names:
                 total = sum(c["samples"] for c in self.source_counters)

@@ -2,17 +2,35 @@
 
 How to run (from the repository root, in the dev environment)::
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_remote.py --quick            # ~5 min: speech rows, 0 and 50 ms
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_remote.py                    # the full run (~25 min on 2 cores)
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_remote.py --quick            # speech rows, 0 and 50 ms
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_remote.py                    # the full run
     PYTHONPATH=. .venv/bin/python benchmarks/bench_remote.py --latency 50 --contenders reader,eval-waveform
     git worktree add /tmp/before 3624b66                                         # before and after, one run:
     PYTHONPATH=. .venv/bin/python benchmarks/bench_remote.py --project before=/tmp/before --project after=.
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_remote.py --report bench-out/remote.json   # the tables again
 
-Results go to ``--output`` (default ``bench-out/remote.json``: every run's figures,
-the settings, the machine, the load average) and to tables on stdout. The first
-run generates the datasets and makes the peers' venv under ``--cache-dir``
-(default ``~/.cache/audioloader-bench``, outside the repository; a couple of
-minutes, once). ``--contenders`` without the peers needs no venv.
+Duration on 2 cores, once the data and the venv exist: ``--quick`` (the I/O-bound
+setting only, the peers against the training loader) 25 runs, about 5 minutes;
+the full run 116 runs (about 8 s each; construction over 1,000 files and the
+peers longer), about 20-25 minutes; each extra ``--project`` adds its 104
+audioloader runs. ``--latency 50,100`` or a ``--contenders`` subset cuts it down.
+``--bandwidth 0`` lifts the per-connection cap (issue 19's first figures had none).
+
+Results go to ``--output`` (default ``bench-out/remote.json``) and to tables on
+stdout. The JSON holds ``settings``, ``projects`` (path, commit), ``peers``
+(versions), ``machine`` (cores, load average at the end) and ``results``: one
+object per run with ``name``, ``project`` (None for a peer), ``contender``,
+``dataset``, ``format``, ``latency_ms`` (None: local disk), ``rows_per_s`` (reader)
+or ``samples_per_s`` (after the first batch) and ``samples_per_s_total``,
+``first_batch_s`` / ``first_row_s``, ``construct_s``, ``peak_pss_bytes``,
+``requests`` (``requests``, ``GET``, ``HEAD``, ``LIST``, ``bytes``: the whole run),
+``marks.constructed`` (the same counters when construction ended),
+``bytes_read``, ``max_in_flight``, ``server_cores`` / ``proxy_cores`` /
+``others_cores``; then ``ratios`` and ``targets`` (issue 19's, met or not).
+
+The first run generates the datasets and makes the peers' venv under
+``--cache-dir`` (default ``~/.cache/audioloader-bench``, outside the repository;
+about 5 minutes, once). A ``--contenders`` list without the peers needs no venv.
 
 Set-up: moto's S3 server on 127.0.0.1 (tests/s3_server.py, its own process), and
 in front of it the shaping proxy in its own process (`ProxyProcess`: it waits
@@ -75,9 +93,9 @@ BUCKET = "bench"
 
 FULL = {"datasets": "speech,standard", "formats": "ipc,parquet", "latency": "0,20,50,100",
         "contenders": ",".join(GROUPS), "peer_latency": "50", "peer_features": "waveform,mel",
-        "construct_latency": "50", "construct_files": 1000, "measure_seconds": 3.0}
+        "construct_latency": "50", "construct_files": 1000, "measure_seconds": 2.0}
 QUICK = {"datasets": "speech", "formats": "ipc,parquet", "latency": "0,50",
-         "contenders": "reader,eval-waveform,train-mel,construct,litdata,streaming,s3fs", "peer_latency": "50",
+         "contenders": "reader,eval-waveform,train-waveform,construct,litdata,streaming,s3fs", "peer_latency": "50",
          "peer_features": "waveform", "construct_latency": "50", "construct_files": 200, "measure_seconds": 2.0}
 
 
@@ -85,10 +103,8 @@ QUICK = {"datasets": "speech", "formats": "ipc,parquet", "latency": "0,50",
 
 
 def _runner():
-    try:
-        from audioloader.tools.bench import runner
-    except ImportError:
-        from audioloader.bench import runner
+    from audioloader.tools.bench import runner
+
     return runner
 
 
@@ -128,9 +144,11 @@ def run_child(command: list[str], env: dict[str, str], timeout: float, on_mark=N
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
+        timed_out = False
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            timed_out = True
             runner._kill_tree(proc.pid, runner.tree_pids)
             proc.wait()
         sampler.stop()
@@ -141,8 +159,8 @@ def run_child(command: list[str], env: dict[str, str], timeout: float, on_mark=N
         stderr = err.read()[-3000:]
     line = next((x for x in lines if x.startswith(RESULT_PREFIX)), None)
     if line is None:
-        result: dict[str, Any] = {"ok": False, "error": f"exited with {proc.returncode} without a result",
-                                  "stderr": stderr}
+        why = f"timed out after {timeout:g} s (--timeout)" if timed_out else f"exited with {proc.returncode}"
+        result: dict[str, Any] = {"ok": False, "error": f"{why} without a result", "stderr": stderr}
     else:
         result = json.loads(line[len(RESULT_PREFIX):])
         if not result.get("ok"):
@@ -331,7 +349,8 @@ def _list(text: str, cast=str) -> list[Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="speech rows only, 0 and 50 ms, fewer contenders")
+    parser.add_argument("--quick", action="store_true",
+                        help="speech rows, 0 and 50 ms, waveform windows only, 200 files for construct")
     parser.add_argument("--latency", help="ms added per request, comma-separated (full: 0,20,50,100)")
     parser.add_argument("--bandwidth", type=float, default=50.0, help="MB/s per connection (50; 0: no cap)")
     parser.add_argument("--contenders", help=f"comma-separated subset of {','.join(GROUPS)}")
@@ -341,7 +360,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--peer-features", help="waveform,mel (full) or one of them")
     parser.add_argument("--construct-latency", help="ms for the construction runs (50); local is always run")
     parser.add_argument("--construct-files", type=int, help="small files for construct (full 1000, quick 200)")
-    parser.add_argument("--measure-seconds", type=float, help="window after the first batch (full 3, quick 2)")
+    parser.add_argument("--measure-seconds", type=float, help="window after the first batch, seconds (2)")
     parser.add_argument("--speech-rows", type=int, default=2000, help="rows of the speech dataset (2000)")
     parser.add_argument("--standard-clips", type=int, default=256, help="clips of the standard dataset (256)")
     parser.add_argument("--train-buffer", type=int, default=256, help="train shuffle buffer (256; 0: the default)")
@@ -351,7 +370,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cache-dir", default="~/.cache/audioloader-bench", help="datasets and the peers' venv")
     parser.add_argument("--output", default="bench-out/remote.json", help="JSON results (bench-out/remote.json)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before a contender is killed")
+    parser.add_argument("--report", metavar="FILE", help="print the tables of an earlier run's JSON and exit")
     args = parser.parse_args(argv)
+    if args.report:
+        return args
     preset = QUICK if args.quick else FULL
     for key, value in preset.items():
         if getattr(args, key) is None:
@@ -395,6 +417,12 @@ def _commit(path: Path) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.report:  # ratios and targets again from the results (so a changed target definition applies)
+        out = json.loads(Path(args.report).read_text())
+        out["ratios"] = remote_report.ratios(out["results"])
+        out["targets"] = remote_report.targets(out["results"], out["ratios"])
+        print(remote_report.tables(out))
+        return 0
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)

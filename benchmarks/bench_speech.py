@@ -1,37 +1,52 @@
-"""Speech batches: audioloader (bucketing, random batches) against Lhotse, same utterances, same machine.
+"""Speech training, audioloader against Lhotse, as a user would run each: throughput, first batch, peak memory.
 
-Data: ``--utterances`` synthetic utterances of 1-20 s (uniform), 16 kHz mono,
-half FLAC and half WAV, each with a transcript, generated once into
-``.cache/bench/speech-...``: as audio files (what Lhotse reads, through a
-``CutSet`` of ``Recording.from_file``) and as Arrow IPC shards with ``text``
-and ``duration`` columns (what audioloader reads). Features: 80-bin Kaldi fbank
-with Lhotse's defaults (``snip_edges=False``, ``high_freq=-400``) on both sides.
+Corpora (generated once into ``--cache-dir``): utterances of 1-20 s spoken by
+espeak-ng (voices, speeds and pitches varied per utterance; soundfile-made
+tones when espeak-ng is missing: ``apt-get install espeak-ng``), 16 kHz mono,
+half FLAC and half WAV, with transcripts. Stored twice: as Hugging Face-shaped
+Parquet (``audio: struct<bytes, path>``, ``text``, ``duration``; row groups of 100
+rows, as ``datasets`` writes audio) for audioloader, and as audio files plus a
+Lhotse cut manifest (``cuts.jsonl.gz``, prepared once) for Lhotse. Three sizes:
+``--utterances`` (600, the main figures), ``--large`` (more bytes than the
+training preset's 256 MiB shuffle budget) and ``--small`` (fewer rows than any
+buffer: its batches are checked for repeated utterances).
 
-Contenders, each in a fresh process, with ``--workers`` workers:
+Contenders, each in a fresh process, with ``--workers`` workers, training mode,
+80-bin Kaldi fbank with Lhotse's defaults (``snip_edges=False``, ``high_freq=-400``)
+on both sides, batches of up to ``--max-duration`` s from 16 duration buckets:
 
-- ``audioloader-bucketing``: ``AudioLoader(features=FbankConfig(...),
-  length=LengthPolicy(crop=None), batching=Bucketing(max_duration=D))``;
-- ``audioloader-random``: the same with ``batch_size=B`` random batches
-  (B = the mean batch size of bucketing, so both carry the same audio per batch);
-- ``lhotse``: ``DynamicBucketingSampler(cuts, max_duration=D, shuffle=True)`` +
-  ``K2SpeechRecognitionDataset(input_strategy=OnTheFlyFeatures(Fbank(...)))``
-  under ``torch.utils.data.DataLoader(batch_size=None, num_workers=N)``, as
-  Lhotse's documentation recommends.
+- ``audioloader``: ``AudioLoader(Source(parquet, label_column=None), features=FbankConfig(...),
+  length=LengthPolicy(crop=None), batching=Bucketing(max_duration=D), columns=["text"],
+  workers=Workers(num_workers=N))``, the training preset otherwise (shuffle buffer, interleaving,
+  byte budget: the defaults);
+- ``lhotse`` (1.33, in a virtual environment this script creates: it is not a
+  dependency): ``CutSet.from_file(manifest).repeat()`` (an endless stream, as
+  audioloader's), ``DynamicBucketingSampler(cuts, max_duration=D, shuffle=True,
+  num_buckets=16)``, ``K2SpeechRecognitionDataset(OnTheFlyFeatures(Fbank(...)))``
+  under ``torch.utils.data.DataLoader(batch_size=None, num_workers=N)``, as its
+  documentation shows.
 
-Reported: seconds of audio delivered per wall second (steady state, after warm-up
-batches), batches/s, and padding efficiency (real frames / padded frames).
+Reported per contender and corpus (medians over interleaved rounds): audio seconds
+delivered per wall second in a steady window after ``--warmup`` batches, time to
+the first batch (from the start of building the loader, after imports), peak PSS of
+the whole process tree (workers included; every 0.25 s), padding efficiency (real
+frames / padded frames), batches holding an utterance twice, and the CPU other
+processes used meanwhile (a disturbed figure is marked). Targets (same run):
+audioloader >= 1.5x Lhotse's audio s/s, first batch no later, peak PSS no more,
+padding efficiency >= 0.93.
 
-    python benchmarks/bench_speech.py [--utterances 600] [--workers 2] [--seconds 20] [--rounds 2]
-                                      [--max-duration 120]
-
-Lhotse is not a dependency of audioloader: ``pip install lhotse`` to include it.
+    python benchmarks/bench_speech.py [--utterances 600] [--large 2400] [--small 60] [--workers 2]
+        [--seconds 20] [--rounds 2] [--max-duration 200] [--corpora main large small] [--contenders ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,128 +56,294 @@ from pathlib import Path
 import numpy as np
 
 MIN_S, MAX_S, RATE = 1.0, 20.0, 16000
+ROW_GROUP_ROWS = 100  # what Hugging Face `datasets` writes for audio
+LHOTSE = "lhotse==1.33.*"
+TARGETS = {"throughput": 1.5, "first_batch": 1.0, "peak_pss": 1.0, "padding_efficiency": 0.93}
+_TEXT = (
+    "the a of to and in is it that was for on are with as his they at be this from have or one had by word but "
+    "not what all were when we there can an your which their said if do will each about how up out them then "
+    "she many some so these would other into has more her two like him see time could no make than first been "
+    "its who now people my made over did down only way find use may water long little very after words called "
+    "just where most know get through back much before go good new write our used me man too any day same right "
+    "look think also around another came come work three must because does part even place well such here take "
+    "why help put different away again off went old number great tell men say small every found still between "
+    "name should home big give air line set own under read last never us left end along while might next sound "
+    "below saw something thought both few those always show large often together asked house world going want "
+    "school important until form food keep children feet land side without boy once animal life enough took "
+    "four head above kind began almost live page got earth need far hand high year mother light country father "
+    "let night picture being study second soon story since white ever paper hard near sentence better best "
+    "across during today however sure knew try told young sun thing whole hear example heard several change "
+    "answer room sea against top turned learn point city play toward five himself usually money seen")
+WORDS = tuple(_TEXT.split())  # the transcripts' vocabulary
+VOICES = ("en", "en-us", "en+f3", "en+m3", "en-gb-x-rp", "en+f2", "en-us+m5", "en+f4")
 
 
-def make_corpus(folder: Path, utterances: int) -> tuple[Path, Path, list[float]]:
-    """Audio files + a shards folder of the same utterances; generated once, then reused."""
-    import pyarrow as pa
+# ---------------------------------------------------------------------------------------------- corpora
+
+
+def _speak(text: str, voice: str, speed: int, pitch: int) -> tuple[np.ndarray, int]:
     import soundfile as sf
 
-    from audioloader.shards.writer import ShardWriter
+    wav = subprocess.run(["espeak-ng", "-v", voice, "-s", str(speed), "-p", str(pitch), "--stdout", text],
+                         capture_output=True, check=True).stdout
+    signal, rate = sf.read(io.BytesIO(wav), dtype="float32")
+    return signal, rate
+
+
+def _utterance(i: int, rng: np.random.Generator, espeak: bool) -> tuple[np.ndarray, str]:
+    """One utterance at 16 kHz (float32) and its transcript, about U(1, 20) s long: the words are rescaled to the
+    target duration once, after a first try, and the audio cut at 20 s."""
+    import soxr
+
     from audioloader.tools.bench.dataset import DatasetSpec, synth_clip
 
-    root = folder / f"speech-n{utterances}-v1"
-    files, shards = root / "audio", root / "shards"
-    seconds = [float(s) for s in np.random.default_rng(0).uniform(MIN_S, MAX_S, utterances)]
-    if (root / "done").exists():
-        return files, shards, seconds
-    files.mkdir(parents=True, exist_ok=True)
-    shards.mkdir(parents=True, exist_ok=True)
-    with ShardWriter(shards / "shard-00000.arrow", label_names=None, labeled=False, rows_per_batch=32,
-                     extra_columns={"text": pa.string(), "duration": pa.float64(), "path": pa.string()}) as writer:
-        for i, s in enumerate(seconds):
-            signal = synth_clip(i, DatasetSpec(clips=1, seconds=round(s, 3), sample_rate=RATE))
-            suffix, fmt = (".flac", "FLAC") if i % 2 else (".wav", "WAV")
-            path = files / f"utt_{i:05d}{suffix}"
-            sf.write(path, signal, RATE, format=fmt, subtype="PCM_16")
-            writer.write(path.read_bytes(), text=f"utterance {i}", duration=len(signal) / RATE, path=path.name)
-    (root / "done").write_text("ok")
-    return files, shards, seconds
+    target = float(rng.uniform(MIN_S, MAX_S))
+    if not espeak:
+        words = " ".join(rng.choice(WORDS, size=max(1, round(target * 2.5))))
+        return synth_clip(i, DatasetSpec(clips=1, seconds=round(target, 3), sample_rate=RATE)), words
+    speed, pitch, voice = int(rng.integers(140, 200)), int(rng.integers(30, 70)), VOICES[i % len(VOICES)]
+    count = max(1, round(target * speed / 60))
+    for _ in range(2):
+        words = " ".join(rng.choice(WORDS, size=count))
+        signal, rate = _speak(words, voice, speed, pitch)
+        seconds = len(signal) / rate
+        count = max(1, round(count * target / seconds))
+    signal = soxr.resample(signal, rate, RATE).astype(np.float32)
+    return signal[: int(MAX_S * RATE)], words
+
+
+def make_corpus(cache: Path, utterances: int) -> dict:
+    """Audio files + Hugging Face-shaped Parquet of the same utterances (made once, then reused)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import soundfile as sf
+
+    espeak = shutil.which("espeak-ng") is not None
+    root = cache / f"speech-{'espeak' if espeak else 'synth'}-n{utterances}-v3"
+    files, parquet = root / "audio", root / "parquet"
+    if not (root / "done.json").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        files.mkdir(parents=True)
+        parquet.mkdir(parents=True)
+        rng = np.random.default_rng(utterances)
+        audio_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+        schema = pa.schema([("audio", audio_type), ("text", pa.string()), ("duration", pa.float64())])
+        seconds = []
+        with pq.ParquetWriter(parquet / "train-00000-of-00001.parquet", schema) as writer:
+            rows: list[tuple[dict, str, float]] = []
+            for i in range(utterances):
+                signal, text = _utterance(i, rng, espeak)
+                suffix, fmt = (".flac", "FLAC") if i % 2 else (".wav", "WAV")
+                path = files / f"utt_{i:05d}{suffix}"
+                sf.write(path, signal, RATE, format=fmt, subtype="PCM_16")
+                seconds.append(len(signal) / RATE)
+                (files / f"utt_{i:05d}.txt").write_text(text)
+                rows.append(({"bytes": path.read_bytes(), "path": path.name}, text, seconds[-1]))
+                if len(rows) == ROW_GROUP_ROWS or i == utterances - 1:
+                    audio, texts, durations = zip(*rows, strict=True)
+                    writer.write_table(pa.table({"audio": pa.array(audio, audio_type), "text": list(texts),
+                                                 "duration": list(durations)}, schema=schema))
+                    rows = []
+        (root / "done.json").write_text(json.dumps({"seconds": seconds, "espeak": espeak}))
+    done = json.loads((root / "done.json").read_text())
+    audio_bytes = sum(p.stat().st_size for p in files.iterdir() if p.suffix in (".wav", ".flac"))
+    return {"files": str(files), "parquet": str(parquet), "manifest": str(root / "cuts.jsonl.gz"),
+            "durations": done["seconds"], "espeak": done["espeak"], "audio_bytes": audio_bytes}
+
+
+# ---------------------------------------------------------------------------------------------- Lhotse's venv
+
+
+def lhotse_python(cache: Path) -> str:
+    """A virtual environment with Lhotse, made once: it sees this environment's packages (torch, numpy, soundfile)
+    through a .pth file and installs only what Lhotse adds; this environment is never changed."""
+    venv = cache / "lhotse-1.33-venv"
+    python = venv / "bin" / "python"
+    if (venv / "ok").exists():
+        return str(python)
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    ours = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    theirs = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    Path(theirs, "_parent_environment.pth").write_text(ours + "\n")
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", LHOTSE], check=True)
+    (venv / "ok").write_text("ok")
+    return str(python)
+
+
+def lhotse_manifest(python: str, corpus: dict) -> None:
+    """The cut manifest a Lhotse user prepares once (recordings with a supervision each), as cuts.jsonl.gz."""
+    if Path(corpus["manifest"]).exists():
+        return
+    subprocess.run([python, os.path.abspath(__file__), "--prepare-manifest", json.dumps(corpus)], check=True)
+
+
+def _prepare_manifest(corpus: dict) -> None:
+    from lhotse import CutSet, Recording, SupervisionSegment
+
+    cuts = []
+    for path in sorted(Path(corpus["files"]).glob("utt_*.*")):
+        if path.suffix == ".txt":
+            continue
+        recording = Recording.from_file(path)
+        cut = recording.to_cut()
+        text = path.with_suffix(".txt").read_text()
+        cut.supervisions = [SupervisionSegment(id=recording.id, recording_id=recording.id, start=0.0,
+                                               duration=recording.duration, text=text)]
+        cuts.append(cut)
+    CutSet.from_cuts(cuts).to_file(corpus["manifest"])
+
+
+# ---------------------------------------------------------------------------------------------- contenders
 
 
 def run_audioloader(spec: dict) -> dict:
     import audioloader as al
 
-    features = al.FbankConfig(num_mel_bins=80, snip_edges=False, high_freq=-400.0)
-    bucketing = al.Bucketing(max_duration=spec["max_duration"]) if spec["bucketing"] else None
-    loader = al.AudioLoader(spec["shards"], batch_size=spec.get("batch_size") or 32, train=True, seed=0,
-                            features=features, label_column=None, columns=["text"],
-                            length=al.LengthPolicy(crop=None), batching=bucketing, num_workers=spec["workers"],
-                            shuffle_buffer_size=512, shuffle_min_size=256)
-    batches = ((b["lengths"], b["fbank"].shape[1]) for b in loader)
-    result = measure(batches, spec)
+    started = time.perf_counter()
+    loader = al.AudioLoader(al.Source(spec["parquet"], label_column=None), train=True, seed=0,
+                            features=al.FbankConfig(num_mel_bins=80, snip_edges=False, high_freq=-400.0),
+                            length=al.LengthPolicy(crop=None), batching=al.Bucketing(max_duration=spec["max_duration"]),
+                            columns=["text"], workers=al.Workers(num_workers=spec["workers"]))
+    batches = ((b["lengths"].tolist(), b["fbank"].shape[1], b["index"].tolist()) for b in loader)
+    result = measure(batches, spec, started)
+    memory = loader.stats()["memory"]
     loader.shutdown()
-    return result
+    buffer = memory.get("shuffle_buffer", {})
+    return {**result, "held_peak_mb": memory["peak_bytes"] / 2**20, "buffer_limited_by": buffer.get("limited_by"),
+            "buffer_rows": buffer.get("rows"), "interleave": loader.interleave}
 
 
 def run_lhotse(spec: dict) -> dict:
     import torch
-    from lhotse import CutSet, Fbank, FbankConfig, Recording, SupervisionSegment
+    from lhotse import CutSet, Fbank, FbankConfig
     from lhotse.dataset import DynamicBucketingSampler, K2SpeechRecognitionDataset, OnTheFlyFeatures
 
-    cuts = []
-    for path in sorted(Path(spec["files"]).iterdir()):
-        recording = Recording.from_file(path)
-        cut = recording.to_cut()
-        cut.supervisions = [SupervisionSegment(id=recording.id, recording_id=recording.id, start=0.0,
-                                               duration=recording.duration, text=f"utterance {path.stem}")]
-        cuts.append(cut)
-    cuts = CutSet.from_cuts(cuts).repeat()  # an endless stream, as training's
-    sampler = DynamicBucketingSampler(cuts, max_duration=spec["max_duration"], shuffle=True, num_buckets=16,
-                                      seed=0)
-    dataset = K2SpeechRecognitionDataset(input_strategy=OnTheFlyFeatures(Fbank(FbankConfig(num_mel_bins=80))))
+    started = time.perf_counter()
+    cuts = CutSet.from_file(spec["manifest"]).repeat()  # an endless stream, as audioloader's training
+    sampler = DynamicBucketingSampler(cuts, max_duration=spec["max_duration"], shuffle=True, num_buckets=16, seed=0)
+    dataset = K2SpeechRecognitionDataset(input_strategy=OnTheFlyFeatures(Fbank(FbankConfig(num_mel_bins=80))),
+                                         return_cuts=True)
     loader = torch.utils.data.DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=spec["workers"])
-    batches = ((b["supervisions"]["num_frames"], b["inputs"].shape[1]) for b in loader)
-    return measure(batches, spec)
+    batches = ((b["supervisions"]["num_frames"].tolist(), b["inputs"].shape[1],
+                [re.sub(r"_repeat\d+$", "", c.id) for c in b["supervisions"]["cut"]]) for b in loader)
+    return measure(batches, spec, started)
 
 
-def measure(batches, spec: dict) -> dict:
-    """Audio seconds per second and padding efficiency over a steady-state window of ``(lengths, T)`` pairs."""
+def measure(batches, spec: dict, started: float) -> dict:
+    """First batch, then audio seconds per second and padding over a steady window of ``(lengths, T, ids)``."""
+    first = next(batches)
+    first_batch_s = time.perf_counter() - started
+    repeats = int(len(set(first[2])) < len(first[2]))
     for _ in range(spec["warmup"]):
-        next(batches)
+        repeats += _repeats(next(batches))
     start, frames, padded, count = time.perf_counter(), 0, 0, 0
     while time.perf_counter() - start < spec["seconds"] or count < 5:
-        lengths, longest = next(batches)
-        frames += int(sum(int(n) for n in lengths))
-        padded += int(longest) * len(lengths)
+        lengths, longest, ids = next(batches)
+        frames += sum(lengths)
+        padded += longest * len(lengths)
+        repeats += _repeats((lengths, longest, ids))
         count += 1
     elapsed = time.perf_counter() - start
     return {"audio_s_per_s": frames * 0.01 / elapsed, "batches_per_s": count / elapsed,
-            "padding_efficiency": frames / padded, "batches": count, "mean_batch": frames * 0.01 / count}
+            "padding_efficiency": frames / padded, "batches": count, "first_batch_s": first_batch_s,
+            "batches_with_repeats": repeats, "mean_batch_s": frames * 0.01 / count}
 
 
-def in_child(spec: dict) -> dict:
-    from audioloader.tools.bench.runner import Disturbance
+def _repeats(batch) -> int:
+    return int(len(set(batch[2])) < len(batch[2]))
 
+
+def in_child(spec: dict, python: str) -> dict:
+    """One contender in a fresh process, its process tree's peak PSS sampled every 0.25 s."""
+    from audioloader.tools.bench.runner import Disturbance, TreeSampler
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with Disturbance() as disturbance:
-        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
-                              capture_output=True, text=True, timeout=spec["seconds"] + 900)
-    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+        proc = subprocess.Popen([python, os.path.abspath(__file__), "--child", json.dumps(spec)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        sampler = TreeSampler(proc.pid, interval=0.05, pss_every=5)
+        sampler.start()
+        try:
+            out, err = proc.communicate(timeout=spec["seconds"] + 900)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        sampler.stop()
+    line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
-        return {"ok": False, "error": done.stderr[-2000:]}
-    return {"ok": True, **json.loads(line[len("RESULT "):]), "others_cores": disturbance.cores,
-            "disturbed": disturbance.disturbed}
+        return {"ok": False, "error": err[-2000:]}
+    return {"ok": True, **json.loads(line[len("RESULT "):]), "peak_pss_mb": sampler.peak_pss_kb / 1024,
+            "others_cores": disturbance.cores, "disturbed": disturbance.disturbed}
 
 
-def run_round(base: dict, batch_size: int | None) -> dict[str, dict]:
-    """One round: each contender once, in a fresh process; random batches sized to bucketing's mean."""
-    results = {"audioloader-bucketing": in_child({**base, "kind": "audioloader", "bucketing": True})}
-    if batch_size is None:
-        mean = results["audioloader-bucketing"].get("mean_batch") or base["max_duration"]
-        batch_size = max(1, round(mean / base["mean_seconds"]))
-    results["audioloader-random"] = in_child({**base, "kind": "audioloader", "bucketing": False,
-                                              "batch_size": batch_size})
-    try:
-        import lhotse  # noqa: F401
+# ---------------------------------------------------------------------------------------------- report
 
-        results["lhotse"] = in_child({**base, "kind": "lhotse"})
-    except ImportError:
-        results["lhotse"] = {"ok": False, "error": "lhotse is not installed (pip install lhotse)"}
-    results["audioloader-random"]["batch_size"] = batch_size
-    return results
+
+def report(name: str, corpus: dict, runs: dict[str, list[dict]]) -> list[str]:
+    seconds = corpus["durations"]
+    lines = [f"\n{name}: {len(seconds)} utterances of {min(seconds):.1f}-{max(seconds):.1f} s "
+             f"({sum(seconds) / 3600:.2f} h, {corpus['audio_bytes'] / 2**20:.0f} MiB of audio, "
+             f"{'espeak-ng' if corpus['espeak'] else 'synthetic'})",
+             f"{'contender':12s} {'audio s/s':>9s} {'(rounds)':>13s} {'first batch s':>13s} {'peak PSS MB':>11s} "
+             f"{'padding eff.':>12s} {'repeats':>7s} {'others':>7s}"]
+    for contender, results in runs.items():
+        ok = [r for r in results if r.get("ok")]
+        if len(ok) < len(results):
+            lines.append(f"{contender:12s} FAILED {next(r for r in results if not r.get('ok'))['error'][-800:]}")
+            continue
+        rounds = " / ".join(f"{r['audio_s_per_s']:.0f}" for r in ok)
+        mark = "!" if any(r["disturbed"] for r in ok) else " "
+        lines.append(f"{contender:12s} {median(ok, 'audio_s_per_s'):9.0f} {rounds:>13s} "
+                     f"{median(ok, 'first_batch_s'):13.2f} {median(ok, 'peak_pss_mb'):11.0f} "
+                     f"{median(ok, 'padding_efficiency'):12.3f} {sum(r['batches_with_repeats'] for r in ok):7d} "
+                     f"{max(r['others_cores'] or 0.0 for r in ok):6.2f}{mark}")
+        if contender == "audioloader":
+            r = ok[0]
+            lines.append(f"{'':12s} held ahead of decode: peak {r['held_peak_mb']:.0f} MiB, buffer {r['buffer_rows']} "
+                         f"rows (limited by {r['buffer_limited_by']}), interleave {r['interleave']}")
+    a, b = runs.get("audioloader", []), runs.get("lhotse", [])
+    pairs = [(x, y) for x, y in zip(a, b, strict=False) if x.get("ok") and y.get("ok")]
+    if pairs:
+        figures = {
+            "throughput": [x["audio_s_per_s"] / y["audio_s_per_s"] for x, y in pairs],
+            "first_batch": [x["first_batch_s"] / y["first_batch_s"] for x, y in pairs],
+            "peak_pss": [x["peak_pss_mb"] / y["peak_pss_mb"] for x, y in pairs],
+        }
+        efficiency = statistics.median(x["padding_efficiency"] for x, _ in pairs)
+        met = {"throughput": statistics.median(figures["throughput"]) >= TARGETS["throughput"],
+               "first_batch": statistics.median(figures["first_batch"]) <= TARGETS["first_batch"],
+               "peak_pss": statistics.median(figures["peak_pss"]) <= TARGETS["peak_pss"],
+               "padding_efficiency": efficiency >= TARGETS["padding_efficiency"]}
+        for key, values in figures.items():
+            lines.append(f"audioloader / lhotse {key:12s} {statistics.median(values):5.2f}x (rounds "
+                         f"{' / '.join(f'{v:.2f}' for v in values)}; target {'>=' if key == 'throughput' else '<='} "
+                         f"{TARGETS[key]:g}x) {'met' if met[key] else 'MISSED'}")
+        lines.append(f"audioloader padding efficiency {efficiency:.3f} (target >= {TARGETS['padding_efficiency']}) "
+                     f"{'met' if met['padding_efficiency'] else 'MISSED'}")
+    return lines
+
+
+def median(results: list[dict], field: str) -> float:
+    return statistics.median(r[field] for r in results)
 
 
 def main() -> int:
-    from audioloader.tools.bench.settings import DISTURBED_CORES
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--utterances", type=int, default=600)
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per contender and round")
-    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds; figures are medians")
-    parser.add_argument("--warmup", type=int, default=5, help="batches left out first")
-    parser.add_argument("--max-duration", type=float, default=120.0, help="seconds of audio per bucketed batch")
+    parser.add_argument("--prepare-manifest", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--utterances", type=int, default=600, help="the main corpus")
+    parser.add_argument("--large", type=int, default=2400, help="a corpus larger than the shuffle budget")
+    parser.add_argument("--small", type=int, default=60, help="a corpus smaller than any buffer")
+    parser.add_argument("--corpora", nargs="+", choices=("main", "large", "small"), default=["main", "large", "small"])
+    parser.add_argument("--contenders", nargs="+", choices=("audioloader", "lhotse"), default=["audioloader", "lhotse"])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per contender, corpus and round")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; figures are medians")
+    parser.add_argument("--warmup", type=int, default=3, help="batches left out after the first")
+    parser.add_argument("--max-duration", type=float, default=200.0, help="seconds of audio per batch")
     parser.add_argument("--cache-dir", default=".cache/bench")
     args = parser.parse_args()
     if args.child:
@@ -170,41 +351,39 @@ def main() -> int:
         result = run_lhotse(spec) if spec["kind"] == "lhotse" else run_audioloader(spec)
         print("RESULT " + json.dumps(result), flush=True)
         return 0
-    files, shards, seconds = make_corpus(Path(args.cache_dir), args.utterances)
-    base = {"files": str(files), "shards": str(shards), "workers": args.workers, "seconds": args.seconds,
-            "warmup": args.warmup, "max_duration": args.max_duration, "mean_seconds": float(np.mean(seconds))}
-    rounds, batch_size = [], None
-    for _ in range(args.rounds):
-        rounds.append(run_round(base, batch_size))
-        batch_size = rounds[0]["audioloader-random"]["batch_size"]
-    print(f"\n{args.utterances} utterances of {MIN_S:g}-{MAX_S:g} s ({sum(seconds) / 3600:.2f} h), 16 kHz FLAC+WAV, "
-          f"80-bin fbank, {args.workers} workers, {os.cpu_count()} cores, {args.rounds} round(s); bucketing "
-          f"max_duration {args.max_duration:g} s, random batches of {batch_size}")
-    print(f"{'contender':24s} {'audio s/s':>10s} {'(rounds)':>18s} {'batches/s':>10s} {'padding eff.':>12s} "
-          f"{'others':>7s}")
-    for name in rounds[0]:
-        ok = [r[name] for r in rounds if r[name]["ok"]]
-        if len(ok) < len(rounds):
-            error = next(r[name]["error"] for r in rounds if not r[name]["ok"])
-            print(f"{name:24s} FAILED {error[-600:]}")
-            continue
-        per_round = " / ".join(f"{r['audio_s_per_s']:.0f}" for r in ok)
-        others = max((r["others_cores"] or 0.0) for r in ok)
-        mark = "!" if any(r["disturbed"] for r in ok) else " "
-        print(f"{name:24s} {median(ok, 'audio_s_per_s'):10.1f} {per_round:>18s} {median(ok, 'batches_per_s'):10.2f} "
-              f"{median(ok, 'padding_efficiency'):12.3f} {others:6.2f}{mark}")
-    print("others: the most cores other processes used while a round of it ran "
-          f"(! = over {DISTURBED_CORES}: re-run)")
-    ratios = [r["audioloader-bucketing"]["audio_s_per_s"] / r["lhotse"]["audio_s_per_s"] for r in rounds
-              if r["lhotse"]["ok"] and r["audioloader-bucketing"]["ok"]]
-    if ratios:
-        print(f"audioloader-bucketing / lhotse: {statistics.median(ratios):.2f}x (rounds "
-              f"{' / '.join(f'{x:.2f}' for x in ratios)}; target >= 1.5x); padding efficiency target >= 0.9")
+    if args.prepare_manifest:
+        _prepare_manifest(json.loads(args.prepare_manifest))
+        return 0
+    cache = Path(args.cache_dir).resolve()
+    sizes = {"main": args.utterances, "large": args.large, "small": args.small}
+    corpora = {name: make_corpus(cache, sizes[name]) for name in args.corpora}
+    pythons = {"audioloader": sys.executable}
+    if "lhotse" in args.contenders:
+        pythons["lhotse"] = lhotse_python(cache)
+        for corpus in corpora.values():
+            lhotse_manifest(pythons["lhotse"], corpus)
+    runs = {name: {c: [] for c in args.contenders} for name in corpora}
+    for round_index in range(args.rounds):
+        for name, corpus in corpora.items():
+            order = args.contenders if round_index % 2 == 0 else list(reversed(args.contenders))
+            for contender in order:
+                spec = {"parquet": corpus["parquet"], "manifest": corpus["manifest"], "kind": contender,
+                        "workers": args.workers, "seconds": args.seconds, "warmup": args.warmup,
+                        "max_duration": args.max_duration}
+                result = in_child(spec, pythons[contender])
+                runs[name][contender].append(result)
+                print(f"round {round_index + 1} {name} {contender}: "
+                      + (f"{result['audio_s_per_s']:.0f} audio s/s, first batch {result['first_batch_s']:.2f} s, "
+                         f"peak PSS {result['peak_pss_mb']:.0f} MB" if result.get("ok") else "FAILED"),
+                      file=sys.stderr, flush=True)
+    print(f"\n{args.workers} workers each, {os.cpu_count()} cores, {args.rounds} interleaved round(s) of "
+          f"{args.seconds:g} s; batches of up to {args.max_duration:g} s from 16 buckets; 80-bin fbank; load average "
+          f"at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for name, corpus in corpora.items():
+        print("\n".join(report(name, corpus, runs[name])))
+    print("others: cores other processes used while a contender ran (! = disturbed: re-run on a quiet machine)")
     return 0
 
-
-def median(results: list[dict], field: str) -> float:
-    return statistics.median(r[field] for r in results)
 
 if __name__ == "__main__":
     sys.exit(main())

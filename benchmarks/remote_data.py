@@ -4,9 +4,9 @@ Datasets, each as Arrow IPC files and as Parquet (the same rows, record batches
 and row groups of the same size), columns ``audio`` (encoded bytes) and ``label``:
 
 - ``speech``: short speech-like rows, 1.0-1.5 s of 16 kHz mono FLAC (about 25 KB a
-  row; the synthetic harmonic+noise content of `audioloader.bench.dataset`), in 4
+  row; the synthetic harmonic+noise content of `audioloader.tools.bench.dataset`), in 4
   files with record batches / row groups of 50 rows;
-- ``standard``: the standard bench dataset (`audioloader.bench.dataset`: 10 s of
+- ``standard``: the standard bench dataset (`audioloader.tools.bench.dataset`: 10 s of
   44.1 kHz FLAC a row, about 530 KB), record batches / row groups of 64 rows;
 - ``many``: ``files`` small IPC files of 2 speech rows each (construction cost).
 
@@ -51,11 +51,8 @@ def _shards(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*.arrow") if not p.name.startswith("_"))
 
 def _bench_dataset_module():
-    """`audioloader.bench.dataset`, wherever this checkout keeps it (``tools/bench`` after the layout change)."""
-    try:
-        from audioloader.tools.bench import dataset
-    except ImportError:
-        from audioloader.bench import dataset
+    from audioloader.tools.bench import dataset
+
     return dataset
 
 

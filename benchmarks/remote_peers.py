@@ -26,10 +26,11 @@ the whole clip, mono, soxr to the target rate, a 0.5 s (waveform) or 5 s (log-me
 
 Loopback specifics (real S3 is https, where neither arises): LitData's obstore
 client refuses plain http unless ``_OBSTORE_CLIENT_OPTIONS["allow_http"]`` is set;
-Streaming's forked DataLoader workers would share the boto3 connection the parent
-opened to read ``index.json`` (responses reach the wrong worker), so the parent's
-is closed after construction (``dataset._downloader.clean_up()``), as in
-/work/shared/research/remote_peers.md.
+Streaming's forked DataLoader workers would share the boto3 client the parent
+opened to read ``index.json`` (responses reach the wrong worker: a shard file gets
+another's bytes, ``IndexError: Relative sample index 21 is not present in the
+shard.00002.mds file``, seen here without it), so the parent's is dropped after
+construction (``stream._downloader.clean_up()`` for each of ``dataset.streams``).
 """
 
 from __future__ import annotations
@@ -145,9 +146,8 @@ def _streaming(spec: dict[str, Any]):
 
     dataset = AudioDataset(remote=spec["remote"], local=spec["cache_dir"], shuffle=spec["train"],
                            batch_size=spec["batch_size"])
-    downloader = getattr(dataset, "_downloader", None)
-    if downloader is not None and hasattr(downloader, "clean_up"):
-        downloader.clean_up()  # forked workers must not share the parent's boto3 connection
+    for stream in dataset.streams:  # forked workers must not share the boto3 client the parent read index.json with
+        stream._downloader.clean_up()
     return torch.utils.data.DataLoader(dataset, batch_size=spec["batch_size"], num_workers=spec["workers"])
 
 
@@ -185,9 +185,19 @@ def _s3fs(spec: dict[str, Any]):
 PEERS = {"litdata": _litdata, "streaming": _streaming, "s3fs": _s3fs}
 
 
+#: What each peer imports, done before any clock starts (construction times leave the imports out).
+IMPORTS = {"litdata": ["litdata"], "streaming": ["streaming"], "s3fs": ["fsspec", "s3fs"]}
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["kind"] == "prepare":
         return prepare(spec)
+    import importlib
+
+    started = time.perf_counter()
+    for module in [*IMPORTS[spec["kind"]], "soundfile", "soxr", "torchaudio"]:
+        importlib.import_module(module)
+    import_s = time.perf_counter() - started
     started = time.perf_counter()
     loader = PEERS[spec["kind"]](spec)
     construct_s = time.perf_counter() - started
@@ -196,7 +206,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                              count=lambda batch: len(batch[1]), features=lambda batch: batch[0],
                              feature=spec["feature"])
     cache = Path(spec["cache_dir"])
-    result.update(construct_s=construct_s, num_workers=spec["workers"],
+    result.update(construct_s=construct_s, import_s=import_s, num_workers=spec["workers"],
                   cache_bytes=sum(p.stat().st_size for p in cache.rglob("*") if p.is_file()) if cache.exists() else 0)
     return result
 

@@ -90,7 +90,9 @@ def targets(results: list[dict[str, Any]], ratio: dict[str, float | None]) -> li
             if r["dataset"] == "speech":
                 out.append(_target(f"{key}: rows/s", rate(r), ">=", 3500))
         elif c == "construct-cold" and r["latency_ms"] == 50.0:
-            out.append(_target(f"{key}: construct s", r.get("construct_s") if r.get("ok") else None, "<=", 3.0))
+            key = f"{key} ({r.get('files')} files)"
+            if (r.get("files") or 0) >= 1000:  # the target is for 1,000 files; fewer would pass by size
+                out.append(_target(f"{key}: construct s", r.get("construct_s") if r.get("ok") else None, "<=", 3.0))
             out.append(_target(f"{key}: construction requests per file", _div(construct_requests(r), r.get("files")),
                                "<=", 1.0))
             resumed = _find(results, project=r["project"], contender="construct-resume", latency_ms=50.0)
@@ -99,6 +101,8 @@ def targets(results: list[dict[str, Any]], ratio: dict[str, float | None]) -> li
                                                                               r.get("construct_s")), "<=", 1.0))
                 out.append(_target(f"{key}: resume requests (construct + first batch) / cold's",
                                    _div(resumed["requests"]["requests"], r["requests"]["requests"]), "<=", 1.0))
+                out.append(_target(f"{key}: the resumed batch is the one the cold run yielded next (1 = yes)",
+                                   float(bool(resumed.get("exact"))), ">=", 1.0))
     for name, value in ratio.items():
         if name.endswith(("/ litdata", "/ streaming")) and " 50ms / " in name:
             out.append(_target(f"{name} (samples/s, ahead)", value, ">=", 1.0))
@@ -141,12 +145,16 @@ def _grid(results: list[dict[str, Any]], project: str, contender: str, latencies
     return rows
 
 
+def _cap(mb_per_s: float) -> str:
+    return f"{mb_per_s:g} MB/s per connection" if mb_per_s else "none"
+
+
 def tables(out: dict[str, Any]) -> str:
     results = out["results"]
     machine = out["machine"]
     s = out["settings"]
     lines = [f"bench_remote: {machine.get('cores')} cores ({machine.get('cpu')}), load average at the end "
-             f"{machine.get('loadavg_end')}; bandwidth cap {s['bandwidth']:g} MB/s per connection; "
+             f"{machine.get('loadavg_end')}; bandwidth cap {_cap(s['bandwidth'])}; "
              f"{out['seconds']:.0f} s",
              "projects: " + ", ".join(f"{n} = {p['path']} ({p['commit']})" for n, p in out["projects"].items())]
     latencies = [None, *sorted({r["latency_ms"] for r in results if r["latency_ms"] is not None})]

@@ -123,8 +123,9 @@ def test_resumed_batches_are_deterministic_and_resume_again_exactly(shards):
 
 
 def test_infinite_training_continues_with_the_next_pass_in_the_new_layout(shards):
-    # A pass-through buffer keeps passes visible: rank r's rows are its share of pass 0, then of pass 1...
-    options = dict(shuffle_buffer_size=1, shuffle_min_size=0, infinite=True)
+    # A pass-through buffer reading one split at a time keeps passes visible: rank r's rows are its share of
+    # pass 0, then of pass 1...
+    options = dict(shuffle_buffer_size=1, shuffle_min_size=0, shuffle=al.Shuffle(interleave=1), infinite=True)
     readers = [loader_for(shards, r, 2, **options) for r in range(2)]
     shares = [[s.num_rows for s in loader.reader.splits_for_pass(0)] for loader in readers]
     for loader in readers:

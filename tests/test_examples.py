@@ -101,6 +101,14 @@ def test_documentation_snippets_run(page, tmp_path, monkeypatch):
 
     make_classification_dataset(tmp_path / "shards", 3, num_classes=2, num_shards=2, max_seconds=6.0)
     make_classification_dataset(tmp_path / "eval_shards", 2, num_classes=2, num_shards=1, first_clip=50)
+    if page in ("getting_started.md", "api.md"):  # speech: a packed LibriSpeech tree, rows holding windows
+        from audioloader.tools.pack import pack
+        from tests.test_ingest import make_librispeech
+        from tests.test_segments import segment_rows, write_segments
+
+        pack(make_librispeech(tmp_path / "LibriSpeech") / "train-clean-100", tmp_path / "speech_shards" / "librispeech",
+             progress=False)
+        write_segments(tmp_path / "recordings", segment_rows()[:6])
     monkeypatch.chdir(tmp_path)
     blocks = python_blocks(DOCS / page)
     assert blocks
@@ -120,3 +128,13 @@ def test_documentation_snippets_run(page, tmp_path, monkeypatch):
     for value in namespace.values():
         if hasattr(value, "shutdown") and callable(value.shutdown) and not isinstance(value, type):
             value.shutdown()
+
+
+def test_pack_speech_reads_every_input_kind_and_trains():
+    out = run_example("pack_speech.py", "--batches", 1)
+    for kind, rows in (("librispeech", 6), ("commonvoice", 3), ("csv", 3), ("jsonl", 3), ("audiofolder", 2),
+                       ("csv", 12)):
+        assert re.search(rf"wrote 1 shard\(s\), {rows} rows, .*\(input: {kind}\)", out), out
+    assert "empty transcript: 1 (train.tsv, line 4)" in out, out
+    assert "columns: audio, path, duration, start, end, text" in out, out
+    assert re.search(r"batch 0: fbank \(\d+, \d+, 80\) \(\d+ utterances", out), out

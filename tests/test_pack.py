@@ -1,4 +1,6 @@
-"""audioloader.tools.pack: class folders and CSV in, shards out; re-encoding; errors that name the input."""
+"""audioloader.tools.pack: class folders and CSV in, shards out; re-encoding; errors that name the input.
+
+Manifest formats, layouts, segments and the summary: tests/test_ingest.py."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 import soundfile as sf
 import soxr
 
-from audioloader.tools.pack import collect_inputs, pack
+from audioloader.tools.pack import collect_inputs, pack, pack_dataset
 from tests.helpers import encode, tone
 
 # class -> [(relative path inside the class folder, format, sample rate, channels)]
@@ -200,12 +202,24 @@ def test_reencode_order_does_not_depend_on_workers(tmp_path):
     assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
 
 
-def test_unreadable_audio_while_reencoding_names_the_file(tmp_path, tree):
-    src, _ = tree
-    bad = src / "cat" / "broken.wav"
-    bad.write_bytes(b"RIFF this is not a wav file")
-    with pytest.raises(ValueError, match=r"broken\.wav"):
-        pack(src, tmp_path / "out", sample_rate=16000, shard_rows=1, progress=False)
+@pytest.mark.parametrize("codec", [None, "flac"])
+def test_undecodable_audio_is_skipped_and_named_in_the_summary(tmp_path, tree, codec):
+    src, files = tree
+    (src / "cat" / "broken.wav").write_bytes(b"RIFF this is not a wav file")
+    summary = pack_dataset(src, tmp_path / "out", codec=codec, shard_rows=1, progress=False)
+    assert [r["path"] for r in read_rows(summary.shards)] == sorted(files)  # every good file, in order
+    assert summary.rows == len(files) and summary.skipped == {"undecodable": 1}
+    assert "cat/broken.wav" in summary.examples["undecodable"][0]
+    assert "undecodable: 1 (" in summary.text() and "broken.wav" in summary.text()
+
+
+def test_a_failure_removes_the_shards_already_written(tmp_path):
+    recording = tmp_path / "long.wav"
+    recording.write_bytes(encode(tone(1.0, 8000), 8000))
+    manifest = tmp_path / "segments.csv"
+    manifest.write_text("path,start,end\nlong.wav,0.0,0.5\nlong.wav,0.5,3.0\n")  # line 3 ends after the file
+    with pytest.raises(ValueError, match=r"segments.csv, line 3: .*after the end of the audio"):
+        pack(manifest, tmp_path / "out", shard_rows=1, workers=1, progress=False)
     # Shards written before the failure are removed: no half dataset is left.
     assert [p.name for p in (tmp_path / "out").iterdir()] == []
 
@@ -232,12 +246,12 @@ def test_errors_name_the_input(tmp_path):
 
 @pytest.mark.parametrize("text, message", [
     ("", "empty CSV"),
-    ("path,cls\na.wav,1\n", r"line 1.*lacks column\(s\) \['label'\]"),
+    ("cls,label\na.wav,1\n", r"line 1: no column names the audio files.*\['cls', 'label'\]"),
     ("path,label\n", "no rows"),
     ("path,label\na.wav,dog\na.wav\n", "line 3: 1 value"),
     ("path,label\na.wav,dog\n,dog\n", "line 3: empty 'path'"),
     ("path,label\na.wav,\n", "line 2: empty 'label'"),
-    ("path,label\na.wav,dog\nmissing.wav,cat\n", "line 3: audio file .*missing.wav.* does not exist"),
+    ("path,label\nmissing.wav,cat\n", r"no row left to pack \(missing file: 1 \(e.g. list.csv, line 2: .*missing.wav"),
     ("path,label\na.wav,1\na.wav,-2\n", "line 3: label '-2' is negative"),
 ])
 def test_csv_errors_name_the_line(tmp_path, text, message):

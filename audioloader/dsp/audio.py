@@ -44,9 +44,9 @@ no samples, unsupported codec) raises `DecodeError` whose ``reason`` says what.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -58,6 +58,9 @@ import soundfile as sf
 import soxr
 
 from ..errors import DecodeError
+from .headers import flac_seconds, wav_seconds
+from .headers import pcm16_wav as _pcm16_wav
+from .spans import Span, span_frames
 
 #: Resampler quality (soxr "HQ": 20-bit, passband to 91% of Nyquist).
 RESAMPLE_QUALITY = "HQ"
@@ -76,10 +79,6 @@ EXACT_SEEK_SUBTYPES = frozenset({"PCM_S8", "PCM_U8", "PCM_16", "PCM_24", "PCM_32
 #: so a truncated file can claim more frames than it holds; the window path
 #: checks that the last frame is readable (the full path fails on such files).
 _METADATA_LENGTH_FORMATS = frozenset({"FLAC"})
-
-# WAV format codes (the fmt chunk's first field) for the PCM16 fast path.
-_WAVE_FORMAT_PCM = 1
-_WAVE_FORMAT_EXTENSIBLE = 0xFFFE
 
 #: Read in blocks (instead of one allocation of the claimed size) when a header
 #: claims more float32 samples than this many times the encoded size.
@@ -392,9 +391,26 @@ def _seek(handle: sf.SoundFile, frame: int) -> None:
         raise DecodeError(reason, reason=reason) from error
 
 
+def _read_frames(handle: sf.SoundFile, info: AudioInfo, nbytes: int, span: Span | None, seek: bool) -> np.ndarray:
+    """Every frame ``[n, channels]``, or only the span's: seeking to it where that is exact (and ``seek``),
+    else decoding everything and cutting it out (the reference)."""
+    if span is None:
+        return _read(handle, -1, nbytes)
+    if seek and info.exact_seek:
+        first, stop = span_frames(span, info.sample_rate, info.frames)
+        _seek(handle, first)
+        frames = _read(handle, stop - first, nbytes)
+        if len(frames) != stop - first:
+            raise _truncated(info)
+        return frames
+    frames = _read(handle, -1, nbytes)
+    first, stop = span_frames(span, info.sample_rate, len(frames))
+    return frames[first:stop]
+
+
 def _decode_all(handle: sf.SoundFile, info: AudioInfo, nbytes: int, target_rate: int,
-                timer: Timer | None, start: float) -> np.ndarray:
-    mono = mixdown(_read(handle, -1, nbytes))
+                timer: Timer | None, start: float, span: Span | None = None, seek: bool = True) -> np.ndarray:
+    mono = mixdown(_read_frames(handle, info, nbytes, span, seek))
     if len(mono) == 0:
         raise _no_samples(info)
     start = _timed(timer, "decode", start)
@@ -405,28 +421,35 @@ def _decode_all(handle: sf.SoundFile, info: AudioInfo, nbytes: int, target_rate:
     return signal
 
 
-def decode_full(data: Any, target_rate: int, *, timer: Timer | None = None) -> np.ndarray:
+def decode_full(data: Any, target_rate: int, *, timer: Timer | None = None, span: Span | None = None) -> np.ndarray:
     """Decode every frame, mix down, resample: float32 mono ``[L]`` at ``target_rate`` Hz.
 
+    ``span``: only the frames of this segment (see `span_frames`), cut from the whole
+    decode before resampling, as if the segment were a file of its own.
     ``L`` is the length every crop offset is drawn from. Raises `DecodeError`.
     """
     start = time.perf_counter()
     handle, nbytes = _open(data)
     with handle:
-        return _decode_all(handle, _info(handle), nbytes, target_rate, timer, start)
+        return _decode_all(handle, _info(handle), nbytes, target_rate, timer, start, span, seek=False)
 
 
 def _decode_window(handle: sf.SoundFile, info: AudioInfo, target_rate: int, offset: int,
-                   clip_samples: int, nbytes: int, timer: Timer | None, start: float) -> np.ndarray | None:
-    """Decode only the source frames of the window; None when the result cannot be trusted."""
+                   clip_samples: int, nbytes: int, timer: Timer | None, start: float,
+                   base: int = 0) -> np.ndarray | None:
+    """Decode only the source frames of the window; None when the result cannot be trusted.
+
+    ``base``: the frame where the part of the file the row is (its segment) begins;
+    ``info.frames`` is then the segment's length, so the segment is treated as a file of its own.
+    """
     if info.format in _METADATA_LENGTH_FORMATS:
         # The full path fails on a truncated FLAC ("lost sync"); make the window
         # path fail too instead of quietly decoding the intact part.
-        _seek(handle, info.frames - 1)
+        _seek(handle, base + info.frames - 1)
         if len(_read(handle, 1, nbytes)) != 1:
             raise _truncated(info)
     segment = _segment_for_window(info, target_rate, offset, clip_samples)
-    _seek(handle, segment.start)
+    _seek(handle, base + segment.start)
     frames = _read(handle, segment.stop - segment.start, nbytes)
     if len(frames) != segment.stop - segment.start:
         raise _truncated(info)
@@ -446,43 +469,6 @@ def _decode_window(handle: sf.SoundFile, info: AudioInfo, target_rate: int, offs
     return window  # a view of `part`, which nothing else holds: no copy needed
 
 
-def _pcm16_wav(data: Any) -> tuple[np.ndarray, int] | None:
-    """``(int16 frames [n, channels], sample_rate)`` of a plain 16-bit PCM WAV, zero-copy; else None.
-
-    Shards packed for speed (``audioloader pack --codec pcm16 --sample-rate R``)
-    hold exactly this. Walking the RIFF chunks and viewing the samples with
-    numpy costs ~50 us per 10 s clip against ~300 us for opening it with
-    libsndfile (a copy into the memfd, handle set-up, seek and read, much of it
-    holding the GIL). Anything else (other codecs or bit depths, a truncated
-    file, RF64) returns None and goes through soundfile, which also reports errors.
-    """
-    try:
-        view = memoryview(data).cast("B")
-    except TypeError:
-        return None
-    if view.nbytes < 44 or view[0:4] != b"RIFF" or view[8:12] != b"WAVE":
-        return None
-    pos, fmt = 12, None
-    while pos + 8 <= view.nbytes:
-        tag, size = bytes(view[pos:pos + 4]), struct.unpack_from("<I", view, pos + 4)[0]
-        body = pos + 8
-        if tag == b"fmt " and size >= 16:
-            code, channels, rate, _, align, bits = struct.unpack_from("<HHIIHH", view, body)
-            if code == _WAVE_FORMAT_EXTENSIBLE and size >= 40:
-                code = struct.unpack_from("<H", view, body + 24)[0]  # the sub-format GUID starts with the code
-            fmt = (code, channels, rate, align, bits)
-        elif tag == b"data":
-            if fmt is None or fmt[0] != _WAVE_FORMAT_PCM or fmt[4] != 16 or fmt[1] < 1 or fmt[3] != 2 * fmt[1]:
-                return None
-            if body + size > view.nbytes or size < fmt[3]:
-                return None  # truncated or empty: soundfile reports it
-            frames = size // fmt[3]
-            pcm = np.frombuffer(view, dtype="<i2", count=frames * fmt[1], offset=body)
-            return pcm.reshape(frames, fmt[1]), fmt[2]
-        pos = body + size + (size & 1)
-    return None
-
-
 def _load_pcm16_at_rate(pcm: np.ndarray, clip_samples: int, *, train: bool,
                         draw: Callable[[int], int], pad: bool) -> np.ndarray:
     """Crop int16 ``[n, channels]`` already at the target rate: float32 mono ``[clip_samples]``."""
@@ -494,7 +480,7 @@ def _load_pcm16_at_rate(pcm: np.ndarray, clip_samples: int, *, train: bool,
 
 def load_clip(data: Any, target_rate: int, clip_samples: int | None, *, train: bool,
               draw: Callable[[int], int], window: bool = True, timer: Timer | None = None,
-              pad: bool = True) -> np.ndarray:
+              pad: bool = True, span: Span | None = None) -> np.ndarray:
     """Decode encoded audio into one crop: float32 mono ``[clip_samples]`` at ``target_rate`` Hz.
 
     Args:
@@ -509,14 +495,21 @@ def load_clip(data: Any, target_rate: int, clip_samples: int | None, *, train: b
             "resample" stages.
         pad: False returns a signal shorter than ``clip_samples`` whole, unpadded
             (whole utterances cut to a maximum length).
+        span: ``(start, end)`` seconds: the row is this segment of the audio (see
+            `span_frames`), resampled and cropped as if it were a file of its own.
+            Where the format seeks exactly (WAV, FLAC, AIFF) only the segment is
+            decoded (or only the crop window inside it); elsewhere the whole audio.
 
     Raises:
-        DecodeError: the audio cannot be decoded; ``.reason`` says why.
+        DecodeError: the audio cannot be decoded, or the span lies outside it; ``.reason`` says why.
     """
     start = time.perf_counter()
     wav = _pcm16_wav(data) if window and data is not None else None
     if wav is not None and wav[1] == target_rate:
         pcm = wav[0]
+        if span is not None:
+            first, stop = span_frames(span, target_rate, len(pcm))
+            pcm = pcm[first:stop]
         clip = _load_pcm16_at_rate(pcm, len(pcm) if clip_samples is None else clip_samples, train=train,
                                    draw=draw, pad=pad)
         _timed(timer, "decode", start)
@@ -525,15 +518,19 @@ def load_clip(data: Any, target_rate: int, clip_samples: int | None, *, train: b
     with handle:
         info = _info(handle)
         if window and info.exact_seek and clip_samples is not None:
-            length = resampled_length(info.frames, info.sample_rate, target_rate)
+            base, part = 0, info
+            if span is not None:
+                base, stop = span_frames(span, info.sample_rate, info.frames)
+                part = dataclasses.replace(info, frames=stop - base)
+            length = resampled_length(part.frames, info.sample_rate, target_rate)
             if length > clip_samples:
                 offset = crop_offset(length, clip_samples, train=train, draw=draw)
-                out = _decode_window(handle, info, target_rate, offset, clip_samples, nbytes, timer, start)
+                out = _decode_window(handle, part, target_rate, offset, clip_samples, nbytes, timer, start, base)
                 if out is not None:
                     return out
                 _seek(handle, 0)
                 start = time.perf_counter()
-        signal = _decode_all(handle, info, nbytes, target_rate, timer, start)
+        signal = _decode_all(handle, info, nbytes, target_rate, timer, start, span, seek=window)
     if clip_samples is None:
         return signal
     offset = crop_offset(len(signal), clip_samples, train=train, draw=draw)
@@ -542,33 +539,6 @@ def load_clip(data: Any, target_rate: int, clip_samples: int | None, *, train: b
 
 # ---------------------------------------------------------------------------
 # duration from the header, without decoding
-
-def _wav_seconds(view: memoryview) -> float | None:
-    """Seconds of a RIFF/WAVE file from its fmt and data chunks, or None."""
-    pos, rate, align = 12, None, None
-    while pos + 8 <= view.nbytes:
-        tag, size = bytes(view[pos:pos + 4]), struct.unpack_from("<I", view, pos + 4)[0]
-        if tag == b"fmt " and size >= 16:
-            _, _, rate, _, align, _ = struct.unpack_from("<HHIIHH", view, pos + 8)
-        elif tag == b"data":
-            if not rate or not align:
-                return None
-            size = min(size, view.nbytes - pos - 8)  # a truncated file: what is there
-            return (size // align) / rate
-        pos += 8 + size + (size & 1)
-    return None
-
-
-def _flac_seconds(view: memoryview) -> float | None:
-    """Seconds of a FLAC stream from its STREAMINFO block, or None (unknown total)."""
-    if view.nbytes < 42 or view[4] & 0x7F != 0:  # the first metadata block must be STREAMINFO
-        return None
-    info = bytes(view[8 + 10:8 + 18])  # sample rate (20 bits), channels, bits, total samples (36 bits)
-    packed = int.from_bytes(info, "big")
-    rate = packed >> 44
-    total = packed & ((1 << 36) - 1)
-    return total / rate if rate and total else None
-
 
 def probe_seconds(data: Any) -> float:
     """Duration of encoded audio in seconds, from its header (no decoding).
@@ -588,10 +558,19 @@ def probe_seconds(data: Any) -> float:
         head = bytes(view[:4])
         seconds = None
         if head == b"RIFF" and bytes(view[8:12]) == b"WAVE":
-            seconds = _wav_seconds(view)
+            seconds = wav_seconds(view)
         elif head == b"fLaC":
-            seconds = _flac_seconds(view)
+            seconds = flac_seconds(view)
         if seconds is not None:
             return seconds
     info = probe(data)
     return info.frames / info.sample_rate
+
+
+def span_seconds(span: Span, data: Any) -> float:
+    """Seconds of the segment ``span`` of encoded audio ``data``: ``end - start``, from the header when
+    ``end`` is None (no decoding). An approximation for batching; the decode checks the segment."""
+    start, end = span
+    if end is None:
+        return max(probe_seconds(data) - (start or 0.0), 0.0)
+    return max(end - (start or 0.0), 0.0)

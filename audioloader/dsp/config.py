@@ -356,3 +356,65 @@ class LengthPolicy:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Segments:
+    """Rows that are segments of longer recordings: each row's sample is a window of its audio.
+
+    The window comes from two numeric columns of the row, in seconds from the beginning
+    of the row's audio: ``start`` and ``end`` (``[start, end)``), or ``start`` and
+    ``duration`` (``[start, start + duration)``, as NeMo's ``offset``/``duration``
+    manifests). A null start is the beginning of the audio, a null end its end.
+
+    The sample is made from the source frames ``[round(start * rate), round(end * rate))``
+    (the frames ``soundfile.read(start=..., stop=...)`` returns) as if they were a file of
+    their own: mixed down, resampled, then cropped or kept whole by the `LengthPolicy`.
+    WAV, FLAC and AIFF seek to the window and decode only it; other formats are decoded
+    whole for each row (pack long recordings with ``audioloader pack``, which cuts them).
+    Duration bucketing uses the window's length. A window outside the audio makes the
+    row bad (skipped and reported, or raised with ``on_error="raise"``); an end up to
+    10 ms past the audio is taken as its end.
+
+    Attributes:
+        start: the column of the window's start in seconds.
+        end: the column of its end in seconds, or None with ``duration``.
+        duration: the column of its length in seconds, instead of ``end``.
+    """
+
+    start: str = "start"
+    end: str | None = "end"
+    duration: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("start", "end", "duration"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise _bad(self, name, "must be a column name (str)" + ("" if name == "start" else " or None"))
+        if self.start is None:
+            raise _bad(self, "start", "must be a column name (str)")
+        if (self.end is None) == (self.duration is None):
+            raise _bad(self, "end", f"give one of end= and duration= (duration={self.duration!r}): the window "
+                       "ends at the end column, or lasts the duration column")
+        if len(set(self.columns)) != len(self.columns):
+            raise _bad(self, "start", f"names one column twice ({list(self.columns)})")
+
+    @property
+    def columns(self) -> tuple[str, str]:
+        """The two columns the window is read from."""
+        return (self.start, self.end if self.end is not None else self.duration)
+
+    def span(self, values: dict[str, Any]) -> tuple[float | None, float | None] | None:
+        """``(start, end)`` seconds of a row with column ``values`` (None: the whole audio)."""
+        start = values.get(self.start)
+        if self.end is not None:
+            end = values.get(self.end)
+        else:
+            length = values.get(self.duration)
+            end = None if length is None else (start or 0.0) + length
+        if start is None and end is None:
+            return None
+        return (None if start is None else float(start), None if end is None else float(end))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

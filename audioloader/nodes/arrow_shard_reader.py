@@ -85,16 +85,21 @@ def fetch_rows(dataset: ShardDataset, keys: Sequence[Key]) -> list[RawSample]:
     rows = dataset.read_rows([k.index for k in keys])
     out = []
     for key, row in zip(keys, rows, strict=True):
-        audio = _owned(row.audio) if dataset.is_remote(dataset.locate(key.index)[0]) else row.audio
+        audio = row.audio if dataset.is_memory_mapped(dataset.locate(key.index)[0]) else _owned(row.audio)
         out.append(RawSample(key, audio, row.label, row.extras, row.file, row.row, row.problem,
                              audio_checksum(audio)))
     return out
 
 
 def _owned(audio: Any) -> Any:
-    """A remote row's audio as its own bytes (it is a copy in memory either way), so that a row held in a
-    shuffle buffer does not keep its whole record batch / row group alive (measured: 3x the rows' memory)."""
-    return None if audio is None else audio.to_pybytes()
+    """A row's audio as its own bytes, for every file that is not memory-mapped (Parquet, ORC, remote: the
+    unit is in process memory either way), so that a row held in a shuffle buffer or a bucketer does not keep
+    its whole record batch / row group alive (measured on S3: 3x the rows' memory) and counts what it holds.
+
+    A numpy ``uint8`` array, not ``bytes``: pickled it leaves the pickle out of band, so a row sent to a decode
+    process travels through shared memory (`audioloader.workers.wire`) instead of inside a pickle through the
+    socket (``bytes`` and ``bytearray`` always travel in band)."""
+    return None if audio is None else np.frombuffer(audio, dtype=np.uint8).copy()
 
 
 def _count_request(stats: LoaderStats, nbytes: int) -> None:
@@ -116,14 +121,15 @@ class ReaderPosition(NamedTuple):
 class _Block:
     """One read of a segment (a record batch's rows, or a chunk of a ``take``) as per-row Python values."""
 
-    __slots__ = ("audio", "checksums", "extras", "file_rows", "index_offset", "key_pass", "labels", "path",
-                 "problems")
+    __slots__ = ("audio", "checksums", "extras", "file_rows", "index_offset", "key_pass", "labels", "owned",
+                 "path", "problems")
 
-    def __init__(self, file_rows: list[int], cols: Any, remote: bool, file: Any, key_pass: int) -> None:
+    def __init__(self, file_rows: list[int], cols: Any, owned: bool, file: Any, key_pass: int) -> None:
         self.file_rows, self.path, self.index_offset, self.key_pass = file_rows, file.path, file.index_offset, key_pass
         self.audio, self.labels, self.extras, self.problems = cols
-        if remote:
-            self.audio = [_owned(audio) for audio in self.audio]
+        # Not a memory map: a row leaves as its own copy (`_owned`), made as it leaves, so a lane holds its unit
+        # once (the read holds the unit until the lane moves on) and what left holds only itself.
+        self.owned = owned
         # Now, right after the read checked the file: a row's bytes are not touched again until it is decoded.
         self.checksums = [audio_checksum(audio) for audio in cols.audio]
 
@@ -132,9 +138,12 @@ class _Block:
 
     def sample(self, i: int) -> RawSample:
         labels, problems, row = self.labels, self.problems, self.file_rows[i]
+        audio, self.audio[i] = self.audio[i], None  # the block does not keep a row alive once it left
+        if self.owned:
+            audio = _owned(audio)
         return RawSample(
             Key(self.index_offset + row, self.key_pass),
-            self.audio[i],
+            audio,
             labels[i] if labels is not None else None,
             {name: values[i] for name, values in self.extras},
             self.path,
@@ -349,6 +358,14 @@ class ArrowShardReader(BaseNode[RawSample]):
             return len(segment.take)
         return self.dataset.kept_count(segment.file_id, segment.start, segment.stop)
 
+    def set_interleave(self, interleave: int) -> None:
+        """Read ``interleave`` splits at once from now on; only before the reader starts (a resume sets it)."""
+        if isinstance(interleave, bool) or not isinstance(interleave, (int, np.integer)) or interleave < 1:
+            raise ValueError(f"interleave={interleave!r} must be an int >= 1 (the splits read at once; 1: one by one)")
+        self.interleave = int(interleave)
+        self._lane_order = (-1, [])
+        self._clear_position(self._split_pos, self._row)
+
     def start_from(self, state: dict[str, Any]) -> None:
         """Start the next fresh pass (``reset(None)``) at ``state`` instead (a carry: `audioloader.elastic`)."""
         self._checked_state(state)
@@ -545,19 +562,19 @@ class ArrowShardReader(BaseNode[RawSample]):
         """`_Block` s of a segment's rows after the first ``skip`` of them (reads without a row left out)."""
         dataset = self.dataset
         file = dataset.files[segment.file_id]
-        remote = dataset.is_remote(segment.file_id)
+        owned = not dataset.is_memory_mapped(segment.file_id)
         read_unit = self._readahead.read_unit if self._readahead is not None else None
         if segment.take is not None:
             rows = segment.take[skip:]
             for start in range(0, len(rows), _TAKE_CHUNK):
                 part = rows[start:start + _TAKE_CHUNK]
                 cols = dataset.columns_of_rows(dataset.read_rows([file.index_offset + r for r in part], read_unit))
-                yield _Block(list(part), cols, remote, file, segment.pass_index)
+                yield _Block(list(part), cols, owned, file, segment.pass_index)
             return
         for batch, file_rows, picks in dataset.read_kept(segment.file_id, segment.start, segment.stop, skip,
                                                          read_unit):
             if file_rows:
-                yield _Block(file_rows, dataset.columns_of(batch, picks), remote, file, segment.pass_index)
+                yield _Block(file_rows, dataset.columns_of(batch, picks), owned, file, segment.pass_index)
 
     # ----------------------------------------------------------------- random access
 

@@ -14,13 +14,13 @@ import torch
 from torchdata.nodes import BaseNode
 
 from ..dsp import hashing
-from ..dsp.audio import fit, load_clip, probe_seconds
+from ..dsp.audio import fit, load_clip, probe_seconds, span_seconds
 from ..dsp.augment import Augmentations
 from ..dsp.augment_math import change_speed
-from ..dsp.config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, check_features
+from ..dsp.config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, Segments, check_features
 from ..dsp.features import compute_features, prepare
 from ..errors import DecodeError, ErrorBudgetExceeded
-from ..samples import BadRow, BatchEnd, Key, RawSample, Sample
+from ..samples import BadRow, BatchEnd, Key, RawSample, Sample, held_bytes
 from ..stats import MAX_REPORTED_BAD_ROWS, LoaderStats
 from ..workers import memory
 from ..workers.threads import pin_worker_to_one_thread
@@ -73,13 +73,15 @@ class SampleDecoder:
     ``guard``: ``guard(path)`` runs first on each row with audio (`ShardDataset.file_guard`): it raises
     `ShardReadError` when the row's memory-mapped shard changed since it was read, before the row's
     bytes are touched (touching the missing pages of a truncated map is a SIGBUS).
+    ``segments``: rows are windows of their audio, read from these columns of ``RawSample.extras``.
     """
 
     def __init__(self, features: FeatureConfig, *, seed: int, train: bool, window: bool,
                  augment: Augmentations | None, stats: LoaderStats, fetch: Fetch | None = None,
                  compute_features: bool = True, length: LengthPolicy | Sequence[LengthPolicy] = DEFAULT_LENGTH,
-                 guard: Callable[[str], None] | None = None) -> None:
+                 guard: Callable[[str], None] | None = None, segments: Segments | None = None) -> None:
         self.features = features
+        self.segments = segments
         self.guard = guard
         self.seed = seed
         self.train = train
@@ -141,9 +143,20 @@ class SampleDecoder:
         memory.after_decode()
         return Sample(key, features, raw.label, raw.extras, raw.file, raw.row, params, hashing.item_checksum(raw))
 
+    def _span(self, raw: RawSample) -> tuple[float | None, float | None] | None:
+        """The row's segment ``(start, end)`` in seconds, or None for the whole audio."""
+        if self.segments is None:
+            return None
+        missing = [c for c in self.segments.columns if c not in raw.extras]
+        if missing:
+            raise ValueError(f"row {raw.row} of {raw.file!r} lacks the segment column(s) {missing}: the reader must "
+                             f"read them (ArrowShardReader(columns=[..., {', '.join(map(repr, missing))}]))")
+        return self.segments.span(raw.extras)
+
     def _cut(self, raw: RawSample, rule: _LengthRule, speed: float) -> np.ndarray:
-        """Decode, resample and cut the row's clip: float32 ``[samples]``, ``speed`` times faster."""
+        """Decode, resample and cut the row's clip (its segment's): float32 ``[samples]``, ``speed`` times faster."""
         key = raw.key
+        span = self._span(raw)
 
         def draw(n: int) -> int:
             return hashing.uniform_int(n, self.seed, hashing.SALT_CROP, *key.parts())
@@ -152,11 +165,11 @@ class SampleDecoder:
         wanted = rule.clip if rule.clip else rule.max
         if speed == 1.0:
             return load_clip(raw.audio, rate, wanted, train=rule.random, draw=draw, window=self.window,
-                             timer=self.stats.add_seconds, pad=rule.clip is not None)
+                             timer=self.stats.add_seconds, pad=rule.clip is not None, span=span)
         # Cut `speed` times as much source, play it `speed` times faster: the crop's length again.
         source = None if wanted is None else math.ceil(wanted * speed)
         clip = load_clip(raw.audio, rate, source, train=rule.random, draw=draw, window=self.window,
-                         timer=self.stats.add_seconds, pad=False)
+                         timer=self.stats.add_seconds, pad=False, span=span)
         start = time.perf_counter()
         clip = change_speed(clip, speed, rate)
         self.stats.add_seconds("augment", time.perf_counter() - start)
@@ -171,7 +184,8 @@ class SampleDecoder:
         too_long_skips = rule.max is not None and rule.policy.too_long == "skip" and rule.clip is None
         if rule.min == 0 and not too_long_skips:
             return None
-        seconds = probe_seconds(raw.audio) / speed
+        span = self._span(raw)
+        seconds = (probe_seconds(raw.audio) if span is None else span_seconds(span, raw.audio)) / speed
         return self._length_reason(seconds, too_long_skips, rule.policy)
 
     def _skip_by_length(self, samples: int, rule: _LengthRule) -> str | None:
@@ -272,6 +286,11 @@ class DecodeSpectrogram(BaseNode[Sample]):
         guard: ``guard(path)``, run before a row's audio is touched; raises when the
             shard changed under the reader (`ShardDataset.file_guard`).
         length: one `LengthPolicy`, or one per source of a mix (indexed by ``Key.source``).
+        segments: `Segments`: each row is the window of its audio named by two of its
+            extra columns (the source must read them), decoded alone (None: whole rows).
+        max_bytes_in_flight: hand out no further chunk while the rows in flight hold this many bytes
+            (`held_bytes`; at least one chunk is always in flight); None: ``num_workers`` x 2 chunks whatever
+            they weigh. The bytes in flight are reported in ``stats()["memory"]["decode_in_flight"]``.
 
     State: ``{"mapper": <ParallelMap state>, "rows_seen": n, "bad_rows": k}``;
     the same for every ``num_workers`` and ``worker_type``.
@@ -288,8 +307,11 @@ class DecodeSpectrogram(BaseNode[Sample]):
                  worker_type: str = "thread", fetch: Fetch | None = None, start_method: str | None = None,
                  chunk_size: int | None = None, compute_features: bool = True,
                  length: LengthPolicy | Sequence[LengthPolicy] = DEFAULT_LENGTH,
-                 guard: Callable[[str], None] | None = None) -> None:
+                 guard: Callable[[str], None] | None = None, segments: Segments | None = None,
+                 max_bytes_in_flight: int | None = None) -> None:
         super().__init__()
+        if segments is not None and not isinstance(segments, Segments):
+            raise TypeError(f"segments must be a Segments or None, got {type(segments).__name__}")
         _validate(source, features, seed, num_workers, on_error, max_error_fraction,
                   error_budget_min_rows, stats, snapshot_frequency, worker_type, fetch)
         self.source = source
@@ -312,10 +334,12 @@ class DecodeSpectrogram(BaseNode[Sample]):
         prepare(features)  # build the cached filterbanks once, here, not in every thread
         self._decoder = SampleDecoder(features, seed=self.seed, train=self.train, window=self.window,
                                       augment=self.augment, stats=self.stats, fetch=fetch,
-                                      compute_features=compute_features, length=length, guard=guard)
+                                      compute_features=compute_features, length=length, guard=guard,
+                                      segments=segments)
         self._mapper = ParallelMap(source, self._decoder, num_workers=self.num_workers, backend=worker_type,
                                    chunk_size=chunk_size, start_method=start_method, stats=self.stats,
-                                   thread_initializer=self._pin_thread, what="decode worker")
+                                   thread_initializer=self._pin_thread, what="decode worker", size_fn=held_bytes,
+                                   max_bytes_in_flight=max_bytes_in_flight)
         self._rows_seen = 0
         self._bad_rows = 0
         self._reports: deque[dict[str, Any]] = deque(maxlen=MAX_REPORTED_BAD_ROWS)

@@ -10,22 +10,30 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from ..dsp.audio import probe_seconds
+from ..dsp.audio import probe_seconds, span_seconds
+from ..dsp.config import Segments
 from ..dsp.hashing import item_checksum
 from ..errors import DecodeError
-from ..samples import BatchEnd, Key, RawSample
-from ..stats import LoaderStats
+from ..samples import BatchEnd, Key, RawSample, held_bytes
+from ..stats import HeldBytes, LoaderStats
 from .shuffle_buffer import verify_checksums
 
 #: Rebuilds held rows from their keys, in the same order (a random-access read).
 RestoreFn = Callable[[Sequence[Key]], Sequence[Any]]
 
 
-def row_seconds(raw: RawSample, duration_column: str | None = None) -> float:
-    """A row's duration in seconds: its ``duration_column`` value when it has one, else its audio header.
+def row_seconds(raw: RawSample, duration_column: str | None = None, segments: Segments | None = None) -> float:
+    """A row's duration in seconds: its segment's length (``segments``: from its window columns), else
+    its ``duration_column`` value when it has one, else its audio header.
 
     A row whose header cannot be read counts as 0 s (the decode stage reports it as a bad row).
     """
+    span = None if segments is None else segments.span(raw.extras)
+    if span is not None:
+        try:
+            return span_seconds(span, raw.audio)
+        except DecodeError:
+            return 0.0
     if duration_column is not None:
         value = raw.extras.get(duration_column)
         if value is not None:
@@ -52,21 +60,26 @@ def estimate_boundaries(durations: Iterable[float], num_buckets: int) -> list[fl
 
 
 class _Buckets:
-    """The rows held per bucket: the items and their durations."""
+    """The rows held per bucket: the items, their durations, their bytes and (for ``distinct``) their indices."""
 
     def __init__(self, count: int) -> None:
         self.items: list[list[Any]] = [[] for _ in range(count)]
         self.seconds: list[list[float]] = [[] for _ in range(count)]
         self.totals = [0.0] * count
+        self.bytes = [0] * count
+        self.indices: list[set[int]] = [set() for _ in range(count)]
 
-    def add(self, bucket: int, item: Any, seconds: float) -> None:
+    def add(self, bucket: int, item: Any, seconds: float, size: int, index: int) -> None:
         self.items[bucket].append(item)
         self.seconds[bucket].append(seconds)
         self.totals[bucket] += seconds
+        self.bytes[bucket] += size
+        self.indices[bucket].add(index)
 
     def take(self, bucket: int) -> list[Any]:
         items = self.items[bucket]
         self.items[bucket], self.seconds[bucket], self.totals[bucket] = [], [], 0.0
+        self.bytes[bucket], self.indices[bucket] = 0, set()
         return items
 
 
@@ -107,6 +120,13 @@ class DurationBucketer(BaseNode):
     closes the batch at. When the source ends (an evaluation pass), the partly
     filled buckets leave too, in bucket order (``drop_last`` drops them).
 
+    Two more rules bound what it holds, both functions of the rows only:
+    ``max_bytes``: when the rows held take more bytes than this (``size_fn``), the
+    bucket holding the most bytes leaves at once, as a smaller batch (counted in
+    ``stats()["memory"]["bucketer"]["early_batches"]``); ``distinct``: a row whose
+    index its bucket already holds (the same utterance from another pass) closes
+    that bucket first, so no batch holds an utterance twice.
+
     Batches are a pure function of the input order: put a seeded `ShuffleBuffer`
     before this node for random batches in training. Rows from similar-duration
     buckets pad little: with 16 buckets more than 90 % of a padded batch is audio
@@ -126,15 +146,24 @@ class DurationBucketer(BaseNode):
         restore: ``keys -> items`` for resuming; required to resume.
         drop_last: drop the partly filled batches at the end of the source.
         key_fn: ``item -> Key`` (default ``item.key``).
-        stats: optional `LoaderStats`: counts ``bucketed_batches``.
+        stats: optional `LoaderStats`: counts ``bucketed_batches``; what is held goes to
+            ``stats.memory`` (holder ``"bucketer"``) unless ``held`` is given.
+        max_bytes: most bytes of rows held in buckets (None: no byte bound; see above).
+        distinct: close a bucket before it would hold an index twice (see above).
+        size_fn: ``item -> bytes`` it keeps alive (default `held_bytes`).
+        held: the `HeldBytes` to record into (shared with a `ShuffleBuffer` before this node).
     """
+
+    HOLDER = "bucketer"
 
     SOURCE_KEY = "source"
 
     def __init__(self, source: BaseNode, *, max_duration: float, boundaries: Sequence[float] = (),
                  max_batch_size: int | None = None, duration_fn: Callable[[Any], float] = row_seconds,
                  restore: RestoreFn | None = None, drop_last: bool = False,
-                 key_fn: Callable[[Any], Key] = lambda item: item.key, stats: LoaderStats | None = None) -> None:
+                 key_fn: Callable[[Any], Key] = lambda item: item.key, stats: LoaderStats | None = None,
+                 max_bytes: int | None = None, distinct: bool = False, size_fn: Callable[[Any], int] = held_bytes,
+                 held: HeldBytes | None = None) -> None:
         super().__init__()
         if not (isinstance(max_duration, (int, float)) and max_duration > 0):
             raise ValueError(f"max_duration={max_duration!r}: must be a positive number of seconds")
@@ -144,6 +173,8 @@ class DurationBucketer(BaseNode):
         edges = [float(b) for b in boundaries]
         if edges != sorted(edges):
             raise ValueError(f"boundaries={list(boundaries)!r}: must be ascending")
+        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1):
+            raise ValueError(f"max_bytes={max_bytes!r}: must be an integer >= 1 or None")
         self.source = source
         self.max_duration = float(max_duration)
         self.boundaries = edges
@@ -153,9 +184,22 @@ class DurationBucketer(BaseNode):
         self.drop_last = bool(drop_last)
         self.key_fn = key_fn
         self.stats = stats
+        self.max_bytes = max_bytes
+        self.distinct = bool(distinct)
+        self.size_fn = size_fn
+        if held is None:
+            held = stats.memory if stats is not None else HeldBytes()
+        self._holding = held.holding(self.HOLDER)
+        self._holding.info.update(early_batches=0)
+        self.describe()
         self._clear()
 
+    def describe(self) -> None:
+        """Put the limits in the report (``stats()["memory"]["bucketer"]``); again after changing them."""
+        self._holding.info.update(max_bytes=self.max_bytes, distinct=self.distinct)
+
     def _clear(self) -> None:
+        self._holding.clear()
         self._buckets = _Buckets(len(self.boundaries) + 1)
         self._ready: deque[Any] = deque()  # rows and BatchEnd markers being handed out
         self._batches = 0
@@ -184,7 +228,10 @@ class DurationBucketer(BaseNode):
                 self._exhausted = True
                 continue
             self._add(item)
-        return self._ready.popleft()
+        item = self._ready.popleft()
+        if not isinstance(item, BatchEnd):
+            self._holding.add(-int(self.size_fn(item)), -1)
+        return item
 
     def get_state(self) -> dict[str, Any]:
         held = [item for bucket in self._buckets.items for item in bucket]
@@ -207,11 +254,23 @@ class DurationBucketer(BaseNode):
     def _add(self, item: Any) -> None:
         seconds = float(self.duration_fn(item))
         b = bisect.bisect_right(self.boundaries, seconds)
+        index = int(self.key_fn(item)[0])
+        if self.distinct and index in self._buckets.indices[b]:
+            self._emit(b)  # the same utterance of another pass: not twice in one batch
         if self._buckets.items[b] and self._buckets.totals[b] + seconds > self.max_duration:
             self._emit(b)
-        self._buckets.add(b, item, seconds)
+        self._hold(b, item, seconds)
         if self.max_batch_size is not None and len(self._buckets.items[b]) >= self.max_batch_size:
             self._emit(b)
+        while self.max_bytes is not None and sum(self._buckets.bytes) > self.max_bytes:
+            fullest = max(range(len(self._buckets.bytes)), key=lambda k: (self._buckets.bytes[k], -k))
+            self._emit(fullest)
+            self._holding.info["early_batches"] += 1
+
+    def _hold(self, bucket: int, item: Any, seconds: float) -> None:
+        size = int(self.size_fn(item))
+        self._buckets.add(bucket, item, seconds, size, int(self.key_fn(item)[0]))
+        self._holding.add(size)
 
     def _emit(self, bucket: int) -> None:
         self._ready.extend(self._buckets.take(bucket))
@@ -247,14 +306,15 @@ class DurationBucketer(BaseNode):
         seconds = iter(state["seconds"])
         for b, size in enumerate(state["bucket_sizes"]):
             for _ in range(size):
-                row = next(rows)
-                self._buckets.add(b, row, next(seconds))
+                self._hold(b, next(rows), next(seconds))
         marker = state["batches"] - sum(k is None for k in ready)
         for k in ready:
             if k is None:
                 self._ready.append(BatchEnd(marker))
                 marker += 1
             else:
-                self._ready.append(next(rows))
+                row = next(rows)
+                self._ready.append(row)
+                self._holding.add(int(self.size_fn(row)))
         self._batches = state["batches"]
         self._exhausted = state["exhausted"]

@@ -11,7 +11,7 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from ..samples import Failure
-from ..stats import LoaderStats
+from ..stats import HeldBytes, LoaderStats
 from ..workers.pool import PoolClosed, ProcessPool, ThreadPool, WorkerError, run_chunk
 
 BACKENDS = ("thread", "process")
@@ -27,6 +27,7 @@ class _Chunk:
     seq: int
     start_state: Any  # the source's state before the chunk's first item
     size: int
+    nbytes: int = 0  # what its items hold (size_fn), while in flight
     labels: list[Any] = field(default_factory=list)  # what the items are, for error messages
     results: list[Any] | None = None
     error: BaseException | None = None  # raised by the source after the chunk's items
@@ -92,14 +93,20 @@ class ParallelMap(BaseNode):
         depth: chunks in flight per worker.
         start_method: process start method (see `audioloader.workers.pool.DEFAULT_START_METHOD`).
         thread_initializer: run once in each worker thread.
-        stats: `LoaderStats` that receives the counters worker processes report.
-        what: how error messages name the workers.
+        stats: `LoaderStats` that receives the counters worker processes report; with ``size_fn``, the
+            bytes of the items in flight go to ``stats.memory`` (holder ``"decode_in_flight"``, reported
+            beside the budgeted total: when results come back depends on timing).
+        size_fn: ``item -> bytes`` it holds (e.g. `held_bytes`); None: not counted.
+        max_bytes_in_flight: submit no further chunk while the chunks in flight hold this many bytes (at
+            least one chunk is always in flight). Only when work is handed out depends on it, never the
+            results or the state. None: ``num_workers * depth`` chunks, whatever they weigh.
     """
 
     def __init__(self, source: BaseNode, job: Callable[[Any], Any], *, num_workers: int, backend: str = "thread",
                  chunk_size: int | None = None, depth: int = 2, start_method: str | None = None,
                  thread_initializer: Callable[[], None] | None = None, stats: LoaderStats | None = None,
-                 what: str = "worker") -> None:
+                 what: str = "worker", size_fn: Callable[[Any], int] | None = None,
+                 max_bytes_in_flight: int | None = None) -> None:
         super().__init__()
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r}: must be one of {BACKENDS}")
@@ -118,6 +125,10 @@ class ParallelMap(BaseNode):
         else:
             self._pool = ProcessPool(job, num_workers, depth=depth, start_method=start_method, what=what)
         self._capacity = max(1, num_workers) * depth
+        self.size_fn = size_fn
+        self.max_bytes_in_flight = max_bytes_in_flight
+        self._flight = (stats.memory if stats is not None else HeldBytes()).holding("decode_in_flight", budgeted=False)
+        self._flight.info["max_bytes"] = max_bytes_in_flight
         self._owner_pid = os.getpid()
         self._seq = 0
         self._chunks: deque[_Chunk] = deque()
@@ -125,6 +136,7 @@ class ParallelMap(BaseNode):
         self._clear(None, 0)
 
     def _clear(self, snapshot: Any, steps: int) -> None:
+        self._flight.clear()
         self._chunks.clear()
         self._in_flight.clear()
         self._results: list[Any] = []
@@ -177,6 +189,7 @@ class ParallelMap(BaseNode):
         chunk = self._chunks.popleft()
         if chunk.results is None:
             self._collect(chunk)
+        self._flight.add(-chunk.nbytes, -chunk.size)
         self._results, self._labels, self._pos, self._skipped = chunk.results, chunk.labels, 0, []
         self._snapshot, self._steps = chunk.start_state, 0
         if chunk.error is not None:
@@ -188,7 +201,7 @@ class ParallelMap(BaseNode):
         """Pull and submit chunks until every worker has ``depth`` in flight or the source ends."""
         if self._source_done:
             return
-        while len(self._in_flight) < self._capacity and not self._source_done:
+        while len(self._in_flight) < self._capacity and not self._source_done and not self._heavy():
             chunk = _Chunk(self._seq, self.source.state_dict(), 0)
             items: list[Any] = []
             try:
@@ -203,7 +216,15 @@ class ParallelMap(BaseNode):
                 return
             chunk.size = len(items)
             chunk.labels = [getattr(item, "key", None) for item in items]
+            if self.size_fn is not None:
+                chunk.nbytes = sum(self.size_fn(item) for item in items)
+            self._flight.add(chunk.nbytes, chunk.size)
             self._submit(chunk, items)
+
+    def _heavy(self) -> bool:
+        """The chunks in flight hold ``max_bytes_in_flight`` bytes or more (never true with none in flight)."""
+        return (self.max_bytes_in_flight is not None and bool(self._chunks)
+                and self._flight.bytes >= self.max_bytes_in_flight)
 
     def _submit(self, chunk: _Chunk, items: list[Any]) -> None:
         self._seq += 1
@@ -275,6 +296,7 @@ class ParallelMap(BaseNode):
         self._pool.shutdown()
         self._chunks.clear()
         self._in_flight.clear()
+        self._flight.clear()
         self._source_done = True
 
 

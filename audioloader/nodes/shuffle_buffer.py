@@ -9,8 +9,8 @@ from torchdata.nodes import BaseNode
 
 from ..dsp.hashing import SALT_SHUFFLE, item_checksum, uniform_int
 from ..errors import CheckpointMismatchError
-from ..samples import Key
-from ..stats import LoaderStats
+from ..samples import Key, held_bytes
+from ..stats import HeldBytes, LoaderStats
 
 T = TypeVar("T")
 
@@ -45,21 +45,32 @@ def verify_checksums(items: Sequence[Any], expected: Sequence[int] | None, check
 
 
 class ShuffleBuffer(BaseNode[T], Generic[T]):
-    """Holds up to ``capacity`` items and emits them in a seeded random order.
+    """Holds up to ``capacity`` items (and ``max_bytes`` bytes) and emits them in a seeded random order.
 
     Works over anything with a ``.key`` (``RawSample`` or ``Sample``); pass
     ``key_fn`` for other items.
 
     Rules (none depends on timing, so the output order is a pure function of the
-    seed, the rank and the source's order):
+    seed, the rank and the source's order; item sizes are a function of the items):
 
-    * Nothing is emitted until ``min_size`` items are held, or the source is
-      exhausted (then it drains).
-    * Each emit pulls one item to replace it, plus one more while below
-      ``capacity``, so the buffer grows by one per emit up to ``capacity``
-      (WebDataset's rule).
+    * The buffer takes an item from the source only while it has room: fewer than
+      ``capacity`` items, and fewer than ``max_bytes`` bytes held (the items'
+      ``size_fn``, plus whatever the other holders of ``held`` hold, e.g. a
+      `DurationBucketer` after it). So it holds at most ``max_bytes`` plus one item.
+    * Nothing is emitted until ``min_size`` items or ``min_bytes`` bytes are held
+      (whichever comes first), or the buffer has no room, or the source is exhausted
+      (then it drains): the first item waits for a bounded amount of data.
+    * Each emit pulls one item to replace it, plus one more while there is room,
+      so the buffer grows by one per emit up to its limits (WebDataset's rule).
     * The ``draws``-th pick is ``uniform_int(n, seed, SALT_SHUFFLE, rank, draws)``,
       removed by swapping with the last item (O(1)).
+    * ``one_pass``: the buffer never holds two passes. The first item of a later
+      pass (``key.pass_index`` above the held items') is set aside; the buffer
+      empties, then starts the new pass with it (and fills to its minimum again).
+      A pass is delivered whole before the next begins, so a corpus smaller than
+      the buffer is shuffled like a permutation per pass and no row repeats within
+      one; ``stats()["memory"]["shuffle_buffer"]["one_pass_caps"]`` counts the
+      passes that ended before the buffer was full.
 
     State holds the keys of the held items (two lists of ints: about 7 bytes an
     item once pickled; a third, ``sources``, only while items of a mix's other
@@ -83,29 +94,58 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         restore: see above.
         key_fn: item -> ``Key``; default ``item.key``.
         checksum_fn: item -> 32-bit int identifying its content; default `item_checksum`.
-        stats: optional `LoaderStats`; the fill level goes to gauge ``shuffle_buffer_fill``.
+        stats: optional `LoaderStats`; the fill level goes to gauge ``shuffle_buffer_fill``, what is held
+            to ``stats.memory`` (holder ``"shuffle_buffer"``) unless ``held`` is given.
+        max_bytes: the byte budget (None: rows only): see the rules.
+        min_bytes: bytes held that end the first fill early (None: rows only).
+        size_fn: item -> bytes it keeps alive; default `held_bytes` (a raw row's own audio copy, a
+            decoded sample's features, plus its Python objects).
+        one_pass: see the rules (off by default; `AudioLoader` turns it on for one source).
+        held: the `HeldBytes` this buffer records into and whose total ``max_bytes`` bounds.
     """
 
     SOURCE_KEY = "source"
+    HOLDER = "shuffle_buffer"
 
     def __init__(self, source: BaseNode, capacity: int, min_size: int = 0, *, seed: int = 0, rank: int = 0,
                  restore: RestoreFn | None = None, key_fn: Callable[[Any], Key] = _item_key,
-                 checksum_fn: Callable[[Any], int] = item_checksum, stats: LoaderStats | None = None) -> None:
+                 checksum_fn: Callable[[Any], int] = item_checksum, stats: LoaderStats | None = None,
+                 max_bytes: int | None = None, min_bytes: int | None = None,
+                 size_fn: Callable[[Any], int] = held_bytes, one_pass: bool = False,
+                 held: HeldBytes | None = None) -> None:
         super().__init__()
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"ShuffleBuffer capacity={capacity!r} must be an integer >= 1")
         if isinstance(min_size, bool) or not isinstance(min_size, int) or not 0 <= min_size <= capacity:
             raise ValueError(f"ShuffleBuffer min_size={min_size!r} must be an integer in [0, capacity={capacity}]")
+        for name, value, least in (("max_bytes", max_bytes, 1), ("min_bytes", min_bytes, 0)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+                raise ValueError(f"ShuffleBuffer {name}={value!r} must be an integer >= {least} or None")
         self.source = source
         self.capacity = capacity
         self.min_size = min_size
+        self.max_bytes = max_bytes
+        self.min_bytes = min_bytes
+        self.size_fn = size_fn
+        self.one_pass = bool(one_pass)
         self.seed = seed
         self.rank = rank
         self.restore = restore
         self.key_fn = key_fn
         self.checksum_fn = checksum_fn
         self.stats = stats
+        if held is None:
+            held = stats.memory if stats is not None else HeldBytes()
+        self._holding = held.holding(self.HOLDER)
+        self._holding.info.update(limited_by=None, one_pass_caps=0)
+        self.describe()
         self._clear()
+
+    def describe(self) -> None:
+        """Put the limits in the report (``stats()["memory"]["shuffle_buffer"]``); again after changing them."""
+        self._holding.owner.limit = self.max_bytes
+        self._holding.info.update(max_rows=self.capacity, max_bytes=self.max_bytes, min_rows=self.min_size,
+                                  min_bytes=self.min_bytes, one_pass=self.one_pass)
 
     def _clear(self) -> None:
         self._items: list[Any] = []
@@ -117,11 +157,16 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         self._sources: list[int] = []
         self._other_sources = 0  # held items whose source is not 0: the state lists sources only then
         self._arrivals: list[int] = []  # position of each held item in the arrival order (-1: restored)
+        self._sizes: list[int] = []  # bytes each held item counts (size_fn, taken once)
         self._pulled = self._emitted = 0  # items in and out since the last reset: the displacement's clock
         self._checksums: list[int] = []
         self._draws = 0
         self._exhausted = False
         self._primed = False
+        self._pass = -1  # one_pass: the pass of the items held (-1: none yet)
+        self._fenced: tuple[Any, int] | None = None  # one_pass: the first item of the next pass, and its arrival
+        self._full = False  # one_pass: the buffer ran out of room in this pass (else a whole pass fit in it)
+        self._holding.clear()
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
@@ -129,29 +174,49 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         if initial_state is None:
             self.source.reset(None)
             return
-        items = self._restore_items(initial_state)
+        items, fenced = self._restore_items(initial_state)
         self.source.reset(initial_state[self.SOURCE_KEY])
         for item in items:
             self._append(item, arrival=-1)
+        if fenced is not None:
+            self._fenced = (fenced, -1)
+            self._holding.add(self.size_fn(fenced))
         self._draws = initial_state["draws"]
         self._exhausted = initial_state["exhausted"]
         self._primed = initial_state["primed"]
+        # A state from before one_pass: the pass of the newest items held.
+        self._pass = int(initial_state.get("pass", max(self._passes, default=-1)))
+        self._full = bool(initial_state.get("full", False))
 
-    def _restore_items(self, state: dict[str, Any]) -> list[Any]:
+    def _restore_items(self, state: dict[str, Any]) -> tuple[list[Any], Any]:
+        """The held items and the item set aside for the next pass (or None), read back or from the state."""
         if "items" in state:
-            return list(state["items"])
+            return list(state["items"]), state.get("fenced_item")
         if self.restore is None:
             raise ValueError("this ShuffleBuffer state holds keys only; build the buffer with the same "
                              "restore= callable as the one that saved it")
-        sources = state.get("sources") or [0] * len(state["indices"])
-        keys = [Key(i, p, s) for i, p, s in zip(state["indices"], state["passes"], sources, strict=True)]
+        keys = self.keys_of(state)
+        fenced = state.get("fenced")
+        checksums = state.get("checksums")
+        if checksums is not None and fenced is not None:
+            checksums = [*checksums, fenced[3]]
         items = list(self.restore(keys))
         got = [self.key_fn(item) for item in items]
         if got != keys:
             raise RuntimeError("ShuffleBuffer restore returned items whose keys differ from the checkpoint's; "
                                "the data changed since the checkpoint was taken")
-        verify_checksums(items, state.get("checksums"), self.checksum_fn, "shuffle buffer")
-        return items
+        verify_checksums(items, checksums, self.checksum_fn, "shuffle buffer")
+        return (items[:-1], items[-1]) if fenced is not None else (items, None)
+
+    @staticmethod
+    def keys_of(state: dict[str, Any]) -> list[Key]:
+        """The keys of the rows a keys-only state holds: the held ones, then the one set aside (if any)."""
+        sources = state.get("sources") or [0] * len(state["indices"])
+        keys = [Key(i, p, s) for i, p, s in zip(state["indices"], state["passes"], sources, strict=True)]
+        fenced = state.get("fenced")
+        if fenced is not None:
+            keys.append(Key(*fenced[:3]))
+        return keys
 
     def _append(self, item: Any, arrival: int) -> None:
         index, pass_index, *source = self.key_fn(item)  # a Key, or a plain (index, pass) tuple
@@ -161,9 +226,34 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         self._sources.append(source)
         self._other_sources += source != 0
         self._arrivals.append(arrival)
+        size = int(self.size_fn(item))
+        self._sizes.append(size)
+        self._holding.add(size)
         if self.restore is not None:
             self._checksums.append(self.checksum_fn(item))
         self._items.append(item)
+
+    # ------------------------------------------------------------------ filling
+
+    def _room(self) -> bool:
+        """Whether the buffer may take another item now (and, when not, what stopped it, for the report)."""
+        if self._exhausted or self._fenced is not None:
+            return False
+        if len(self._items) >= self.capacity:
+            return self._limited("rows")
+        if self.max_bytes is not None and self._holding.owner.total >= self.max_bytes:
+            return self._limited("bytes")
+        return True
+
+    def _limited(self, by: str) -> bool:
+        self._full = True
+        self._holding.info["limited_by"] = by
+        return False
+
+    def _filled(self) -> bool:
+        """The first fill is done: ``min_size`` items or ``min_bytes`` bytes held."""
+        return len(self._items) >= self.min_size or (
+            self.min_bytes is not None and self._holding.bytes >= self.min_bytes)
 
     def _pull(self) -> None:
         try:
@@ -171,18 +261,47 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         except StopIteration:
             self._exhausted = True
             return
-        self._append(item, self._pulled)
+        arrival = self._pulled
         self._pulled += 1
+        if self.one_pass:
+            pass_index = int(self.key_fn(item)[1])
+            if pass_index > self._pass:
+                if self._items:  # the pass ended: set the item aside until the buffer is empty
+                    self._fenced = (item, arrival)
+                    self._holding.add(int(self.size_fn(item)))
+                    self._on_pass_end()
+                    return
+                self._pass = pass_index
+        self._append(item, arrival)
+
+    def _on_pass_end(self) -> None:
+        if not self._full:  # the whole pass fit: the buffer held one pass of rows, no more
+            self._holding.info["limited_by"] = "pass"
+            self._holding.info["one_pass_caps"] += 1
+
+    def _open_next_pass(self) -> None:
+        """The buffer is empty: the item set aside starts the next pass (with a first fill of its own)."""
+        item, arrival = self._fenced
+        self._fenced = None
+        self._holding.add(-int(self.size_fn(item)))
+        self._pass = int(self.key_fn(item)[1])
+        self._full = False
+        self._primed = False
+        self._append(item, arrival)
 
     def next(self) -> T:
-        if not self._primed:
-            while len(self._items) < self.min_size and not self._exhausted:
-                self._pull()
-            self._primed = True
-        # One pull replaces the item about to leave; a second grows the buffer.
-        for _ in range(2):
-            if len(self._items) < self.capacity and not self._exhausted:
-                self._pull()
+        while True:
+            if not self._primed:
+                while not self._filled() and self._room():
+                    self._pull()
+                self._primed = True
+            # One pull replaces the item about to leave; a second grows the buffer.
+            for _ in range(2):
+                if self._room():
+                    self._pull()
+            if self._items or self._fenced is None:
+                break
+            self._open_next_pass()
         n = len(self._items)
         if self.stats is not None:
             self.stats.set_gauge("shuffle_buffer_fill", n)
@@ -199,7 +318,8 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
     def _swap_remove(self, pick: int) -> Any:
         item = self._items[pick]
         self._other_sources -= self._sources[pick] != 0
-        for column in (self._items, self._indices, self._passes, self._sources, self._arrivals):
+        self._holding.add(-self._sizes[pick], -1)
+        for column in (self._items, self._indices, self._passes, self._sources, self._arrivals, self._sizes):
             column[pick] = column[-1]
             column.pop()
         if self._checksums:
@@ -214,6 +334,10 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
             "exhausted": self._exhausted,
             "primed": self._primed,
         }
+        if self.one_pass:
+            state["pass"] = self._pass
+            state["full"] = self._full
+        fenced = self._fenced[0] if self._fenced is not None else None
         if self.restore is not None:
             # Lists of ints, not bytes or arrays: `torch.load(weights_only=True)` accepts them.
             state["indices"] = list(self._indices)
@@ -221,10 +345,20 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
             if self._other_sources:
                 state["sources"] = list(self._sources)
             state["checksums"] = list(self._checksums)
+            if fenced is not None:
+                key = Key(*self.key_fn(fenced))
+                state["fenced"] = [int(key.index), int(key.pass_index), int(key.source), self.checksum_fn(fenced)]
         else:
             state["items"] = list(self._items)
+            if fenced is not None:
+                state["fenced_item"] = fenced
         return state
 
     def __len__(self) -> int:
         """Items held now."""
         return len(self._items)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes the held items count (``size_fn``), the item set aside for the next pass included."""
+        return self._holding.bytes

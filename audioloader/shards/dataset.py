@@ -378,6 +378,11 @@ class ShardDataset(UnitReads):
         """Whether a file is read through a remote filesystem (its rows are copies, not memory-map views)."""
         return self._locations[file_id].fs is not None
 
+    def is_memory_mapped(self, file_id: int) -> bool:
+        """Whether a file's audio values are views of a memory map (a local Arrow IPC file or stream), which
+        cost page cache, not process memory; a Parquet or ORC unit is decompressed into process memory."""
+        return self.files[file_id].format in ("ipc_file", "ipc_stream") and not self.is_remote(file_id)
+
     def check_unchanged(self, file_id: int) -> None:
         """Raise `ShardReadError` naming the file if a local shard's size or modification time changed.
 
@@ -561,6 +566,41 @@ class ShardDataset(UnitReads):
                 batch, at = _batch_at(batches, row - unit_start)
                 out[k] = self._row_from(batch.slice(at, 1), file_id, row)
         return out  # type: ignore[return-value]
+
+    def read_column(self, name: str, indices: Sequence[int]) -> list[Any]:
+        """The values of column ``name`` at global row ``indices``, in that order, reading that column only
+        (e.g. the durations that estimate the bucket edges: no audio is read)."""
+        located = [self.locate(i) for i in indices]
+        wanted: dict[int, dict[int, list[int]]] = {}
+        for k, (file_id, row) in enumerate(located):
+            unit = bisect.bisect_right(self._unit_starts[file_id], row) - 1
+            wanted.setdefault(file_id, {}).setdefault(unit, []).append(k)
+        out: list[Any] = [None] * len(located)
+        for file_id, units in sorted(wanted.items()):
+            for unit, values in self._column_units(file_id, name, sorted(units)):
+                start = self._unit_starts[file_id][unit]
+                for k in units[unit]:
+                    out[k] = values[located[k][1] - start]
+        return out
+
+    def _column_units(self, file_id: int, name: str, units: list[int]) -> Iterator[tuple[int, list[Any]]]:
+        """``(unit, values)`` of one column of a file's ``units``, through one handle reading only that column."""
+        handle = None
+
+        def read(unit: int) -> list[pa.RecordBatch]:
+            nonlocal handle
+            if handle is None:
+                handle = self._open_handle(file_id, [name])
+            return handle.unit(unit)
+
+        try:
+            for unit in units:
+                batches = self._remote_or_local(file_id, f"column {name!r} of batch/row group {unit}",
+                                                lambda unit=unit: read(unit))
+                yield unit, [v for batch in batches for v in batch.column(name).to_pylist()]
+        finally:
+            if handle is not None:
+                handle.close()
 
     def _row_from(self, one_row: pa.RecordBatch, file_id: int, row: int) -> ShardRow:
         cols = self.columns_of(one_row)

@@ -39,10 +39,16 @@ _CONTINUATION = b"\xff\xff\xff\xff"
 _MSG_SCHEMA, _MSG_DICTIONARY, _MSG_RECORD_BATCH = 1, 2, 3
 
 
-def _open_local(loc: _Location) -> Any:
-    """A local shard as a memory map (zero-copy reads)."""
+def _open_local(loc: _Location, mapped: bool = True) -> Any:
+    """A local shard: a memory map (``mapped``), else a plain file.
+
+    Arrow IPC is read through a memory map (its values are zero-copy views of it). Parquet and ORC
+    are decoded into new buffers anyway, so they are read with plain reads: every page a memory map
+    has touched stays mapped, and counted in the process's memory, until the file is closed
+    (measured: the main process's PSS grew by the size of the Parquet file read, 400 MB in 60 batches).
+    """
     try:
-        return pa.memory_map(loc.fs_path, "r")
+        return pa.memory_map(loc.fs_path, "r") if mapped else pa.OSFile(loc.fs_path, "r")
     except (OSError, pa.ArrowException) as error:
         raise ShardReadError(f"cannot open shard {loc.path}: {error}") from error
 

@@ -95,7 +95,7 @@ class UnitReads:
         copy = self._cached_copy(file_id, download)
         local = loc.fs is None or copy is not None  # a cached copy is read like a local file: memory-mapped
         if local:
-            f = copy if copy is not None else _open_local(loc)
+            f = copy if copy is not None else _open_local(loc, mapped=meta.format in ("ipc_file", "ipc_stream"))
             if f.size() != meta.size:
                 f.close()
                 raise ShardReadError(f"shard {loc.path} changed after the loader was built: it has {f.size()} "

@@ -8,8 +8,10 @@ zero-copy ``audio`` buffers) or a Parquet file, with the columns
 - any extra columns the caller declares (e.g. ``path: string``, ``duration: float64``).
 
 Label names are stored in the schema metadata under the key ``b"audioloader"``
-as JSON ``{"labels": [names in id order] | null, "version": 1}``; the reader
-exposes them as ``ShardDataset.label_names``.
+as JSON ``{"labels": [names in id order] | null, "version": 1}``, plus any
+further entries the caller gives (``audioloader pack`` adds ``"segments": "cut"``
+when each row is a segment cut from a longer recording); the reader exposes the
+names as ``ShardDataset.label_names``.
 
 Atomicity: rows go to a temporary sibling file (same folder, so ``os.replace``
 is a rename on one filesystem), which is fsynced and then renamed onto the
@@ -30,7 +32,7 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["FORMATS", "METADATA_KEY", "METADATA_VERSION", "ShardWriter", "shard_metadata"]
+__all__ = ["FORMATS", "METADATA_KEY", "METADATA_VERSION", "ShardWriter", "shard_doc", "shard_metadata"]
 
 FORMATS = ("ipc_file", "parquet")
 METADATA_KEY = b"audioloader"
@@ -38,14 +40,25 @@ METADATA_VERSION = 1
 _RESERVED = ("audio", "label")
 
 
-def shard_metadata(label_names: list[str] | None) -> dict[bytes, bytes]:
+def shard_metadata(label_names: list[str] | None, extra: Mapping[str, Any] | None = None) -> dict[bytes, bytes]:
     """The schema metadata audioloader writes: ``{b"audioloader": JSON bytes}``.
 
     Args:
         label_names: class names in id order (``label_names[i]`` is the name of id ``i``), or ``None``.
+        extra: further JSON-able entries of the document (not ``labels`` or ``version``).
     """
     doc = {"labels": None if label_names is None else list(label_names), "version": METADATA_VERSION}
+    doc.update({k: v for k, v in (extra or {}).items() if k not in doc})
     return {METADATA_KEY: json.dumps(doc, ensure_ascii=False).encode("utf-8")}
+
+
+def shard_doc(schema: pa.Schema) -> dict[str, Any]:
+    """The ``audioloader`` metadata document of a schema (see `shard_metadata`); ``{}`` when absent or foreign."""
+    try:
+        doc = json.loads((schema.metadata or {})[METADATA_KEY])
+    except (KeyError, ValueError, TypeError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def _check_label_names(label_names: Any) -> list[str] | None:
@@ -130,6 +143,7 @@ class ShardWriter:
             reader's unit of I/O and the smallest split). Default 64.
         max_batch_bytes: a batch is also cut once its audio reaches this many
             bytes (default 64 MiB), so long recordings do not make huge batches.
+        metadata: further entries of the ``audioloader`` schema metadata (JSON-able values).
 
     Attributes:
         path: the target ``Path``; ``num_rows``: rows written so far;
@@ -143,7 +157,8 @@ class ShardWriter:
     def __init__(self, path: str | os.PathLike[str], format: str = "ipc_file", *,
                  label_names: list[str] | None = None, labeled: bool = True,
                  extra_columns: Mapping[str, pa.DataType] | None = None,
-                 rows_per_batch: int = 64, max_batch_bytes: int = 64 * 2**20) -> None:
+                 rows_per_batch: int = 64, max_batch_bytes: int = 64 * 2**20,
+                 metadata: Mapping[str, Any] | None = None) -> None:
         if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
             raise ValueError(f"path={path!r}: must be a file path (str or os.PathLike)")
         if format not in FORMATS:
@@ -170,7 +185,7 @@ class ShardWriter:
         if labeled:
             fields.append(pa.field("label", pa.int64()))
         fields += [pa.field(name, dtype) for name, dtype in self.extra_columns.items()]
-        self.schema = pa.schema(fields, metadata=shard_metadata(self.label_names))
+        self.schema = pa.schema(fields, metadata=shard_metadata(self.label_names, metadata))
 
         self.num_rows = 0
         self._columns: dict[str, list[Any]] = {f.name: [] for f in self.schema}

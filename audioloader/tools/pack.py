@@ -1,32 +1,31 @@
-"""``audioloader pack SRC OUT``: turn a folder of audio files (or a CSV list) into shards.
+"""``audioloader pack SRC OUT``: turn audio files, listed by a manifest or laid out in folders, into shards.
 
-Inputs:
+Inputs (`audioloader.tools.layouts`; detected, or forced with ``input_format=``):
+a class-folder tree; a CSV, TSV or JSONL manifest with any columns (``path`` plus,
+e.g., ``text``, ``speaker``, ``label``, ``start``/``end``); a Hugging Face
+``audiofolder`` (``metadata.csv``/``.jsonl``); a LibriSpeech tree (``.trans.txt``
+transcripts); a Common Voice TSV. Relative paths in a manifest are relative to its folder.
 
-- a folder with one sub-folder per class (``SRC/dog/a.wav``, ``SRC/cat/x/b.flac``):
-  the labels are the sorted sub-folder names; audio files are found recursively
-  by extension (see ``AUDIO_EXTENSIONS``); hidden files and folders are skipped;
-- a CSV file with a header containing ``path`` and ``label`` columns: ``label``
-  is a class name, or an integer class id when *every* label is an integer;
-  relative paths are relative to the CSV file's folder.
-
-Output: ``OUT/shard-00000.arrow`` (or ``.parquet``), ... written with
-``ShardWriter`` (columns ``audio``, ``label``, ``path``, ``duration``: seconds of
-the stored audio, from its header, for batching by duration) plus ``OUT/labels.json``
-(``{name: id}``). Rows are in sorted input order (or a seeded permutation of it),
-so the same inputs give the same shards, byte for byte.
+Output: ``OUT/shard-00000.arrow`` (or ``.parquet``), ... written with ``ShardWriter``:
+columns ``audio``, ``label`` (only when the input has labels; then also
+``OUT/labels.json``, ``{name: id}``), ``path``, ``duration`` (seconds of the stored
+audio, from its header, for batching by duration), then the input's own columns.
+Rows come in the input's order (manifests) or sorted path order (folders), or a
+seeded permutation of it, so the same inputs give the same shards, byte for byte.
 
 By default the original encoded bytes are stored untouched. With a
 ``sample_rate`` and/or ``codec`` the audio is decoded (soundfile), mixed to
 mono, resampled (soxr) and re-encoded as FLAC or 16-bit PCM WAV, so loading
-needs no resampling and a cheaper decode.
+needs no resampling and a cheaper decode. Rows that are segments of a recording
+are stored cut out of it (`audioloader.tools.pack_audio`). Rows that cannot be
+used (missing or undecodable files, empty transcripts, ...) are skipped, counted
+per reason and listed in the `PackSummary`.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
-import io
 import json
 import os
 import random
@@ -35,210 +34,79 @@ import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 
-from audioloader.dsp.audio import probe_seconds
-from audioloader.errors import DecodeError
 from audioloader.shards.index import write_index
 from audioloader.shards.writer import FORMATS, ShardWriter
 
-__all__ = ["AUDIO_EXTENSIONS", "CODECS", "PackItem", "add_arguments", "collect_inputs", "pack", "reencode",
-           "run"]
+from .layouts import AUDIO_EXTENSIONS, INPUT_FORMATS, collect_inputs
+from .manifests import Entry, Inputs
+from .pack_audio import CODECS, Packed, Skipped, forget_decoded, load_entry, reencode
 
-#: File name suffixes (lower case) treated as audio when scanning a class folder.
-AUDIO_EXTENSIONS = frozenset({".wav", ".wave", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aif", ".aiff",
-                              ".aifc", ".au", ".snd", ".w64", ".rf64", ".caf"})
-#: Re-encoding targets: lossless FLAC (16 bit) or WAV PCM16.
-CODECS = ("flac", "pcm16")
+__all__ = ["AUDIO_EXTENSIONS", "CODECS", "INPUT_FORMATS", "PackSummary", "add_arguments", "collect_inputs", "pack",
+           "pack_dataset", "reencode", "run"]
+
 _EXTENSION = {"ipc_file": "arrow", "parquet": "parquet"}
 _SHARD_NAME = re.compile(r"^shard-\d{5,}\.(arrow|parquet)$")
-_INT_LABEL = re.compile(r"^[+-]?\d+$")
+
+Loaded = Packed | Skipped
 
 
-@dataclass(frozen=True)
-class PackItem:
-    """One input file.
+@dataclass
+class PackSummary:
+    """What `pack_dataset` wrote and what it left out.
 
     Attributes:
-        file: where to read it (absolute, or relative to the working directory).
-        rel: the path stored in the ``path`` column (relative to SRC or to the CSV's folder).
-        label: class id.
+        shards: the shard files, in order.
+        out: the output folder.
+        input_format: the input format read (`audioloader.tools.layouts.INPUT_FORMATS`).
+        rows: rows written.
+        seconds: total duration of the stored audio, in seconds.
+        audio_bytes: total size of the stored audio, in bytes.
+        columns: the shards' columns, in order.
+        label_names: class names in id order, or None (no label column).
+        skipped: ``{reason: rows}`` left out.
+        examples: ``{reason: [the first few rows, named]}``.
     """
 
-    file: Path
-    rel: str
-    label: int
+    shards: list[Path]
+    out: Path
+    input_format: str
+    rows: int = 0
+    seconds: float = 0.0
+    audio_bytes: int = 0
+    columns: list[str] = field(default_factory=list)
+    label_names: list[str] | None = None
+    skipped: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+    def text(self) -> str:
+        """The summary as the command line prints it."""
+        length = f"{self.seconds / 3600:.2f} h" if self.seconds >= 360 else f"{self.seconds:.1f} s"
+        lines = [f"wrote {len(self.shards)} shard(s), {self.rows} rows, {length} of audio, "
+                 f"{self.audio_bytes / 2**20:.1f} MiB, to {self.out} (input: {self.input_format})",
+                 f"columns: {', '.join(self.columns)}"]
+        if self.label_names is not None:
+            lines.append(f"labels: {len(self.label_names)} classes, names in {self.out / 'labels.json'}")
+        skipped = sum(self.skipped.values())
+        if skipped:
+            lines.append(f"skipped {skipped} row(s):")
+            for reason, count in sorted(self.skipped.items(), key=lambda item: (-item[1], item[0])):
+                more = ", ..." if count > len(self.examples[reason]) else ""
+                lines.append(f"  {reason}: {count} (" + "; ".join(self.examples[reason]) + more + ")")
+        else:
+            lines.append("skipped: none")
+        return "\n".join(lines)
 
 
-# -- inputs --------------------------------------------------------------------------------------------
+# -- reading in order, in threads ----------------------------------------------------------------------
 
 
-def _is_hidden(name: str) -> bool:
-    # Also skips macOS "._x.wav" resource forks, which have an audio suffix but no audio.
-    return name.startswith(".")
-
-
-def _audio_files(folder: Path) -> list[Path]:
-    found = []
-    for root, dirs, files in os.walk(folder, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not _is_hidden(d))
-        found += [Path(root, f) for f in files
-                  if not _is_hidden(f) and Path(f).suffix.lower() in AUDIO_EXTENSIONS]
-    return found
-
-
-def _from_class_folders(src: Path) -> tuple[list[PackItem], list[str]]:
-    entries = sorted(p for p in src.iterdir() if not _is_hidden(p.name))
-    classes = [p for p in entries if p.is_dir()]
-    stray = [p for p in entries if p.is_file() and p.suffix.lower() in AUDIO_EXTENSIONS]
-    if stray:
-        raise ValueError(f"{stray[0]}: audio file directly in SRC {str(src)!r}; put each file in a "
-                         "sub-folder named after its class (SRC/<class>/file), or list files in a CSV")
-    if not classes:
-        raise ValueError(f"SRC {str(src)!r} has no class sub-folders; expected SRC/<class>/<audio files> "
-                         "or a CSV file with a path,label header")
-    names = [c.name for c in classes]
-    items = []
-    for label, folder in enumerate(classes):
-        for f in _audio_files(folder):
-            items.append(PackItem(file=f, rel=f.relative_to(src).as_posix(), label=label))
-    if not items:
-        raise ValueError(f"SRC {str(src)!r}: no audio files in its class sub-folders {names} "
-                         f"(looked for {', '.join(sorted(AUDIO_EXTENSIONS))})")
-    items.sort(key=lambda it: it.rel)
-    return items, names
-
-
-def _csv_rows(csv_path: Path) -> Iterator[tuple[int, str, str]]:
-    """Yields ``(line number, path, label)``; raises naming the line for a malformed row."""
-    with open(csv_path, newline="", encoding="utf-8-sig") as fh:  # -sig: tolerate an Excel BOM
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None:
-            raise ValueError(f"{csv_path}: empty CSV; expected a header line 'path,label'")
-        columns = [h.strip() for h in header]
-        missing = [c for c in ("path", "label") if c not in columns]
-        if missing:
-            raise ValueError(f"{csv_path}, line 1: header {columns} lacks column(s) {missing}; "
-                             "expected a header line 'path,label'")
-        ipath, ilabel = columns.index("path"), columns.index("label")
-        for row in reader:
-            line = reader.line_num
-            if not row or all(not v.strip() for v in row):
-                continue  # blank line
-            if len(row) <= max(ipath, ilabel):
-                raise ValueError(f"{csv_path}, line {line}: {len(row)} value(s) {row}, but the header has "
-                                 f"{len(columns)} columns {columns}")
-            path, label = row[ipath].strip(), row[ilabel].strip()
-            if not path:
-                raise ValueError(f"{csv_path}, line {line}: empty 'path'")
-            if not label:
-                raise ValueError(f"{csv_path}, line {line}: empty 'label' for {path!r}")
-            yield line, path, label
-
-
-def _from_csv(csv_path: Path) -> tuple[list[PackItem], list[str]]:
-    rows = list(_csv_rows(csv_path))
-    if not rows:
-        raise ValueError(f"{csv_path}: no rows after the header")
-    base = csv_path.parent
-    if all(_INT_LABEL.match(label) for _, _, label in rows):
-        # Integer ids are used as given; names are their decimal strings so that
-        # len(label_names) is still the number of classes.
-        ids = [int(label) for _, _, label in rows]
-        for (line, _, label), i in zip(rows, ids, strict=True):
-            if i < 0:
-                raise ValueError(f"{csv_path}, line {line}: label {label!r} is negative; "
-                                 "class ids must be >= 0")
-        names = [str(i) for i in range(max(ids) + 1)]
-    else:
-        names = sorted({label for _, _, label in rows})
-        index = {name: i for i, name in enumerate(names)}
-        ids = [index[label] for _, _, label in rows]
-    items = []
-    for (line, path, _), label in zip(rows, ids, strict=True):
-        file = Path(path) if Path(path).is_absolute() else base / path
-        if not file.is_file():
-            raise ValueError(f"{csv_path}, line {line}: audio file {str(file)!r} does not exist")
-        items.append(PackItem(file=file, rel=Path(path).as_posix(), label=label))
-    # The CSV's own row order is kept: it is already deterministic, and may be deliberate.
-    return items, names
-
-
-def collect_inputs(src: str | os.PathLike[str]) -> tuple[list[PackItem], list[str]]:
-    """Find the input files of ``src`` (class-folder tree or CSV), sorted by stored path.
-
-    Returns:
-        ``(items, label_names)`` with ``label_names[i]`` the name of class id ``i``.
-
-    Raises:
-        FileNotFoundError: ``src`` does not exist.
-        ValueError: no audio files, a stray file, a malformed CSV (the message names the file/line).
-    """
-    path = Path(src)
-    if not path.exists():
-        raise FileNotFoundError(f"SRC {str(path)!r} does not exist; give a class-folder tree or a CSV file")
-    if path.is_dir():
-        return _from_class_folders(path)
-    if path.suffix.lower() in AUDIO_EXTENSIONS:
-        raise ValueError(f"SRC {str(path)!r} is an audio file; give the folder of class sub-folders or a CSV")
-    return _from_csv(path)
-
-
-# -- re-encoding ---------------------------------------------------------------------------------------
-
-
-def reencode(path: str | os.PathLike[str], sample_rate: int | None, codec: str) -> bytes:
-    """Decode ``path``, mix to mono, resample to ``sample_rate`` Hz (``None``: keep), encode.
-
-    Args:
-        path: an audio file soundfile can read.
-        sample_rate: target rate in Hz, or ``None`` to keep the file's rate.
-        codec: ``"flac"`` (FLAC, 16 bit) or ``"pcm16"`` (WAV, 16-bit PCM).
-
-    Returns:
-        The encoded bytes.
-
-    Raises:
-        ValueError: the file cannot be decoded or has no audio frames (the message names it).
-    """
-    import numpy as np
-    import soundfile as sf
-    import soxr
-
-    try:
-        signal, rate = sf.read(os.fspath(path), dtype="float32", always_2d=True)
-    except Exception as e:  # libsndfile raises LibsndfileError/RuntimeError/TypeError by file type
-        raise ValueError(f"{os.fspath(path)}: cannot decode audio to re-encode it: {e}") from e
-    if signal.shape[0] == 0:
-        raise ValueError(f"{os.fspath(path)}: no audio frames (empty file); remove it "
-                         "or pack without re-encoding")
-    mono = signal.mean(axis=1) if signal.shape[1] > 1 else signal[:, 0]
-    if sample_rate is not None and rate != sample_rate:
-        mono = soxr.resample(mono, rate, sample_rate)
-        rate = sample_rate
-    # Resampling can overshoot full scale; integer PCM would wrap around, so clip.
-    mono = np.clip(mono, -1.0, 1.0)
-    buf = io.BytesIO()
-    fmt = "FLAC" if codec == "flac" else "WAV"
-    sf.write(buf, mono, rate, format=fmt, subtype="PCM_16")
-    return buf.getvalue()
-
-
-def _load(item: PackItem, sample_rate: int | None, codec: str | None) -> bytes:
-    if codec is None:
-        try:
-            return item.file.read_bytes()
-        except OSError as e:
-            raise OSError(f"{item.file}: cannot read: {e.strerror or e}") from e
-    return reencode(item.file, sample_rate, codec)
-
-
-def _ordered_map(fn: Callable[[PackItem], bytes], items: Iterable[PackItem], workers: int
-                 ) -> Iterator[tuple[PackItem, bytes]]:
+def _ordered_map(fn: Callable[[Entry], Loaded], items: Iterable[Entry], workers: int
+                 ) -> Iterator[tuple[Entry, Loaded]]:
     """``(item, fn(item))`` in input order, computed by ``workers`` threads with a bounded lookahead."""
     if workers == 1:
         for item in items:
@@ -247,7 +115,7 @@ def _ordered_map(fn: Callable[[PackItem], bytes], items: Iterable[PackItem], wor
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="audioloader-pack")
     # A bounded window keeps memory flat (at most this many encoded files in
     # flight) while the threads stay busy.
-    window: deque[tuple[PackItem, Future[bytes]]] = deque()
+    window: deque[tuple[Entry, Future[Loaded]]] = deque()
     limit = 4 * workers
     try:
         for item in items:
@@ -315,16 +183,25 @@ def _write_json_atomically(path: Path, doc: object) -> None:
     os.replace(tmp, path)
 
 
-def pack(src: str | os.PathLike[str], out: str | os.PathLike[str], *, fmt: str = "ipc_file",
-         shard_rows: int | None = None, shard_mb: float | None = 256.0, rows_per_batch: int = 64,
-         sample_rate: int | None = None, codec: str | None = None, workers: int = 2,
-         shuffle_seed: int | None = None, overwrite: bool = False, progress: bool = True) -> list[Path]:
-    """Pack the audio files of ``src`` into shards in ``out``; returns the shard paths in order.
+def pack(src: str | os.PathLike[str], out: str | os.PathLike[str], **options) -> list[Path]:
+    """`pack_dataset`, returning only the shard paths in order (its options are the same)."""
+    return pack_dataset(src, out, **options).shards
+
+
+def pack_dataset(src: str | os.PathLike[str], out: str | os.PathLike[str], *, fmt: str = "ipc_file",
+                 input_format: str | None = None, shard_rows: int | None = None, shard_mb: float | None = 256.0,
+                 rows_per_batch: int = 64, sample_rate: int | None = None, codec: str | None = None,
+                 workers: int = 2, shuffle_seed: int | None = None, overwrite: bool = False,
+                 progress: bool = True) -> PackSummary:
+    """Pack the audio of ``src`` into shards in ``out``; returns what was written and what was skipped.
 
     Args:
-        src: a folder with one sub-folder per class, or a CSV with a ``path,label`` header.
-        out: output folder (created). Gets ``shard-00000.<arrow|parquet>``, ... and ``labels.json``.
+        src: a folder (class folders, ``audiofolder``, LibriSpeech) or a manifest file (CSV, TSV, JSONL,
+            Common Voice TSV); see `audioloader.tools.layouts`.
+        out: output folder (created). Gets ``shard-00000.<arrow|parquet>``, ... and, for labeled
+            input, ``labels.json``.
         fmt: ``"ipc_file"`` (Arrow IPC file, default) or ``"parquet"``.
+        input_format: one of `INPUT_FORMATS`, or None to detect it from ``src``.
         shard_rows: at most this many rows per shard (``None``: no row limit).
         shard_mb: start a new shard before the audio of the current one would pass
             this many MiB (``None``: no size limit). Default 256. A shard is cut at
@@ -332,18 +209,17 @@ def pack(src: str | os.PathLike[str], out: str | os.PathLike[str], *, fmt: str =
         rows_per_batch: rows per record batch / row group (see ``ShardWriter``).
         sample_rate: re-encode at this rate in Hz (mono). Implies ``codec="flac"`` when no codec is given.
         codec: ``"flac"`` or ``"pcm16"``: re-encode (mono; at ``sample_rate`` or the file's own rate).
-            With neither, the original bytes are stored untouched.
+            With neither, the original bytes are stored untouched (segments: cut, see `cut_segment`).
         workers: threads that read/re-encode files; the row order does not depend on it.
-        shuffle_seed: ``None`` keeps sorted path order; an int stores a permutation of it
+        shuffle_seed: ``None`` keeps the input order; an int stores a permutation of it
             seeded by this value (still deterministic), so shards mix the classes.
         overwrite: replace the shards and ``labels.json`` already in ``out`` (else that is an error).
         progress: show a tqdm progress bar (only when stderr is a terminal).
 
     Raises:
         FileNotFoundError: ``src`` does not exist.
-        ValueError: bad arguments, bad input (naming the file or CSV line), or an undecodable
-            file while re-encoding (naming it).
-        OSError: a file cannot be read.
+        ValueError: bad arguments, bad input (naming the file or manifest line, e.g. a missing path
+            column or a segment that does not fit its recording), or no row left to pack.
 
     On any error the shards this call already wrote are removed.
     """
@@ -351,73 +227,83 @@ def pack(src: str | os.PathLike[str], out: str | os.PathLike[str], *, fmt: str =
     if sample_rate is not None and codec is None:
         codec = "flac"
     _check_out_not_in_src(Path(src), Path(out))
-    items, label_names = collect_inputs(src)
+    inputs = collect_inputs(src, input_format)
+    entries = list(inputs.entries)
     if shuffle_seed is not None:
-        random.Random(shuffle_seed).shuffle(items)
+        random.Random(shuffle_seed).shuffle(entries)
     out_dir = Path(out)
     _prepare_out(out_dir, overwrite)
 
+    summary = PackSummary([], out_dir, inputs.format, label_names=inputs.label_names)
     max_bytes = None if shard_mb is None else int(shard_mb * 2**20)
-    written: list[Path] = []
     try:
-        _write_shards(items, out_dir, written, fmt=fmt, label_names=label_names, shard_rows=shard_rows,
-                      max_bytes=max_bytes, rows_per_batch=rows_per_batch, workers=workers,
-                      load=lambda it: _load(it, sample_rate, codec), progress=progress)
-        _write_json_atomically(out_dir / "labels.json", {name: i for i, name in enumerate(label_names)})
-        if written:  # the folder's metadata index: a remote copy is constructed from it in a few requests
-            write_index(out_dir, portable=True)
+        _write_shards(entries, inputs, out_dir, summary, fmt=fmt, shard_rows=shard_rows, max_bytes=max_bytes,
+                      rows_per_batch=rows_per_batch, workers=workers,
+                      load=lambda entry: load_entry(entry, sample_rate, codec), progress=progress)
+        if not summary.shards:
+            reasons = "; ".join(f"{r}: {n} (e.g. {inputs.skips.examples[r][0]})" for r, n in
+                                inputs.skips.counts.items())
+            raise ValueError(f"SRC {os.fspath(src)!r}: every row was skipped, nothing to pack ({reasons})")
+        if inputs.label_names is not None:
+            _write_json_atomically(out_dir / "labels.json", {name: i for i, name in enumerate(inputs.label_names)})
+        # The folder's metadata index: a remote copy of it is constructed in a few requests.
+        write_index(out_dir, portable=True)
     except BaseException:
-        for p in written:
+        for p in summary.shards:
             with contextlib.suppress(OSError):
                 p.unlink()
         raise
-    return written
+    summary.skipped, summary.examples = dict(inputs.skips.counts), dict(inputs.skips.examples)
+    return summary
 
 
-def _write_shards(items: list[PackItem], out_dir: Path, written: list[Path], *, fmt: str,
-                  label_names: list[str], shard_rows: int | None, max_bytes: int | None,
-                  rows_per_batch: int, workers: int, load: Callable[[PackItem], bytes],
-                  progress: bool) -> None:
+def _write_shards(entries: list[Entry], inputs: Inputs, out_dir: Path, summary: PackSummary, *, fmt: str,
+                  shard_rows: int | None, max_bytes: int | None, rows_per_batch: int, workers: int,
+                  load: Callable[[Entry], Loaded], progress: bool) -> None:
     from tqdm import tqdm
 
-    bar = tqdm(total=len(items), unit="file", desc="pack", disable=not (progress and sys.stderr.isatty()))
+    extra = {"path": pa.string(), "duration": pa.float64(), **inputs.columns}
+    labeled = inputs.label_names is not None
+    # Shards whose rows are segments cut from recordings say so: the loader must not cut them again.
+    metadata = {"segments": "cut"} if inputs.segments is not None else None
+    bar = tqdm(total=len(entries), unit="file", desc="pack", disable=not (progress and sys.stderr.isatty()))
     writer: ShardWriter | None = None
     rows = size = 0
-    loaded = _ordered_map(load, items, workers)
+    loaded = _ordered_map(load, entries, workers)
     try:
-        for item, data in loaded:
+        for entry, result in loaded:
+            bar.update()
+            if isinstance(result, Skipped):
+                inputs.skips.add(result.reason, result.detail)
+                continue
             full = writer is not None and (
                 (shard_rows is not None and rows >= shard_rows)
-                or (max_bytes is not None and size + len(data) > max_bytes))
+                or (max_bytes is not None and size + len(result.data) > max_bytes))
             if full:
-                written.append(writer.close())
+                summary.shards.append(writer.close())
                 writer = None
             if writer is None:
-                path = out_dir / f"shard-{len(written):05d}.{_EXTENSION[fmt]}"
-                writer = ShardWriter(path, fmt, label_names=label_names, rows_per_batch=rows_per_batch,
-                                     extra_columns={"path": pa.string(), "duration": pa.float64()})
+                path = out_dir / f"shard-{len(summary.shards):05d}.{_EXTENSION[fmt]}"
+                writer = ShardWriter(path, fmt, label_names=inputs.label_names, labeled=labeled,
+                                     rows_per_batch=rows_per_batch, extra_columns=extra, metadata=metadata)
                 writer.open()
                 rows = size = 0
-            writer.write(data, item.label, path=item.rel, duration=_seconds(data))
+            writer.write(result.data, entry.label, path=entry.rel, duration=result.seconds, **entry.values)
             rows += 1
-            size += len(data)
-            bar.update()
+            size += len(result.data)
+            summary.rows += 1
+            summary.seconds += result.seconds
+            summary.audio_bytes += len(result.data)
         if writer is not None:
-            written.append(writer.close())
+            summary.shards.append(writer.close())
+            summary.columns = list(writer.schema.names)
             writer = None
     finally:
         loaded.close()  # stops the worker threads now, not when the generator is collected
+        forget_decoded()
         if writer is not None:
             writer.abort()
         bar.close()
-
-
-def _seconds(data: bytes) -> float | None:
-    """Duration of encoded audio from its header, or None (null) when it cannot be read."""
-    try:
-        return probe_seconds(data)
-    except DecodeError:
-        return None
 
 
 # -- command line --------------------------------------------------------------------------------------
@@ -426,9 +312,12 @@ def _seconds(data: bytes) -> float | None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``audioloader pack`` on ``parser``."""
     parser.add_argument("src", metavar="SRC",
-                        help="folder with one sub-folder per class, or a CSV file with a path,label header")
+                        help="a folder (class sub-folders, a Hugging Face audiofolder, a LibriSpeech tree) or a "
+                             "manifest (CSV, TSV, JSONL, a Common Voice TSV)")
     parser.add_argument("out", metavar="OUT",
-                        help="output folder for shard-NNNNN.arrow|parquet and labels.json")
+                        help="output folder for shard-NNNNN.arrow|parquet (and labels.json for labeled input)")
+    parser.add_argument("--input-format", choices=("auto", *INPUT_FORMATS), default="auto",
+                        help="how to read SRC (default: auto, detected from its extension, content or layout)")
     parser.add_argument("--format", dest="fmt", choices=FORMATS, default="ipc_file",
                         help="shard format (default: ipc_file, the Arrow IPC file format, memory-mappable)")
     parser.add_argument("--shard-size", dest="shard_rows", type=int, default=None, metavar="ROWS",
@@ -444,30 +333,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=2,
                         help="threads reading/re-encoding files (default: 2)")
     parser.add_argument("--shuffle-seed", type=int, default=None, metavar="SEED",
-                        help="store the files in a permutation seeded by SEED (default: sorted path order)")
+                        help="store the rows in a permutation seeded by SEED (default: the input's order)")
     parser.add_argument("--overwrite", action="store_true", help="replace shards already in OUT")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``audioloader pack`` with parsed ``args``; returns the exit status."""
-    shards = pack(args.src, args.out, fmt=args.fmt, shard_rows=args.shard_rows,
-                  shard_mb=args.shard_mb or None, rows_per_batch=args.rows_per_batch,
-                  sample_rate=args.sample_rate, codec=args.codec, workers=args.workers,
-                  shuffle_seed=args.shuffle_seed, overwrite=args.overwrite, progress=not args.quiet)
+    summary = pack_dataset(args.src, args.out, fmt=args.fmt, input_format=args.input_format,
+                           shard_rows=args.shard_rows, shard_mb=args.shard_mb or None,
+                           rows_per_batch=args.rows_per_batch, sample_rate=args.sample_rate, codec=args.codec,
+                           workers=args.workers, shuffle_seed=args.shuffle_seed, overwrite=args.overwrite,
+                           progress=not args.quiet)
     if not args.quiet:
-        total = sum(p.stat().st_size for p in shards)
-        rows = sum(_count_rows(p) for p in shards)
-        print(f"wrote {len(shards)} shard(s), {rows} rows, {total / 2**20:.1f} MiB, to {args.out} "
-              f"(labels in {Path(args.out) / 'labels.json'})")
+        print(summary.text())
     return 0
-
-
-def _count_rows(shard: Path) -> int:
-    """Rows in a shard, from its footer (no data is read)."""
-    if shard.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.ParquetFile(shard).metadata.num_rows
-    with pa.memory_map(str(shard)) as source:
-        return pa.ipc.open_file(source).count_rows()

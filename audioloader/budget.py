@@ -1,0 +1,203 @@
+"""Memory as a budget: what the shuffle buffer and the bucketer may hold, per mode, and what checkpoints recorded.
+
+`AudioLoader` resolves its ``shuffle=`` group (`Shuffle`) against the preset of its
+mode into one `ShuffleSettings`: the buffer's rows and bytes, its first fill in
+rows and bytes, the interleaving, and the rules that keep a buffer to one pass.
+Everything that holds audio ahead of the decode stage shares one byte budget,
+``max_bytes``: the reader's lanes (a unit each, where units are read into memory),
+then the `ShuffleBuffer` and a `DurationBucketer` after it, which report what they
+hold in ``stats()["memory"]`` (docs/concepts.md, "Memory").
+
+Why 256 MiB a loader: it is what one rank may hold without thought on a laptop (8-16 GB)
+and on a 16-rank machine (4 GiB for all ranks together, next to 16 models and their
+optimizer states), and it holds about 1,000 decoded 5 s log-mels (256 KB each), or
+1,000 Parquet speech rows (10 s of 16 kHz FLAC/WAV, 150-330 KB), or any number of rows of
+memory-mapped Arrow IPC shards (a held row there is a view of the file, about 600 bytes
+of Python objects). Interleaving ``k`` splits makes a small buffer mix like a large one
+(`ArrowShardReader`), so the bytes go further (benchmarks/bench_shuffle_quality.py).
+
+A checkpoint taken before byte budgets (no ``"memory"`` in its fingerprint) resumes
+with the settings it was taken with (`ShuffleSettings.legacy`): the row-count buffer of
+10000 / 8000 rows, no byte bound, no one-pass rule, so the run goes on exactly as it began.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .options import Shuffle
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ShufflePreset:
+    """The shuffle defaults of one mode; a `Shuffle` field left None takes its value here."""
+
+    buffer_size: int  # most rows held
+    min_size: int  # rows held before the first item leaves ...
+    max_bytes: int | None  # most bytes held ahead of decoding: reader lanes, buffer, bucketer (None: rows only)
+    min_bytes: int | None  # ... or these bytes, whichever comes first
+    interleave: int | None  # splits read at once (None: as many as half the budget holds, `fit_interleave`)
+
+
+#: Training. The rows are the 0.1 preset's; the bytes bound what rows cannot: 10000 decoded log-mels
+#: were 2.5 GB, now at most 256 MiB (about 1,000); the first batch waits for 32 MiB of held data (about
+#: 128 decoded clips, 100-200 Parquet speech rows) instead of 8000 decodes. Raw rows of memory-mapped IPC
+#: shards cost about 600 B each, so there the rows decide, as before.
+TRAIN = ShufflePreset(buffer_size=10000, min_size=8000, max_bytes=256 * MiB, min_bytes=32 * MiB, interleave=None)
+
+#: Evaluation: no shuffling (a buffer of 1 passes rows through), one pass in file order.
+EVAL = ShufflePreset(buffer_size=1, min_size=0, max_bytes=None, min_bytes=None, interleave=1)
+
+#: What training resolved to before byte budgets (the row-count buffer): legacy checkpoints resume with it.
+LEGACY_TRAIN = ShufflePreset(buffer_size=10000, min_size=8000, max_bytes=None, min_bytes=None, interleave=1)
+
+#: The share of ``max_bytes`` a bucketer may hold in its buckets before it hands out its fullest bucket early.
+BUCKETER_SHARE = 0.5
+
+#: The least share of ``max_bytes`` the buffer and the bucketer keep when ``Shuffle(interleave=k)`` asks for more lanes
+#: than the budget holds (those lanes then come on top of the budget).
+BUFFER_FLOOR = 0.25
+
+#: The share of ``max_bytes`` the rows in flight to the decode workers may hold (reported apart: see `ParallelMap`).
+DECODE_SHARE = 0.5
+
+#: Most splits read at once by default: a batch of 64 then draws from 16 splits even from a small buffer.
+MAX_INTERLEAVE = 16
+
+#: The share of ``max_bytes`` the reader's lanes may hold (a unit each where units are read into memory).
+#: Measured (benchmarks/bench_shuffle_quality.py --bucketing, Parquet row groups of 100 speech rows, 24 MB):
+#: at equal bytes, lanes mix more than buffer rows once the buffer holds what the bucketer needs; 8 lanes and
+#: 128 MiB gave 7.3 splits per batch in 321 MB, one lane and 256 MiB 5.3 in 280 MB.
+LANES_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class ShuffleSettings:
+    """What the shuffle buffer, the bucketer and the readers are built with (see the module docstring).
+
+    ``max_bytes`` is the budget; the readers' lanes take ``interleave`` units of
+    ``lane_bytes`` each out of it (a preset's interleave at most `LANES_SHARE` of it), the
+    buffer and the bucketer share the rest (``buffer_max_bytes``; the bucketer at most
+    `BUCKETER_SHARE` of that). ``preset_fields``: the `Shuffle` fields the user left to
+    the preset (a legacy checkpoint may set those, never one the user gave).
+    """
+
+    buffer_size: int
+    min_size: int
+    max_bytes: int | None
+    min_bytes: int | None
+    interleave: int
+    one_pass: bool
+    bucketing: bool
+    preset_fields: frozenset[str]
+    before_decode: bool | None = None  # None: decided by the shards (`chain.open_sources`)
+    lane_bytes: int = 0
+    legacy: bool = False
+
+    @property
+    def buffer_max_bytes(self) -> int | None:
+        """The budget less the readers' lanes: what the buffer and a bucketer after it hold together (at least
+        `BUFFER_FLOOR` of the budget, however many lanes were asked for)."""
+        if self.max_bytes is None:
+            return None
+        return max(int(self.max_bytes * BUFFER_FLOOR), 1, self.max_bytes - self.interleave * self.lane_bytes)
+
+    @property
+    def bucketer_max_bytes(self) -> int | None:
+        """Most bytes a bucketer holds in its buckets (training: rows only in evaluation, whose batches are planned)."""
+        if self.buffer_max_bytes is None or not self.bucketing or not self.one_pass:
+            return None
+        return max(1, int(self.buffer_max_bytes * BUCKETER_SHARE))
+
+    @property
+    def decode_max_bytes(self) -> int | None:
+        """Most bytes of rows handed to the decode workers and not yet back (at least one chunk always goes):
+        half the budget, which holds more than ``num_workers x 2`` chunks of ordinary rows, and stops hour-long
+        recordings from taking a chunk per worker at once."""
+        return None if self.max_bytes is None else max(1, int(self.max_bytes * DECODE_SHARE))
+
+    def fitted(self, lane_bytes: int) -> ShuffleSettings:
+        """These settings for readers whose lanes hold ``lane_bytes`` each (`lane_bytes`): a preset's interleave
+        becomes `fit_interleave`'s."""
+        interleave = self.interleave
+        if "interleave" in self.preset_fields and not self.legacy and self.max_bytes is not None:
+            interleave = fit_interleave(self.max_bytes, lane_bytes)
+        return dataclasses.replace(self, interleave=interleave, lane_bytes=int(lane_bytes))
+
+    def fingerprint(self) -> dict[str, Any] | None:
+        """The checkpoint fingerprint's ``"memory"`` field (None for legacy settings: the checkpoint has none)."""
+        if self.legacy:
+            return None
+        return {"max_bytes": self.max_bytes, "min_bytes": self.min_bytes, "one_pass": self.one_pass,
+                "buffer_max_bytes": self.buffer_max_bytes, "bucketer_max_bytes": self.bucketer_max_bytes}
+
+    def as_legacy(self, theirs: dict[str, Any]) -> ShuffleSettings:
+        """These settings as the loader that saved fingerprint ``theirs`` (from before byte budgets) had them.
+
+        The fields the user left to the preset take the checkpoint's values; the
+        byte bounds and the one-pass rules did not exist.
+        """
+        taken = {"buffer_size": theirs.get("shuffle_buffer_size", LEGACY_TRAIN.buffer_size),
+                 "min_size": theirs.get("shuffle_min_size", LEGACY_TRAIN.min_size),
+                 "interleave": theirs.get("interleave", LEGACY_TRAIN.interleave)}
+        changes = {name: int(value) for name, value in taken.items()
+                   if name in self.preset_fields and value is not None}
+        return dataclasses.replace(self, **changes, max_bytes=None, min_bytes=None, one_pass=False, legacy=True)
+
+    def configure(self, buffer: Any, bucketer: Any, readers: Sequence[Any]) -> None:
+        """Set these settings on nodes built with others (before they start): the readers' interleave, the
+        buffer's and the bucketer's limits."""
+        if buffer is not None:
+            buffer.capacity, buffer.min_size = self.buffer_size, self.min_size
+            buffer.max_bytes, buffer.min_bytes, buffer.one_pass = self.buffer_max_bytes, self.min_bytes, self.one_pass
+            buffer.describe()
+        if bucketer is not None:
+            bucketer.max_bytes, bucketer.distinct = self.bucketer_max_bytes, self.one_pass
+            bucketer.describe()
+        for reader in readers:
+            if reader.interleave != self.interleave:
+                reader.set_interleave(self.interleave)
+
+
+def fit_interleave(max_bytes: int, lane_bytes: int) -> int:
+    """Splits read at once by default: `MAX_INTERLEAVE` where a lane costs nothing (memory-mapped shards), else
+    as many lanes as `LANES_SHARE` of the budget holds (at least 1)."""
+    if lane_bytes <= 0:
+        return MAX_INTERLEAVE
+    return int(min(MAX_INTERLEAVE, max(1, LANES_SHARE * max_bytes // lane_bytes)))
+
+
+def lane_bytes(datasets: Sequence[Any]) -> int:
+    """Bytes one reader lane may hold: the largest unit (record batch, row group, stripe) of the files whose units
+    are read into memory (Parquet, ORC, remote), from their sizes; 0 when every file is memory-mapped."""
+    units = [f.size // max(1, len(f.batch_rows)) for dataset in datasets for i, f in enumerate(dataset.files)
+             if not dataset.is_memory_mapped(i)]
+    return max(units, default=0)
+
+
+def resolve(shuffle: Shuffle, *, train: bool, bucketing: bool, mixed: bool) -> ShuffleSettings:
+    """The settings of a loader: ``shuffle``'s fields, the rest from the preset of its mode.
+
+    ``one_pass`` (a buffer holds one pass; a bucket never holds an utterance twice) is on
+    in training from one source; a `Mix` draws its sources' passes at their weights, so
+    passes of different sources always overlap there. A preset's interleave is 1 until
+    `ShuffleSettings.fitted` knows the readers' units.
+    """
+    preset = TRAIN if train else EVAL
+    given = {"buffer_size": shuffle.buffer_size, "min_size": shuffle.min_size, "max_bytes": shuffle.max_bytes,
+             "min_bytes": shuffle.min_bytes, "interleave": shuffle.interleave}
+    preset_fields = frozenset(name for name, value in given.items() if value is None)
+    values = {name: getattr(preset, name) if value is None else value for name, value in given.items()}
+    if shuffle.min_size is None:
+        values["min_size"] = min(preset.min_size, values["buffer_size"])
+    if values["min_size"] > values["buffer_size"]:
+        raise ValueError(f"shuffle_min_size={values['min_size']} must be <= "
+                         f"shuffle_buffer_size={values['buffer_size']}")
+    values["interleave"] = values["interleave"] or 1
+    return ShuffleSettings(**values, one_pass=train and not mixed, bucketing=bucketing, preset_fields=preset_fields,
+                           before_decode=shuffle.before_decode)
