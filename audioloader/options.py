@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from . import checks
-from .distributed import resolve_rank
 from .shards.cache import parse_bytes
+from .shards.splits import resolve_rank
 from .shards.storage import DEFAULT_REMOTE_READS, RemoteReads
 
 WORKER_KINDS = ("auto", "thread", "process")

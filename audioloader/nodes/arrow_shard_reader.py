@@ -34,12 +34,12 @@ from typing import Any, NamedTuple
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from ..distributed import resolve_rank
 from ..dsp.hashing import SALT_INTERLEAVE, SALT_SPLIT_ORDER, audio_checksum, permutation
 from ..errors import CheckpointMismatchError
 from ..samples import Key, RawSample
 from ..shards import Retry, ShardDataset, Split, subdivide
 from ..shards.readahead import ReadAhead
+from ..shards.splits import resolve_rank
 from ..shards.storage import RemoteReads
 from ..stats import LoaderStats
 from .read_order import segment_units, units_ahead

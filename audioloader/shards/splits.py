@@ -1,4 +1,5 @@
-"""Splits: runs of consecutive rows of one file, built from batches / row groups, and their subdivision."""
+"""Splits: runs of consecutive rows of one file, built from batches / row groups, and their subdivision; the rank
+and world size that a pass's splits are shared over (`resolve_rank`)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,28 @@ def subdivide(splits: Sequence[Split], count: int) -> list[Split]:
             heapq.heappush(heap, (-part.num_rows, serial, part))
             serial += 1
     return _numbered([s for _, _, s in heap])
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Return ``(rank, world_size)``: the rank whose share of the splits is read, and how many ranks share them.
+
+    ``None`` values come from torch.distributed's initialized default process group, else 0 / 1.
+    Raises ``ValueError`` for a negative rank, a world size below 1, or
+    ``rank >= world_size``.
+    """
+    import torch.distributed as dist  # here: the shards layer is read without torch (tools, workers)
+
+    initialized = dist.is_available() and dist.is_initialized()
+    if world_size is None:
+        world_size = dist.get_world_size() if initialized else 1
+    if rank is None:
+        rank = dist.get_rank() if initialized else 0
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size} must be >= 1")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} must be in [0, world_size={world_size}); "
+                         "pass rank and world_size together, or neither under torch.distributed")
+    return rank, world_size
