@@ -12,7 +12,8 @@ from torchdata.nodes import BaseNode
 
 from ..samples import Failure
 from ..stats import HeldBytes, LoaderStats
-from ..workers.pool import PoolClosed, ProcessPool, ThreadPool, WorkerError, run_chunk
+from ..workers.pool import PoolClosed, ProcessPool, ThreadPool, WorkerError
+from ..workers.process_worker import run_chunk
 
 BACKENDS = ("thread", "process")
 

@@ -19,7 +19,8 @@ have in flight; a chunk's inputs and then its results travel through its slot
 ignore SIGINT (Ctrl-C is the consumer's to handle), run torch with one
 intra-op thread, exit when their socket closes (so they never outlive the
 consumer), and are watched: a worker that dies (killed by the OOM killer, a
-crash in a decoder) is reported with its exit status instead of a hang.
+crash in a decoder) is reported with its exit status instead of a hang. What runs inside
+a worker process is in `audioloader.workers.process_worker`.
 """
 
 from __future__ import annotations
@@ -32,17 +33,13 @@ import pickle
 import signal
 import sys
 import threading
-import time
-import traceback
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from multiprocessing import reduction
 from typing import Any
 
-import tblib
-
-from ..samples import Failure
 from . import wire
+from .process_worker import _RemoteFailure, run_chunk, worker_main
 from .threads import join_or_report
 
 #: Seconds between liveness checks while waiting for a worker.
@@ -71,8 +68,6 @@ def choose_start_method() -> str:
         return "fork"
     return DEFAULT_START_METHOD
 
-#: Seconds between a worker's checks that its consumer process is still alive.
-PARENT_CHECK_SECONDS = 1.0
 
 
 def free_mkl_buffers() -> bool:
@@ -117,97 +112,6 @@ class PoolClosed(Exception):
 
 class WorkerError(RuntimeError):
     """A worker process could not start, or died while it held work."""
-
-
-class RemoteTraceback(Exception):
-    """The traceback of an exception raised in a worker process, as text (its ``__cause__``)."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.text = text
-
-    def __str__(self) -> str:
-        return self.text
-
-
-def _rebuild_exception(cls: type, args: tuple, state: dict[str, Any]) -> BaseException:
-    """An exception of type ``cls`` with ``args`` and attributes ``state``, without calling its ``__init__``."""
-    error = cls.__new__(cls, *args)
-    error.args = args
-    error.__dict__.update(state)
-    return error
-
-
-def _exception_payload(error: BaseException) -> bytes | None:
-    """``error`` pickled so that it unpickles with its type and attributes, or None.
-
-    The default pickling of an exception calls ``type(*args)`` on the way back,
-    which fails for the many exceptions whose ``__init__`` takes other arguments
-    (keywords, say); then the type, args and attributes are sent instead.
-    """
-    for candidate in (error, _Rebuild(error)):
-        try:
-            payload = pickle.dumps(candidate)
-            pickle.loads(payload)
-            return payload
-        except Exception:
-            continue
-    return None
-
-
-class _Rebuild:
-    def __init__(self, error: BaseException) -> None:
-        self.parts = (type(error), error.args, dict(vars(error)))
-
-    def __reduce__(self):
-        return _rebuild_exception, self.parts
-
-
-class _RemoteFailure:
-    """An exception from a worker process, made picklable: the exception and its traceback.
-
-    The traceback travels as tblib's plain-data form and is rebuilt on the
-    consumer's side, so the exception is raised there with the worker's frames
-    (file, line, function) followed by the consumer's, as a thread would give it.
-    """
-
-    def __init__(self, error: BaseException) -> None:
-        self.text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-        self.summary = f"{type(error).__module__}.{type(error).__qualname__}: {error}"
-        self.payload = _exception_payload(error)
-        try:
-            self.frames: dict[str, Any] | None = tblib.Traceback(error.__traceback__).as_dict()
-        except Exception:  # a traceback tblib cannot represent: the text below still goes
-            self.frames = None
-
-    def to_failure(self) -> Failure:
-        error: BaseException
-        if self.payload is not None:
-            error = pickle.loads(self.payload)
-        else:
-            error = RuntimeError(f"{self.summary} (in a worker process; the exception could not be pickled)")
-        rebuilt = None
-        if self.frames is not None:
-            with contextlib.suppress(Exception):
-                rebuilt = tblib.Traceback.from_dict(self.frames).as_traceback()
-        if rebuilt is not None:
-            error = error.with_traceback(rebuilt)
-        else:
-            error.__cause__ = RemoteTraceback(f'\n"""\n{self.text}"""')
-        return Failure(error)
-
-
-def run_chunk(job: Callable[[Any], Any], items: list[Any], cancelled: Callable[[], bool]) -> list[Any]:
-    """``job`` over ``items`` in order (an exception becomes a `Failure` result); stops early when ``cancelled()``."""
-    results = []
-    for item in items:
-        if cancelled():
-            break
-        try:
-            results.append(job(item))
-        except Exception as error:  # carried as an item, raised in the consumer's thread
-            results.append(Failure(error))
-    return results
 
 
 # ---------------------------------------------------------------------------------------- threads
@@ -530,103 +434,3 @@ def _start_failed_message(what: str, error: BaseException) -> str:
     return (f"cannot start {what} processes: {error}. When a script starts worker processes, its own code must "
             "be guarded with `if __name__ == '__main__':` (worker processes import the script); or use threads "
             "(worker_type='thread')")
-
-
-# ---------------------------------------------------------------------------------------- the worker side
-
-
-def _process_identity(pid: int) -> Any:
-    """Something that stays the same while process ``pid`` runs, or None once it has exited.
-
-    On Linux its start time (so a reused pid is not taken for it) unless it is a
-    zombie; elsewhere whether a signal can be sent to it.
-    """
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return None if fields[0] in ("Z", "X") else fields[19]
-    except FileNotFoundError:
-        return None
-    except OSError:  # no /proc
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return True
-
-
-def _exit_with_consumer(consumer: int) -> None:
-    """Exit this worker once the consumer process (the one that uses its results) is gone.
-
-    A worker normally exits when its socket closes, but one stuck in native
-    code (a decoder that never returns) never reads the socket and would outlive
-    a killed training job. Its parent is no guide: a fork server's children keep
-    the fork server alive. The check runs in a thread of its own; torch and the
-    decoders release the GIL while they work, so it runs even then.
-    """
-    identity = _process_identity(consumer)
-
-    def watch() -> None:
-        while _process_identity(consumer) == identity:
-            time.sleep(PARENT_CHECK_SECONDS)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="audioloader-consumer-watch", daemon=True).start()
-
-
-def worker_main(conn: Any, job_bytes: bytes, depth: int, consumer: int) -> None:
-    """A worker process: read chunks from ``conn``, answer with results, until told to stop, the socket
-    closes, or the ``consumer`` process exits."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the consumer; it stops us
-    _exit_with_consumer(consumer)
-    import torch
-
-    torch.set_num_threads(1)
-    control = wire.SharedSlot(reduction.recv_handle(conn), 8)
-    slots = [wire.SharedSlot(reduction.recv_handle(conn), 0) for _ in range(depth)]
-    try:
-        job = pickle.loads(job_bytes)
-    except Exception as error:
-        conn.send_bytes(pickle.dumps(("failed", f"{type(error).__name__}: {error}. Functions passed to the loader "
-                                      "must be importable in a fresh process (defined at the top level of a "
-                                      "module, not in a notebook or a script's __main__ without the "
-                                      "`if __name__ == '__main__':` guard); or use worker_type='thread'")))
-        return
-    conn.send_bytes(pickle.dumps(("ready",)))
-    stats = getattr(job, "stats", None)
-    prepare = getattr(job, "prepare", None)
-    generation_view = control.view(0, 8).cast("q")
-    while True:
-        try:
-            message = pickle.loads(conn.recv_bytes())
-        except (EOFError, OSError):
-            return  # the consumer went away
-        if message[0] == "stop":
-            return
-        _, seq, generation, slot_index, data, table, size = message
-        slot = slots[slot_index]
-
-        def cancelled(generation: int = generation) -> bool:
-            return generation_view[0] != generation
-
-        items = wire.loads(data, table, slot, size, copy=False)
-        try:
-            if prepare is not None and not cancelled():
-                items = prepare(items)
-            results = run_chunk(job, items, cancelled)
-        except Exception as error:  # prepare failed (e.g. a shard changed): every item of the chunk fails with it
-            results = [Failure(error)] * len(items)
-        del items  # views of the slot, about to be overwritten
-        if cancelled():
-            reply: tuple = ("cancelled", seq)
-        else:
-            results = [_RemoteFailure(r.error) if isinstance(r, Failure) else r for r in results]
-            delta = stats.drain() if stats is not None and hasattr(stats, "drain") else None
-            data, table, size = wire.dumps(results, slot)
-            reply = ("done", seq, slot_index, data, table, size, delta)
-        try:
-            conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
-        except OSError:
-            return
