@@ -18,9 +18,10 @@ come out as ``pyarrow.Buffer`` views of the mapping. Remote files (``s3://``,
 one record batch, row group or stripe at a time, retried on transient faults (`Retry`).
 """
 
-from .dataset import BatchColumns, ShardDataset, ShardFile, ShardRow
+from .dataset import ShardDataset, ShardFile
 from .formats import FORMATS
 from .retry import Retry
+from .row_reads import BatchColumns, ShardRow
 from .sources import ACCEPTED, SHARD_EXTENSIONS, IcebergTable, SourceNotFoundError, TableSnapshot, resolve_source
 from .splits import Split, subdivide
 from .storage import RemoteReads

@@ -1,4 +1,5 @@
-"""ShardDataset: the shard files of a source, with their metadata, splits, schema checks and reads."""
+"""ShardDataset: the shard files of a source, with their metadata, splits, schema checks and filter; its reads are
+in `audioloader.shards.row_reads` (rows) and `audioloader.shards.unit_reads` (units)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import bisect
 import copy
 import operator
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -19,14 +20,14 @@ from .cache import ObjectCache, parse_bytes
 from .changes import _check_local, _LocalFileGuard
 from .filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
 from .formats import _FileMeta, _scan_all, listed_meta
-from .readers import _audio_values
 from .remote import RemoteFiles
 from .retry import DEFAULT_RETRY, Retry
+from .row_reads import RowReads
 from .schema import _check_schema, _label_names, check_columns, unify
 from .sources import IcebergTable, TableSnapshot, resolve_iceberg, resolve_source
 from .splits import Split, _file_splits, _numbered
 from .storage import DEFAULT_REMOTE_READS, RemoteReads
-from .unit_reads import UnitReader, UnitReads
+from .unit_reads import UnitReads
 
 
 @dataclass(frozen=True)
@@ -50,45 +51,7 @@ class ShardFile:
     index_offset: int
 
 
-class ShardRow(NamedTuple):
-    """One row read by random access (`ShardDataset.read_rows`).
-
-    Attributes:
-        index: global row index.
-        file: path or URL of the shard file.
-        row: row number in that file.
-        audio: encoded audio (``pyarrow.Buffer``, zero-copy where possible), or ``None`` if null.
-        label: integer label, or ``None`` (null, or no label column).
-        extras: ``{column: python value}`` for the extra columns.
-        problem: ``"audio is null"``, ``"label is null"`` or ``None`` (as in `BatchColumns.problems`).
-    """
-
-    index: int
-    file: str
-    row: int
-    audio: Any
-    label: int | None
-    extras: dict[str, Any]
-    problem: str | None = None
-
-
-class BatchColumns(NamedTuple):
-    """A record batch's used columns as Python lists (one entry per row).
-
-    Attributes:
-        audio: ``pyarrow.Buffer`` (zero-copy view) or ``None`` per row.
-        labels: ``int | None`` per row, or ``None`` when there is no label column.
-        extras: ``[(name, values)]`` for the extra columns.
-        problems: ``None`` when no row has a problem, else ``str | None`` per row.
-    """
-
-    audio: list[Any]
-    labels: list[int | None] | None
-    extras: list[tuple[str, list[Any]]]
-    problems: list[str | None] | None
-
-
-class ShardDataset(UnitReads):
+class ShardDataset(RowReads, UnitReads):
     """The shard files of a source: metadata, splits, schema checks and reads.
 
     Args:
@@ -411,205 +374,6 @@ class ShardDataset(UnitReads):
         file_id = bisect.bisect_right(self._offsets, index) - 1
         return file_id, index - self._offsets[file_id]
 
-    # ----------------------------------------------------------------- reads
-
-    def read_split(self, split: Split, start_row: int = 0,
-                   read_unit: UnitReader | None = None) -> Iterator[pa.RecordBatch]:
-        """Record batches holding rows ``[split.start + start_row, split.stop)`` of the split's file.
-
-        Only the used columns; zero-copy for local IPC files and streams (slices of
-        the memory map). Batches before ``start_row`` are not read; a Parquet row
-        group or ORC stripe is read whole and sliced.
-        """
-        begin, stop = split.start + start_row, split.stop
-        starts = self._unit_starts[split.file_id]
-        unit = bisect.bisect_right(starts, begin) - 1
-        while begin < stop and unit < len(starts) - 1:
-            if starts[unit + 1] > begin:
-                yield from _slice_batches((read_unit or self._read_unit)(split.file_id, unit), starts[unit], begin,
-                                          stop)
-                begin = starts[unit + 1]
-            unit += 1
-
-    def kept_count(self, file_id: int, start: int, stop: int) -> int:
-        """Rows of ``[start, stop)`` of a file that the filter keeps (all of them without a filter)."""
-        kept = self._kept[file_id]
-        if kept is None:
-            return stop - start
-        return int(np.searchsorted(kept, stop) - np.searchsorted(kept, start))
-
-    def kept_start(self, file_id: int, start: int, stop: int, skip: int) -> int:
-        """The file row where the rows of ``[start, stop)`` that are kept, less the first ``skip``, begin.
-
-        ``[kept_start(...), stop)`` holds exactly the kept rows after the first ``skip`` (``stop`` when none).
-        """
-        kept = self._kept[file_id]
-        if kept is None:
-            return min(start + skip, stop)
-        first = int(np.searchsorted(kept, start)) + skip
-        return int(kept[first]) if first < len(kept) and kept[first] < stop else stop
-
-    def read_kept(self, file_id: int, start: int, stop: int, skip: int = 0,
-                  read_unit: UnitReader | None = None) -> Iterator[tuple[pa.RecordBatch, list[int], list[int] | None]]:
-        """``(batch, file rows, picks)`` for the kept rows of ``[start, stop)`` after the first ``skip`` of them.
-
-        ``picks``: the positions in ``batch`` of the rows in ``file rows`` (None: every row
-        of the batch). Without a filter this is `read_split`; with one, a record batch /
-        row group without kept rows is never read, and the filter's columns were read
-        at construction, so an unkept row's audio is never touched.
-        """
-        kept = self._kept[file_id]
-        if kept is None:
-            pos = start + skip
-            for batch in self.read_split(Split(-1, file_id, start, stop), skip, read_unit):
-                yield batch, list(range(pos, pos + batch.num_rows)), None
-                pos += batch.num_rows
-            return
-        rows = kept[np.searchsorted(kept, start):np.searchsorted(kept, stop)][skip:]
-        starts = self._unit_starts[file_id]
-        units = np.searchsorted(starts, rows, side="right") - 1
-        for unit in dict.fromkeys(units.tolist()):  # in order, each unit once
-            wanted = rows[units == unit]
-            pos = starts[unit]
-            for batch in (read_unit or self._read_unit)(file_id, unit):
-                inside = wanted[(wanted >= pos) & (wanted < pos + batch.num_rows)]
-                if len(inside):
-                    yield batch, inside.tolist(), (inside - pos).tolist()
-                pos += batch.num_rows
-
-    def units_of(self, file_id: int, start: int, stop: int, skip: int = 0) -> list[tuple[int, int]]:
-        """``(rows before it, unit)`` for each unit `read_kept` reads, in order: the units holding the kept rows of
-        ``[start, stop)`` after the first ``skip`` of them, each with how many of those rows come before its first."""
-        starts = self._unit_starts[file_id]
-        kept = self._kept[file_id]
-        if kept is None:
-            begin = min(start + skip, stop)
-            first = bisect.bisect_right(starts, begin) - 1
-            return [(max(starts[u], begin) - begin, u) for u in range(max(first, 0), len(starts) - 1)
-                    if starts[u] < stop and starts[u + 1] > begin]
-        rows = kept[np.searchsorted(kept, start):np.searchsorted(kept, stop)][skip:]
-        units = np.searchsorted(starts, rows, side="right") - 1
-        firsts = np.flatnonzero(np.r_[True, units[1:] != units[:-1]]) if len(units) else units
-        return [(int(i), int(units[i])) for i in firsts]
-
-    def units_of_rows(self, file_id: int, rows: Sequence[int]) -> list[int]:
-        """The units holding file rows ``rows``, in the order `read_rows` reads them (ascending)."""
-        return sorted({bisect.bisect_right(self._unit_starts[file_id], r) - 1 for r in rows})
-
-    def columns_of_rows(self, rows: Sequence[ShardRow]) -> BatchColumns:
-        """`BatchColumns` of rows read by random access (`read_rows`)."""
-        problems = [r.problem for r in rows]
-        return BatchColumns([r.audio for r in rows],
-                            [r.label for r in rows] if self.label_column is not None else None,
-                            [(name, [r.extras[name] for r in rows]) for name in self.columns],
-                            problems if any(p is not None for p in problems) else None)
-
-    def columns_of(self, batch: pa.RecordBatch, picks: Sequence[int] | None = None) -> BatchColumns:
-        """The used columns of a batch as per-row Python values (one conversion per batch).
-
-        ``picks``: only these rows of the batch, in this order (None: every row).
-        """
-        # Only the picked rows become Python values (a filter may keep few rows of a batch); the audio
-        # stays zero-copy views of the whole column's buffer.
-        taken = pa.array(picks, pa.int64()) if picks is not None else None
-
-        def values_of(name: str) -> pa.Array:
-            array = batch.column(name)
-            return array if taken is None else array.take(taken)
-
-        audio, audio_null = _audio_values(batch.column(self.audio_column), picks)
-        labels = label_null = None
-        if self.label_column is not None:
-            label_array = values_of(self.label_column)
-            labels = label_array.to_pylist()
-            if label_array.null_count:
-                label_null = ~label_array.is_valid().to_numpy(zero_copy_only=False)
-        extras = [(name, values_of(name).to_pylist()) for name in self.columns]
-        problems = None
-        if audio_null is not None or label_null is not None:
-            problems = [None] * len(audio)
-            if label_null is not None:
-                for i in np.flatnonzero(label_null).tolist():
-                    problems[i] = "label is null"
-            if audio_null is not None:
-                for i in np.flatnonzero(audio_null).tolist():
-                    problems[i] = "audio is null"
-        return BatchColumns(audio, labels, extras, problems)
-
-    def read_rows(self, indices: Sequence[int], read_unit: UnitReader | None = None) -> list[ShardRow]:
-        """Random access: one `ShardRow` per index, in the given order (duplicates allowed).
-
-        Each needed record batch / row group is read once; a remote file's are fetched
-        concurrently, up to ``RANDOM_ACCESS_BYTES`` at a time. Safe to call from any
-        thread (each thread has its own file handles). ``read_unit``: reads units instead
-        of this dataset (a read-ahead that fetched them already).
-        """
-        located = [(self.locate(i), k) for k, i in enumerate(indices)]
-        groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        for (file_id, row), k in located:
-            unit = bisect.bisect_right(self._unit_starts[file_id], row) - 1
-            groups.setdefault((file_id, unit), []).append((row, k))
-        out: list[ShardRow | None] = [None] * len(located)
-        fetched: dict[tuple[int, int], list[tuple[int, pa.Buffer]]] = {}
-        units = sorted(groups)  # file order reuses open handles
-        for n, (file_id, unit) in enumerate(units):
-            if read_unit is not None:
-                batches = read_unit(file_id, unit)
-            else:
-                if (file_id, unit) not in fetched and self.unit_ranges(file_id, unit) is not None:
-                    fetched = self.fetch_units(self._next_units(units, n))  # the next ones at once, bounded
-                provided = fetched.pop((file_id, unit), None)
-                batches = (self._read_unit(file_id, unit) if provided is None
-                           else self.read_unit_from(file_id, unit, provided))
-            unit_start = self._unit_starts[file_id][unit]
-            for row, k in groups[(file_id, unit)]:
-                batch, at = _batch_at(batches, row - unit_start)
-                out[k] = self._row_from(batch.slice(at, 1), file_id, row)
-        return out  # type: ignore[return-value]
-
-    def read_column(self, name: str, indices: Sequence[int]) -> list[Any]:
-        """The values of column ``name`` at global row ``indices``, in that order, reading that column only
-        (e.g. the durations that estimate the bucket edges: no audio is read)."""
-        located = [self.locate(i) for i in indices]
-        wanted: dict[int, dict[int, list[int]]] = {}
-        for k, (file_id, row) in enumerate(located):
-            unit = bisect.bisect_right(self._unit_starts[file_id], row) - 1
-            wanted.setdefault(file_id, {}).setdefault(unit, []).append(k)
-        out: list[Any] = [None] * len(located)
-        for file_id, units in sorted(wanted.items()):
-            for unit, values in self._column_units(file_id, name, sorted(units)):
-                start = self._unit_starts[file_id][unit]
-                for k in units[unit]:
-                    out[k] = values[located[k][1] - start]
-        return out
-
-    def _column_units(self, file_id: int, name: str, units: list[int]) -> Iterator[tuple[int, list[Any]]]:
-        """``(unit, values)`` of one column of a file's ``units``, through one handle reading only that column."""
-        handle = None
-
-        def read(unit: int) -> list[pa.RecordBatch]:
-            nonlocal handle
-            if handle is None:
-                handle = self._open_handle(file_id, [name])
-            return handle.unit(unit)
-
-        try:
-            for unit in units:
-                batches = self._remote_or_local(file_id, f"column {name!r} of batch/row group {unit}",
-                                                lambda unit=unit: read(unit))
-                yield unit, [v for batch in batches for v in batch.column(name).to_pylist()]
-        finally:
-            if handle is not None:
-                handle.close()
-
-    def _row_from(self, one_row: pa.RecordBatch, file_id: int, row: int) -> ShardRow:
-        cols = self.columns_of(one_row)
-        f = self.files[file_id]
-        return ShardRow(f.index_offset + row, f.path, row, cols.audio[0],
-                        cols.labels[0] if cols.labels is not None else None,
-                        {name: values[0] for name, values in cols.extras},
-                        cols.problems[0] if cols.problems is not None else None)
-
     # ----------------------------------------------------------------- pickling
 
     def __getstate__(self) -> dict[str, Any]:
@@ -641,23 +405,3 @@ def _check_retry(retry: Any) -> Retry:
     if not isinstance(retry, Retry):
         raise TypeError(f"retry must be an audioloader.Retry, got {type(retry).__name__}")
     return retry
-
-
-def _batch_at(batches: Sequence[pa.RecordBatch], row: int) -> tuple[pa.RecordBatch, int]:
-    """The batch of a unit holding ``row`` (counted from the unit's start) and the row within it."""
-    for batch in batches:
-        if row < batch.num_rows:
-            return batch, row
-        row -= batch.num_rows
-    raise IndexError(f"row {row} past the end of the unit")
-
-
-def _slice_batches(batches: Sequence[pa.RecordBatch], unit_start: int, begin: int,
-                   stop: int) -> Iterator[pa.RecordBatch]:
-    """The parts of a unit's batches (unit starts at file row ``unit_start``) in rows ``[begin, stop)``."""
-    pos = unit_start
-    for batch in batches:
-        lo, hi = max(begin, pos), min(stop, pos + batch.num_rows)
-        if lo < hi:
-            yield batch if hi - lo == batch.num_rows else batch.slice(lo - pos, hi - lo)
-        pos += batch.num_rows
