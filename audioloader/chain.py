@@ -22,7 +22,7 @@ from torchdata.nodes import BaseNode, PinMemory
 
 from .dsp.config import LengthPolicy, Segments
 from .errors import CheckpointMismatchError
-from .mix import Mix, Source, check_columns, check_lengths, fetch_mixed, source_seed
+from .mix import Mix, Source, check_columns, check_lengths, source_seed
 from .nodes.arrow_shard_reader import ArrowShardReader
 from .nodes.batch_augment import BatchAugment
 from .nodes.batch_features import BatchFeatures
@@ -31,6 +31,7 @@ from .nodes.catch_failures import CatchFailures
 from .nodes.decode_spectrogram import DecodeSpectrogram
 from .nodes.duration_bucketer import DurationBucketer, estimate_boundaries, plan, row_seconds
 from .nodes.prefetcher import Prefetcher
+from .nodes.rows import fetch_mixed
 from .nodes.shuffle_buffer import ShuffleBuffer
 from .nodes.weighted_mix import WeightedMix
 from .options import Settings

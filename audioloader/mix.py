@@ -15,34 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from torchdata.nodes import StopCriteria
 
 from .dsp import hashing
 from .dsp.config import FeatureConfig, LengthPolicy, Segments
-from .nodes.arrow_shard_reader import fetch_rows
-from .samples import Key, RawSample
-from .shards import ShardDataset
-
-#: When a mix ends (see `Mix`).
-STOP_CRITERIA = ("cycle", "first_exhausted", "all_exhausted")
-
-#: torchdata's names (``torchdata.nodes.StopCriteria``) for the same criteria, accepted too.
-TORCHDATA_STOP_CRITERIA = {
-    StopCriteria.CYCLE_FOREVER: "cycle",
-    StopCriteria.FIRST_DATASET_EXHAUSTED: "first_exhausted",
-    StopCriteria.ALL_DATASETS_EXHAUSTED: "all_exhausted",
-}
-
-
-def stop_criterion(stop: Any) -> str:
-    """``stop`` as one of `STOP_CRITERIA` (torchdata's names accepted); ``ValueError`` naming the choices."""
-    if stop in STOP_CRITERIA:
-        return stop
-    if stop in TORCHDATA_STOP_CRITERIA:
-        return TORCHDATA_STOP_CRITERIA[stop]
-    raise ValueError(f"stop={stop!r}: must be one of {STOP_CRITERIA} (or torchdata's StopCriteria "
-                     f"{sorted(TORCHDATA_STOP_CRITERIA)}); CYCLE_UNTIL_ALL_DATASETS_EXHAUSTED is not supported: "
-                     "use 'cycle' for training or 'all_exhausted' to read every source once")
+from .nodes.weighted_mix import stop_criterion
 
 
 @dataclass(frozen=True)
@@ -129,7 +105,7 @@ class Mix:
     Attributes:
         sources: ``{name: (source, weight)}``, in key order (a source's position is
             its id: ``batch["source"]``, ``Key.source``). Weights are positive numbers.
-        stop: one of `STOP_CRITERIA`, or None for the mode's default.
+        stop: one of `audioloader.nodes.weighted_mix.STOP_CRITERIA`, or None for the mode's default.
         entries: the resolved `MixEntry` list (weights normalised to sum to 1).
     """
 
@@ -167,26 +143,6 @@ def _entry(name: Any, value: Any) -> MixEntry:
         raise ValueError(f"Mix source {name!r}: weight={weight!r} must be a positive finite number")
     source = data if isinstance(data, Source) else Source(data)
     return MixEntry(name, source, float(weight))
-
-
-def fetch_mixed(datasets: Sequence[ShardDataset], keys: Sequence[Key]) -> list[RawSample]:
-    """The rows of ``keys`` (of any sources of a mix) as `RawSample` s, in the same order.
-
-    ``datasets[s]`` is source ``s``'s dataset; each source's rows are read in one
-    random-access call. Picklable with `functools.partial` (worker processes read
-    rows themselves).
-    """
-    keys = [k if isinstance(k, Key) else Key(*k) for k in keys]
-    out: list[RawSample | None] = [None] * len(keys)
-    by_source: dict[int, list[int]] = {}
-    for position, key in enumerate(keys):
-        by_source.setdefault(key.source, []).append(position)
-    for source, positions in by_source.items():
-        if not 0 <= source < len(datasets):
-            raise IndexError(f"key {keys[positions[0]]} names source {source}; this mix has {len(datasets)}")
-        for position, row in zip(positions, fetch_rows(datasets[source], [keys[p] for p in positions]), strict=True):
-            out[position] = row
-    return out  # type: ignore[return-value]
 
 
 def source_seed(seed: int, position: int) -> int:

@@ -43,6 +43,7 @@ from ..shards.splits import resolve_rank
 from ..shards.storage import RemoteReads
 from ..stats import LoaderStats
 from .read_order import segment_units, units_ahead
+from .rows import fetch_rows, owned_audio
 
 logger = logging.getLogger(__name__)
 
@@ -79,29 +80,6 @@ class Segment(NamedTuple):
 _TAKE_CHUNK = 256
 
 
-def fetch_rows(dataset: ShardDataset, keys: Sequence[Key]) -> list[RawSample]:
-    """The rows of ``keys`` as `RawSample`s, in the same order (random access, each record batch read once)."""
-    keys = [k if isinstance(k, Key) else Key(*k) for k in keys]
-    rows = dataset.read_rows([k.index for k in keys])
-    out = []
-    for key, row in zip(keys, rows, strict=True):
-        audio = row.audio if dataset.is_memory_mapped(dataset.locate(key.index)[0]) else _owned(row.audio)
-        out.append(RawSample(key, audio, row.label, row.extras, row.file, row.row, row.problem,
-                             audio_checksum(audio)))
-    return out
-
-
-def _owned(audio: Any) -> Any:
-    """A row's audio as its own bytes, for every file that is not memory-mapped (Parquet, ORC, remote: the
-    unit is in process memory either way), so that a row held in a shuffle buffer or a bucketer does not keep
-    its whole record batch / row group alive (measured on S3: 3x the rows' memory) and counts what it holds.
-
-    A numpy ``uint8`` array, not ``bytes``: pickled it leaves the pickle out of band, so a row sent to a decode
-    process travels through shared memory (`audioloader.workers.wire`) instead of inside a pickle through the
-    socket (``bytes`` and ``bytearray`` always travel in band)."""
-    return None if audio is None else np.frombuffer(audio, dtype=np.uint8).copy()
-
-
 def _count_request(stats: LoaderStats, nbytes: int) -> None:
     stats.count("remote_requests")
     stats.count("remote_bytes", nbytes)
@@ -127,7 +105,7 @@ class _Block:
     def __init__(self, file_rows: list[int], cols: Any, owned: bool, file: Any, key_pass: int) -> None:
         self.file_rows, self.path, self.index_offset, self.key_pass = file_rows, file.path, file.index_offset, key_pass
         self.audio, self.labels, self.extras, self.problems = cols
-        # Not a memory map: a row leaves as its own copy (`_owned`), made as it leaves, so a lane holds its unit
+        # Not a memory map: a row leaves as its own copy (`owned_audio`), made as it leaves, so a lane holds its unit
         # once (the read holds the unit until the lane moves on) and what left holds only itself.
         self.owned = owned
         # Now, right after the read checked the file: a row's bytes are not touched again until it is decoded.
@@ -140,7 +118,7 @@ class _Block:
         labels, problems, row = self.labels, self.problems, self.file_rows[i]
         audio, self.audio[i] = self.audio[i], None  # the block does not keep a row alive once it left
         if self.owned:
-            audio = _owned(audio)
+            audio = owned_audio(audio)
         return RawSample(
             Key(self.index_offset + row, self.key_pass),
             audio,

@@ -8,13 +8,33 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
-from torchdata.nodes import BaseNode
+from torchdata.nodes import BaseNode, StopCriteria
 
 from ..dsp.hashing import SALT_MIX, uniform
 from ..errors import CheckpointMismatchError
-from ..mix import stop_criterion
 from ..samples import Key
 from ..stats import LoaderStats
+
+#: When a mix ends (see `audioloader.Mix`).
+STOP_CRITERIA = ("cycle", "first_exhausted", "all_exhausted")
+
+#: torchdata's names (``torchdata.nodes.StopCriteria``) for the same criteria, accepted too.
+TORCHDATA_STOP_CRITERIA = {
+    StopCriteria.CYCLE_FOREVER: "cycle",
+    StopCriteria.FIRST_DATASET_EXHAUSTED: "first_exhausted",
+    StopCriteria.ALL_DATASETS_EXHAUSTED: "all_exhausted",
+}
+
+
+def stop_criterion(stop: Any) -> str:
+    """``stop`` as one of `STOP_CRITERIA` (torchdata's names accepted); ``ValueError`` naming the choices."""
+    if stop in STOP_CRITERIA:
+        return stop
+    if stop in TORCHDATA_STOP_CRITERIA:
+        return TORCHDATA_STOP_CRITERIA[stop]
+    raise ValueError(f"stop={stop!r}: must be one of {STOP_CRITERIA} (or torchdata's StopCriteria "
+                     f"{sorted(TORCHDATA_STOP_CRITERIA)}); CYCLE_UNTIL_ALL_DATASETS_EXHAUSTED is not supported: "
+                     "use 'cycle' for training or 'all_exhausted' to read every source once")
 
 
 def start_next_pass(node: BaseNode) -> None:
