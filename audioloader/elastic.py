@@ -4,7 +4,8 @@ DESIGN.md's rank layout: a pass is a set of splits, and what a rank has consumed
 is a set of rows, so the states of all ranks say exactly which rows of the pass
 are left; a resume with another world size redistributes those rows, nothing else.
 
-What one old rank has left, read from its state node by node (`_left_of`):
+What one old rank has left, read from its state node by node (`_left_of`; each node says what its
+state holds, `audioloader.nodes.held`):
 
 - its reader's position: the rest of the split it was in, the splits after it
   in its order of that pass, and its whole share of any later pass another rank
@@ -29,20 +30,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchdata.nodes import BaseNode, PinMemory
+from torchdata.nodes import BaseNode
 
 from .dsp.hashing import SALT_ELASTIC, permutation
 from .errors import CheckpointMismatchError
+from .nodes._torchdata_compat import rows_held as torchdata_rows_held
 from .nodes.arrow_shard_reader import ArrowShardReader, ReaderPosition, Segment
-from .nodes.batch_augment import BatchAugment
-from .nodes.batch_features import BatchFeatures
-from .nodes.batcher import Batcher
-from .nodes.catch_failures import CatchFailures
-from .nodes.decode_spectrogram import DecodeSpectrogram
-from .nodes.duration_bucketer import DurationBucketer
-from .nodes.parallel_map import STATE_KEY, ParallelMap
-from .nodes.prefetcher import Prefetcher, _OneTorchThread
-from .nodes.shuffle_buffer import ShuffleBuffer
+from .nodes.held import RowsHeld
 from .samples import Key
 
 #: Rows per piece that buffered rows are grouped into before the parts are cut (they mix with the splits).
@@ -58,58 +52,31 @@ class _Left:
     delivered: list[Key] = field(default_factory=list)  # read after the reader state was taken, and passed on
 
 
-def _keys(indices: Sequence[int], passes: Sequence[int]) -> list[Key]:
-    return [Key(int(i), int(p)) for i, p in zip(indices, passes, strict=True)]
-
-
 def _left_of(node: BaseNode, state: dict[str, Any]) -> _Left:
-    """`_Left` of the chain under ``node``, given ``node``'s state."""
+    """`_Left` of the chain under ``node``, given ``node``'s state: each node says what its state holds
+    (`audioloader.nodes.held`), down to the reader, whose state is where it was."""
     if isinstance(node, ArrowShardReader):
         return _Left(dict(state))
-    if isinstance(node, ShuffleBuffer):
-        left = _left_of(node.source, state[node.SOURCE_KEY])
-        if "items" in state:
-            fenced = [state["fenced_item"]] if state.get("fenced_item") is not None else []
-            left.held += [node.key_fn(item) for item in (*state["items"], *fenced)]
-        else:  # the rows held, and the one set aside for the next pass (one_pass)
-            left.held += [Key(k.index, k.pass_index) for k in ShuffleBuffer.keys_of(state)]
-        return left
-    if isinstance(node, DurationBucketer):
-        left = _left_of(node.source, state[node.SOURCE_KEY])
-        left.held += _keys(state["indices"], state["passes"])
-        left.held += [Key(int(k[0]), int(k[1])) for k in state["ready"] if k is not None]
-        return left
-    if isinstance(node, ParallelMap):
-        inner = state[STATE_KEY]
-        if "source" in inner:  # torchdata's inline form: nothing in flight
-            return _left_of(node.source, inner["source"])
-        steps = int(inner["steps_since_snapshot"])
-        if steps and "emitted" not in inner:
-            raise CheckpointMismatchError(
-                "this checkpoint does not say which rows its decode stage delivered after its last snapshot (it was "
-                "saved by an audioloader without elastic resume), so it cannot be resumed exactly on another world "
-                "size; resume it with the world size it was saved with", {"decode_in_flight": (steps, None)})
+    below = _rows_held(node, state)
+    left = _left_of(below.source, below.source_state)
+    if below.emitted is not None:
         # The items it passed on after its snapshot of the source: held below it then, or read after.
-        left = _left_of(node.source, inner["snapshot"])
-        emitted = {Key(int(i), int(p)) for i, p in inner.get("emitted", ())}
+        emitted = set(below.emitted)
         held = set(left.held)
         left.held = [key for key in left.held if key not in emitted]
         left.delivered += [key for key in emitted if key not in held]
-        return left
-    if isinstance(node, DecodeSpectrogram):
-        return _left_of(node._mapper, state[node.MAPPER_KEY])
-    if isinstance(node, (Batcher, CatchFailures)):
-        return _left_of(node.source, state[node.SOURCE_KEY])
-    if isinstance(node, (_OneTorchThread, BatchFeatures, BatchAugment)):
-        return _left_of(node.source, state)
-    if isinstance(node, (Prefetcher, PinMemory)):
-        if int(state.get("steps_since_snapshot", 0)):
-            raise CheckpointMismatchError("the prefetcher's state is not at a snapshot; cannot redistribute it",
-                                          {"prefetcher": (state.get("steps_since_snapshot"), 0)})
-        return _left_of(node.source, state["snapshot"])
-    name = type(node).__name__
-    raise CheckpointMismatchError(f"cannot resume a chain holding a {name} on another world size: audioloader "
-                                  "does not know which rows it holds", {"node": (name, None)})
+    left.held += below.held
+    return left
+
+
+def _rows_held(node: BaseNode, state: dict[str, Any]) -> RowsHeld:
+    own = getattr(node, "rows_held", None)
+    held = own(state) if own is not None else torchdata_rows_held(node, state)
+    if held is None:
+        name = type(node).__name__
+        raise CheckpointMismatchError(f"cannot resume a chain holding a {name} on another world size: audioloader "
+                                      "does not know which rows it holds", {"node": (name, None)})
+    return held
 
 
 @dataclass
@@ -220,9 +187,8 @@ def plan(root: BaseNode, reader: ArrowShardReader, states: Sequence[dict[str, An
     """
     old_world = len(states)
     lefts = [_left_of(root, state) for state in states]
-    olds = [ArrowShardReader(reader.dataset, seed=reader.seed, rank=r, world_size=old_world, shuffle=reader.shuffle,
-                             infinite=reader.infinite, interleave=reader.interleave) for r in range(old_world)]
-    positions = [old._checked_state(left.reader_state) for old, left in zip(olds, lefts, strict=True)]
+    olds = [reader.for_rank(r, old_world) for r in range(old_world)]
+    positions = [old.position_of(left.reader_state) for old, left in zip(olds, lefts, strict=True)]
     # The last pass anything was read from: a snapshot of a reader can be behind the rows read after it.
     last_pass = max([position.pass_index for position in positions]
                     + [key.pass_index for left in lefts for key in (*left.held, *left.delivered)])

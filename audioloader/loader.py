@@ -26,8 +26,8 @@ from torchdata.nodes import BaseNode
 from torchdata.nodes import Loader as _TorchdataLoader
 from torchdata.nodes.loader import LoaderIterator as _TorchdataLoaderIterator
 
+from .nodes._torchdata_compat import stop_threads_of
 from .nodes.catch_failures import raise_failure
-from .workers.threads import join_or_report, shutdown_mapper
 
 T = TypeVar("T")
 
@@ -138,7 +138,7 @@ def stop_threads(root: BaseNode) -> None:
     """Stop the background threads of every node in the chain under ``root``.
 
     Knows torchdata's ``ParallelMapper``/``Prefetcher``/``PinMemory`` (0.11
-    internals) and calls ``shutdown()`` on any node that has one. Stops the
+    internals: `audioloader.nodes._torchdata_compat`) and calls ``shutdown()`` on any node that has one. Stops the
     deepest node first: a thread above it that is waiting for items (a shuffle
     buffer filling up, say) then sees the end of its source at once instead of
     finishing the fill before it can notice the stop.
@@ -148,13 +148,4 @@ def stop_threads(root: BaseNode) -> None:
         if callable(own):
             own()
             continue
-        it = getattr(node, "_it", None)
-        if it is None:
-            continue
-        if hasattr(getattr(it, "_it", None), "_stop"):  # torchdata ParallelMapper
-            shutdown_mapper(node)
-        elif hasattr(it, "_stop_event"):  # torchdata Prefetcher / PinMemory (_SingleThreadedMapper)
-            it._stop_event.set()
-            thread = getattr(it, "_thread", None)
-            if thread is not None:
-                join_or_report(thread)
+        stop_threads_of(node)

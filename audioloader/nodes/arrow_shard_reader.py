@@ -86,7 +86,7 @@ def _count_request(stats: LoaderStats, nbytes: int) -> None:
 
 
 class ReaderPosition(NamedTuple):
-    """A reader state, checked (`ArrowShardReader._checked_state`): where the reader is in its read order."""
+    """A reader state, checked (`ArrowShardReader.position_of`): where the reader is in its read order."""
 
     pass_index: int
     split_pos: int
@@ -346,7 +346,7 @@ class ArrowShardReader(BaseNode[RawSample]):
 
     def start_from(self, state: dict[str, Any]) -> None:
         """Start the next fresh pass (``reset(None)``) at ``state`` instead (a carry: `audioloader.elastic`)."""
-        self._checked_state(state)
+        self.position_of(state)
         self._pending = dict(state)
 
     # ----------------------------------------------------------------- torchdata contract
@@ -365,13 +365,21 @@ class ArrowShardReader(BaseNode[RawSample]):
             self._started = False
             self._clear_position(0, 0)
             return
-        position = self._checked_state(initial_state)
+        position = self.position_of(initial_state)
         self._pass, self._carry = position.pass_index, position.carry
         self._started = False
         self._order_pass = -1
         self._clear_position(position.split_pos, position.row, position.lanes, position.turn)
 
-    def _checked_state(self, state: dict[str, Any]) -> ReaderPosition:
+    def for_rank(self, rank: int, world_size: int) -> ArrowShardReader:
+        """A reader of the same dataset, seed and modes for rank ``rank`` of ``world_size`` (an elastic resume reads
+        the old ranks' states with readers of the old layout)."""
+        return ArrowShardReader(self.dataset, seed=self.seed, rank=rank, world_size=world_size, shuffle=self.shuffle,
+                                infinite=self.infinite, interleave=self.interleave)
+
+    def position_of(self, state: dict[str, Any]) -> ReaderPosition:
+        """Where ``state`` puts this reader in its read order, checked against its splits
+        (`CheckpointMismatchError` naming what does not fit)."""
         try:
             values = [int(state[k]) for k in (self.PASS_KEY, self.SPLIT_POS_KEY, self.ROW_KEY)]
             carry = [Segment.from_list(segment) for segment in state.get(self.CARRY_KEY, ())]

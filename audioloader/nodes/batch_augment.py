@@ -9,6 +9,7 @@ from torchdata.nodes import BaseNode
 from ..dsp.augment import Augmentations
 from ..dsp.augment_math import apply_masks, mixup_batch
 from .batcher import BATCH_PARAMS_KEY
+from .held import RowsHeld, passed_through
 
 
 class BatchAugment(BaseNode[dict]):
@@ -58,3 +59,7 @@ class BatchAugment(BaseNode[dict]):
 
     def get_state(self) -> dict[str, Any]:
         return self.source.state_dict()
+
+    def rows_held(self, state: dict[str, Any]) -> RowsHeld:
+        """Holds no rows; its state is its source's (see `audioloader.nodes.held`)."""
+        return passed_through(self, state)

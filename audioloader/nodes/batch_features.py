@@ -9,6 +9,7 @@ from torchdata.nodes import BaseNode
 
 from ..dsp.config import FeatureConfig, check_features
 from ..dsp.features import features_batch
+from .held import RowsHeld, passed_through
 
 
 class BatchFeatures(BaseNode[dict]):
@@ -91,6 +92,10 @@ class BatchFeatures(BaseNode[dict]):
 
     def get_state(self) -> dict[str, Any]:
         return self._state
+
+    def rows_held(self, state: dict[str, Any]) -> RowsHeld:
+        """Holds no rows: the batch it computes ahead is not in its state (see `audioloader.nodes.held`)."""
+        return passed_through(self, state)
 
     # ------------------------------------------------------------------ the work
 

@@ -12,6 +12,7 @@ from torchdata.nodes import BaseNode
 
 from ..samples import BatchEnd, Sample
 from ..stats import LoaderStats
+from .held import RowsHeld, nested
 
 #: ``index``, ``label`` and ``source`` of a padding entry (eval under DDP, see ``num_batches``).
 PAD_INDEX = -1
@@ -234,6 +235,10 @@ class Batcher(BaseNode[dict]):
         if self._pass_batches is not None:
             state["num_batches"] = self._pass_batches
         return state
+
+    def rows_held(self, state: dict[str, Any]) -> RowsHeld:
+        """Holds no rows between batches (see `audioloader.nodes.held`)."""
+        return nested(self, state, self.SOURCE_KEY)
 
 
 def _stack_params(params: list[dict[str, np.ndarray]], pad: int) -> dict[str, torch.Tensor]:

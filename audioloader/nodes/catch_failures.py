@@ -7,6 +7,7 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from ..samples import Failure
+from .held import RowsHeld, nested
 
 
 class CatchFailures(BaseNode):
@@ -45,6 +46,10 @@ class CatchFailures(BaseNode):
 
     def get_state(self) -> dict[str, Any]:
         return {self.SOURCE_KEY: self.source.state_dict()}
+
+    def rows_held(self, state: dict[str, Any]) -> RowsHeld:
+        """Holds no rows (see `audioloader.nodes.held`)."""
+        return nested(self, state, self.SOURCE_KEY)
 
 
 def raise_failure(item: Any) -> Any:

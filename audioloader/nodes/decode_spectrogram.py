@@ -24,6 +24,7 @@ from ..samples import BadRow, BatchEnd, Key, RawSample, Sample, held_bytes
 from ..stats import MAX_REPORTED_BAD_ROWS, LoaderStats
 from ..workers import memory
 from ..workers.threads import pin_worker_to_one_thread
+from .held import RowsHeld
 from .parallel_map import BACKENDS, ParallelMap
 
 #: ``fetch(keys) -> [RawSample]``: random access to rows by key (see `ArrowShardReader.fetch`).
@@ -397,6 +398,10 @@ class DecodeSpectrogram(BaseNode[Sample]):
     def get_state(self) -> dict[str, Any]:
         return {self.MAPPER_KEY: self._mapper.get_state(), self.ROWS_SEEN_KEY: self._rows_seen,
                 self.BAD_ROWS_KEY: self._bad_rows}
+
+    def rows_held(self, state: dict[str, Any]) -> RowsHeld:
+        """What its `ParallelMap` holds (see `audioloader.nodes.held`)."""
+        return RowsHeld(self._mapper, state[self.MAPPER_KEY])
 
     def shutdown(self) -> None:
         """Stop the decode workers now (they start again on the next reset)."""

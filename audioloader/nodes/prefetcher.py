@@ -8,7 +8,9 @@ import torch
 from torchdata.nodes import BaseNode
 from torchdata.nodes import Prefetcher as _TorchdataPrefetcher
 
-from ..workers.threads import join_or_report, pin_worker_to_one_thread
+from ..workers.threads import pin_worker_to_one_thread
+from ._torchdata_compat import stop_single_threaded
+from .held import RowsHeld, at_snapshot, passed_through
 
 
 class _OneTorchThread(BaseNode):
@@ -36,6 +38,9 @@ class _OneTorchThread(BaseNode):
     def get_state(self) -> dict[str, Any]:
         return self.source.state_dict()
 
+    def rows_held(self, state: dict[str, Any]) -> RowsHeld:
+        return passed_through(self, state)
+
 
 class Prefetcher(_TorchdataPrefetcher):
     """Runs the source in a background thread, ``prefetch_factor`` items ahead.
@@ -54,12 +59,10 @@ class Prefetcher(_TorchdataPrefetcher):
         self.shutdown()
         super().reset(initial_state)
 
+    def rows_held(self, state: dict[str, Any]) -> RowsHeld:
+        """The batches it fetched ahead are not in its state, which is at a snapshot (see `audioloader.nodes.held`)."""
+        return at_snapshot(self, state)
+
     def shutdown(self) -> None:
         """Stop the background thread and wait for it (idempotent; ``get_state()`` still works)."""
-        it = self._it
-        if it is None:
-            return
-        it._stop_event.set()
-        thread = getattr(it, "_thread", None)
-        if thread is not None:
-            join_or_report(thread)
+        stop_single_threaded(self)

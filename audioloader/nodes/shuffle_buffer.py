@@ -11,6 +11,7 @@ from ..dsp.hashing import SALT_SHUFFLE, item_checksum, uniform_int
 from ..errors import CheckpointMismatchError
 from ..samples import Key, held_bytes
 from ..stats import HeldBytes, LoaderStats
+from .held import RowsHeld
 
 T = TypeVar("T")
 
@@ -353,6 +354,15 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
             if fenced is not None:
                 state["fenced_item"] = fenced
         return state
+
+    def rows_held(self, state: dict[str, Any]) -> RowsHeld:
+        """The rows it holds, and the one set aside for the next pass (one_pass); see `audioloader.nodes.held`."""
+        if "items" in state:  # a state with the items themselves (no ``restore``)
+            fenced = [state["fenced_item"]] if state.get("fenced_item") is not None else []
+            held = [self.key_fn(item) for item in (*state["items"], *fenced)]
+        else:
+            held = [Key(k.index, k.pass_index) for k in self.keys_of(state)]
+        return RowsHeld(self.source, state[self.SOURCE_KEY], held)
 
     def __len__(self) -> int:
         """Items held now."""

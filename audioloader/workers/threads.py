@@ -18,7 +18,6 @@ import sys
 import threading
 import traceback
 import warnings
-from typing import Any
 
 import torch
 
@@ -58,26 +57,6 @@ def restore_default_threads(user_default: int) -> None:
     checker.join()
     if probe and probe[0] != user_default:
         _set_default_from_other_thread(user_default)
-
-
-def shutdown_mapper(mapper: Any) -> None:
-    """Stop a torchdata ParallelMapper's threads now and wait for its reader thread.
-
-    torchdata 0.11 leaves this to ``__del__`` (reference counting) and joins with
-    a 0.5 s timeout; a reader thread still inside ``next()`` of the source would
-    then race with the next ``reset()`` of that source (sharp edge: the reset
-    race). Waiting for the reader thread to finish closes the race.
-    """
-    impl = getattr(mapper, "_it", None)  # ParallelMapper -> _ParallelMapperImpl
-    it = getattr(impl, "_it", None)  # -> _ParallelMapperIter / _InlineMapperIter
-    if it is None or not hasattr(it, "_stop"):
-        return
-    it._stop.set()
-    it._mp_stop.set()
-    for thread in [getattr(it, "_read_thread", None), getattr(it, "_sort_thread", None),
-                   *getattr(it, "_workers", [])]:
-        if thread is not None:
-            join_or_report(thread)
 
 
 def join_or_report(thread: threading.Thread, warn_after: float = SLOW_STOP_SECONDS) -> None:
