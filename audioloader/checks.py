@@ -21,6 +21,11 @@ def bad(name: str, value: Any, why: str) -> ValueError:
     return ValueError(f"{name}={value!r}: {why}")
 
 
+def field_error(group: Any, name: str, why: str) -> ValueError:
+    """The ``ValueError`` of a bad field of an option group or config: ``Group.field=value: why``."""
+    return bad(f"{type(group).__name__}.{name}", getattr(group, name), why)
+
+
 def is_integer(value: Any) -> bool:
     """True for Python and numpy integers, False for bools (``True`` is not a count)."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
@@ -48,6 +53,18 @@ def count(name: str, value: Any, *, minimum: int = 1, allow_none: bool = False, 
         return None
     if not is_integer(value) or value < minimum:
         raise bad(name, value, f"must be an integer >= {minimum}" + (" or None" if allow_none else "") + hint)
+    return int(value)
+
+
+def field_count(group: Any, name: str, *, minimum: int = 1, allow_none: bool = False) -> int | None:
+    """`count` of a field of an option group or config, named ``Group.field``."""
+    return count(f"{type(group).__name__}.{name}", getattr(group, name), minimum=minimum, allow_none=allow_none)
+
+
+def positive_integer(name: str, value: Any, *, unit: str = "") -> int:
+    """An integer ``> 0`` (``unit``: what it counts, e.g. "Hz"): ``name=value: must be a positive integer``."""
+    if not is_integer(value) or value <= 0:
+        raise bad(name, value, "must be a positive integer" + (f" ({unit})" if unit else ""))
     return int(value)
 
 

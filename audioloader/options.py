@@ -26,14 +26,6 @@ WORKER_KINDS = ("auto", "thread", "process")
 START_METHODS = ("fork", "forkserver", "spawn")
 
 
-def _bad(group: Any, name: str, why: str) -> ValueError:
-    return checks.bad(f"{type(group).__name__}.{name}", getattr(group, name), why)
-
-
-def _positive_int_or_none(group: Any, name: str, minimum: int = 1, allow_none: bool = True) -> None:
-    checks.count(f"{type(group).__name__}.{name}", getattr(group, name), minimum=minimum, allow_none=allow_none)
-
-
 @dataclass(frozen=True)
 class Bucketing:
     """Batches by total duration, from buckets of rows of similar duration (`DurationBucketer`).
@@ -66,16 +58,15 @@ class Bucketing:
     def __post_init__(self) -> None:
         if not (isinstance(self.max_duration, (int, float)) and math.isfinite(self.max_duration)
                 and self.max_duration > 0):
-            raise _bad(self, "max_duration", "must be a positive number of seconds")
-        _positive_int_or_none(self, "max_batch_size")
-        if isinstance(self.num_buckets, bool) or not isinstance(self.num_buckets, int) or self.num_buckets < 1:
-            raise _bad(self, "num_buckets", "must be an integer >= 1")
+            raise checks.field_error(self, "max_duration", "must be a positive number of seconds")
+        checks.field_count(self, "max_batch_size", allow_none=True)
+        checks.field_count(self, "num_buckets")
         if self.boundaries is not None:
             edges = list(self.boundaries)
             if edges != sorted(edges) or any(not math.isfinite(e) or e <= 0 for e in edges):
-                raise _bad(self, "boundaries", "must be ascending positive seconds")
+                raise checks.field_error(self, "boundaries", "must be ascending positive seconds")
             object.__setattr__(self, "boundaries", tuple(float(e) for e in edges))
-        _positive_int_or_none(self, "estimate_rows")
+        checks.field_count(self, "estimate_rows", allow_none=True)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -117,11 +108,11 @@ class Shuffle:
     min_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        _positive_int_or_none(self, "buffer_size")
-        _positive_int_or_none(self, "min_size", minimum=0)
-        _positive_int_or_none(self, "interleave")
-        _positive_int_or_none(self, "max_bytes")
-        _positive_int_or_none(self, "min_bytes", minimum=0)
+        checks.field_count(self, "buffer_size", allow_none=True)
+        checks.field_count(self, "min_size", minimum=0, allow_none=True)
+        checks.field_count(self, "interleave", allow_none=True)
+        checks.field_count(self, "max_bytes", allow_none=True)
+        checks.field_count(self, "min_bytes", minimum=0, allow_none=True)
 
 
 @dataclass(frozen=True)
@@ -144,12 +135,12 @@ class Workers:
     pin_memory: bool = False
 
     def __post_init__(self) -> None:
-        _positive_int_or_none(self, "num_workers", minimum=0)
+        checks.field_count(self, "num_workers", minimum=0, allow_none=True)
         if self.kind not in WORKER_KINDS:
-            raise _bad(self, "kind", f"must be one of {WORKER_KINDS}")
+            raise checks.field_error(self, "kind", f"must be one of {WORKER_KINDS}")
         if self.start_method is not None and self.start_method not in START_METHODS:
-            raise _bad(self, "start_method", f"must be one of {START_METHODS} or None")
-        _positive_int_or_none(self, "prefetch_batches")
+            raise checks.field_error(self, "start_method", f"must be one of {START_METHODS} or None")
+        checks.field_count(self, "prefetch_batches", allow_none=True)
 
 
 @dataclass(frozen=True)
@@ -194,10 +185,10 @@ class Storage:
     index: str = DEFAULT_REMOTE_READS.index
 
     def __post_init__(self) -> None:
-        _positive_int_or_none(self, "split_rows", allow_none=False)
+        checks.field_count(self, "split_rows")
         if self.cache_dir is not None:
             if not isinstance(self.cache_dir, (str, os.PathLike)) or not os.fspath(self.cache_dir):
-                raise _bad(self, "cache_dir", "must be a folder path (str or Path) or None")
+                raise checks.field_error(self, "cache_dir", "must be a folder path (str or Path) or None")
             object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
         if self.cache_limit is not None:
             if self.cache_dir is None:
@@ -231,8 +222,8 @@ class OnError:
         checks.one_of("OnError.action", self.action, ON_ERROR_ACTIONS)
         value = self.max_fraction
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-            raise _bad(self, "max_fraction", "must be a fraction in [0, 1]")
-        _positive_int_or_none(self, "min_rows", allow_none=False)
+            raise checks.field_error(self, "max_fraction", "must be a fraction in [0, 1]")
+        checks.field_count(self, "min_rows")
 
 
 ON_ERROR_ACTIONS = ("skip", "raise")

@@ -36,6 +36,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from .. import checks
+from ..checks import field_error
 from ..errors import DecodeError
 from ..samples import Key
 from ..shards import ShardDataset
@@ -52,13 +54,9 @@ _STAGE_NAMES = {SPEED: "SpeedPerturb", WAVEFORM: "waveform augmentations (Gain, 
 UserAugment = Callable[[np.ndarray, np.random.Generator], np.ndarray]
 
 
-def _bad(config: Any, name: str, why: str) -> ValueError:
-    return ValueError(f"{type(config).__name__}.{name}={getattr(config, name)!r}: {why}")
-
-
 def _check_p(config: Any) -> None:
     if isinstance(config.p, bool) or not isinstance(config.p, (int, float)) or not 0.0 <= config.p <= 1.0:
-        raise _bad(config, "p", "must be a probability in [0, 1]")
+        raise field_error(config, "p", "must be a probability in [0, 1]")
 
 
 def _check_range(config: Any, name: str, low: float, high: float) -> None:
@@ -66,7 +64,7 @@ def _check_range(config: Any, name: str, low: float, high: float) -> None:
     ok = (isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, (int, float)) and math.isfinite(v)
                                                              for v in value) and value[0] <= value[1])
     if not ok or not (low <= value[0] and value[1] <= high):
-        raise _bad(config, name, f"must be a (low, high) pair of numbers with {low} <= low <= high <= {high}")
+        raise field_error(config, name, f"must be a (low, high) pair of numbers with {low} <= low <= high <= {high}")
 
 
 @dataclass(frozen=True)
@@ -82,9 +80,9 @@ class Gain:
         for name in ("min_db", "max_db"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise _bad(self, name, "must be a finite number of dB")
+                raise field_error(self, name, "must be a finite number of dB")
         if self.min_db > self.max_db:
-            raise _bad(self, "min_db", f"is above max_db={self.max_db}")
+            raise field_error(self, "min_db", f"is above max_db={self.max_db}")
         _check_p(self)
 
 
@@ -164,7 +162,7 @@ class SpeedPerturb:
         object.__setattr__(self, "factors", factors)
         if not (isinstance(factors, tuple) and factors and all(
                 isinstance(f, (int, float)) and not isinstance(f, bool) and 0.25 <= f <= 4.0 for f in factors)):
-            raise _bad(self, "factors", "must be a non-empty tuple of speed factors in [0.25, 4]")
+            raise field_error(self, "factors", "must be a non-empty tuple of speed factors in [0.25, 4]")
         _check_p(self)
 
 
@@ -190,11 +188,9 @@ class SpecAugment:
 
     def __post_init__(self) -> None:
         for name in ("freq_masks", "max_freq_width", "time_masks", "max_time_width"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise _bad(self, name, "must be an integer >= 0")
+            checks.field_count(self, name, minimum=0)
         if self.fill not in ("mean", "zero"):
-            raise _bad(self, "fill", "must be 'mean' or 'zero'")
+            raise field_error(self, "fill", "must be 'mean' or 'zero'")
         _check_p(self)
 
 
@@ -218,7 +214,7 @@ class Mixup:
 
     def __post_init__(self) -> None:
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not self.alpha > 0:
-            raise _bad(self, "alpha", "must be a positive number (Beta(alpha, alpha))")
+            raise field_error(self, "alpha", "must be a positive number (Beta(alpha, alpha))")
         _check_p(self)
 
 

@@ -20,6 +20,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .. import checks
+from ..checks import field_error
+
 
 @dataclass(frozen=True)
 class MelSpectrogramConfig:
@@ -50,29 +53,25 @@ class MelSpectrogramConfig:
     log_offset: float = 1e-6
 
     def __post_init__(self) -> None:
-        def bad(name: str, why: str) -> ValueError:
-            return ValueError(f"MelSpectrogramConfig.{name}={getattr(self, name)!r}: {why}")
-
         for name in ("sample_rate", "n_fft", "hop_length", "n_mels"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise bad(name, "must be a positive integer")
+            checks.positive_integer(f"MelSpectrogramConfig.{name}", getattr(self, name))
         if not (isinstance(self.clip_seconds, (int, float)) and math.isfinite(self.clip_seconds)
                 and self.clip_seconds > 0):
-            raise bad("clip_seconds", "must be a positive number of seconds")
+            raise field_error(self, "clip_seconds", "must be a positive number of seconds")
         if self.clip_samples < self.n_fft:
-            raise bad("clip_seconds", f"the clip has {self.clip_samples} samples, shorter than one frame "
-                      f"(n_fft={self.n_fft}); use a longer clip or a smaller n_fft")
+            raise field_error(self, "clip_seconds", f"the clip has {self.clip_samples} samples, shorter than one frame "
+                              f"(n_fft={self.n_fft}); use a longer clip or a smaller n_fft")
         if self.n_mels > self.n_freqs:
-            raise bad("n_mels", f"more mel bands than FFT bins (n_fft={self.n_fft} gives {self.n_freqs}); "
-                      "lower n_mels or raise n_fft")
+            raise field_error(self, "n_mels",
+                              f"more mel bands than FFT bins (n_fft={self.n_fft} gives {self.n_freqs}); "
+                              "lower n_mels or raise n_fft")
         nyquist = self.sample_rate / 2
         if not (0 <= self.f_min < nyquist):
-            raise bad("f_min", f"must be in [0, sample_rate / 2 = {nyquist})")
+            raise field_error(self, "f_min", f"must be in [0, sample_rate / 2 = {nyquist})")
         if self.f_max is not None and not (self.f_min < self.f_max <= nyquist):
-            raise bad("f_max", f"must be in (f_min={self.f_min}, sample_rate / 2 = {nyquist}] or None")
+            raise field_error(self, "f_max", f"must be in (f_min={self.f_min}, sample_rate / 2 = {nyquist}] or None")
         if not (self.log_offset > 0):
-            raise bad("log_offset", "must be > 0 (log of zero power is -inf)")
+            raise field_error(self, "log_offset", "must be > 0 (log of zero power is -inf)")
 
     @property
     def clip_samples(self) -> int:
@@ -115,14 +114,8 @@ class MelSpectrogramConfig:
         return dataclasses.asdict(self)
 
 
-def _bad(config: Any, name: str, why: str) -> ValueError:
-    return ValueError(f"{type(config).__name__}.{name}={getattr(config, name)!r}: {why}")
-
-
 def _check_rate(config: Any) -> None:
-    rate = config.sample_rate
-    if isinstance(rate, bool) or not isinstance(rate, int) or rate <= 0:
-        raise _bad(config, "sample_rate", "must be a positive integer (Hz)")
+    checks.positive_integer(f"{type(config).__name__}.sample_rate", config.sample_rate, unit="Hz")
 
 
 FBANK_WINDOWS = ("povey", "hanning", "hamming", "rectangular", "blackman")
@@ -183,31 +176,31 @@ class FbankConfig:
     def __post_init__(self) -> None:
         _check_rate(self)
         if isinstance(self.num_mel_bins, bool) or not isinstance(self.num_mel_bins, int) or self.num_mel_bins <= 3:
-            raise _bad(self, "num_mel_bins", "must be an integer > 3")
+            raise field_error(self, "num_mel_bins", "must be an integer > 3")
         if not self.window_size >= 2:
-            raise _bad(self, "frame_length", f"gives a window of {self.window_size} samples at "
-                       f"{self.sample_rate} Hz; it needs at least 2")
+            raise field_error(self, "frame_length", f"gives a window of {self.window_size} samples at "
+                              f"{self.sample_rate} Hz; it needs at least 2")
         if self.window_shift <= 0:
-            raise _bad(self, "frame_shift", f"gives a hop of {self.window_shift} samples; it must be > 0")
+            raise field_error(self, "frame_shift", f"gives a hop of {self.window_shift} samples; it must be > 0")
         if self.padded_window_size % 2:
-            raise _bad(self, "frame_length", "the (padded) window must have an even number of samples: use "
-                       "round_to_power_of_two=True or another frame_length")
+            raise field_error(self, "frame_length", "the (padded) window must have an even number of samples: use "
+                              "round_to_power_of_two=True or another frame_length")
         if self.window_type not in FBANK_WINDOWS:
-            raise _bad(self, "window_type", f"must be one of {FBANK_WINDOWS}")
+            raise field_error(self, "window_type", f"must be one of {FBANK_WINDOWS}")
         if not 0.0 <= self.preemphasis_coefficient <= 1.0:
-            raise _bad(self, "preemphasis_coefficient", "must be in [0, 1]")
+            raise field_error(self, "preemphasis_coefficient", "must be in [0, 1]")
         nyquist = 0.5 * self.sample_rate
         high = self.high_freq if self.high_freq > 0 else self.high_freq + nyquist
         if not (0.0 <= self.low_freq < nyquist and 0.0 < high <= nyquist and self.low_freq < high):
-            raise _bad(self, "low_freq", f"and high_freq={self.high_freq} must satisfy 0 <= low < high <= "
-                       f"nyquist={nyquist} (high_freq <= 0 counts down from the Nyquist frequency)")
+            raise field_error(self, "low_freq", f"and high_freq={self.high_freq} must satisfy 0 <= low < high <= "
+                              f"nyquist={nyquist} (high_freq <= 0 counts down from the Nyquist frequency)")
         for name in ("dither", "energy_floor"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise _bad(self, name, "must be a number >= 0")
+                raise field_error(self, name, "must be a number >= 0")
         if not (isinstance(self.input_scale, (int, float)) and math.isfinite(self.input_scale)
                 and self.input_scale > 0):
-            raise _bad(self, "input_scale", "must be a positive number")
+            raise field_error(self, "input_scale", "must be a positive number")
 
     @property
     def window_size(self) -> int:
@@ -321,21 +314,21 @@ class LengthPolicy:
 
     def __post_init__(self) -> None:
         if self.crop is not None and self.crop not in CROP_MODES:
-            raise _bad(self, "crop", f"must be one of {CROP_MODES} or None (whole utterances)")
+            raise field_error(self, "crop", f"must be one of {CROP_MODES} or None (whole utterances)")
         if self.too_long not in TOO_LONG_CHOICES:
-            raise _bad(self, "too_long", f"must be one of {TOO_LONG_CHOICES}")
+            raise field_error(self, "too_long", f"must be one of {TOO_LONG_CHOICES}")
         for name in ("clip_seconds", "max_seconds"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise _bad(self, name, "must be a positive number of seconds or None")
+                raise field_error(self, name, "must be a positive number of seconds or None")
         if not (isinstance(self.min_seconds, (int, float)) and math.isfinite(self.min_seconds)
                 and self.min_seconds >= 0):
-            raise _bad(self, "min_seconds", "must be a number of seconds >= 0")
+            raise field_error(self, "min_seconds", "must be a number of seconds >= 0")
         if self.crop is None and self.clip_seconds is not None:
-            raise _bad(self, "clip_seconds", "is the length of a crop; with crop=None (whole utterances) use "
-                       "max_seconds")
+            raise field_error(self, "clip_seconds", "is the length of a crop; with crop=None (whole utterances) use "
+                              "max_seconds")
         if self.max_seconds is not None and self.min_seconds > self.max_seconds:
-            raise _bad(self, "min_seconds", f"is above max_seconds={self.max_seconds}")
+            raise field_error(self, "min_seconds", f"is above max_seconds={self.max_seconds}")
 
     @property
     def variable_length(self) -> bool:
@@ -390,14 +383,14 @@ class Segments:
         for name in ("start", "end", "duration"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
-                raise _bad(self, name, "must be a column name (str)" + ("" if name == "start" else " or None"))
+                raise field_error(self, name, "must be a column name (str)" + ("" if name == "start" else " or None"))
         if self.start is None:
-            raise _bad(self, "start", "must be a column name (str)")
+            raise field_error(self, "start", "must be a column name (str)")
         if (self.end is None) == (self.duration is None):
-            raise _bad(self, "end", f"give one of end= and duration= (duration={self.duration!r}): the window "
-                       "ends at the end column, or lasts the duration column")
+            raise field_error(self, "end", f"give one of end= and duration= (duration={self.duration!r}): the window "
+                              "ends at the end column, or lasts the duration column")
         if len(set(self.columns)) != len(self.columns):
-            raise _bad(self, "start", f"names one column twice ({list(self.columns)})")
+            raise field_error(self, "start", f"names one column twice ({list(self.columns)})")
 
     @property
     def columns(self) -> tuple[str, str]:

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from .. import checks
 from ..dsp.hashing import SALT_INTERLEAVE, SALT_SPLIT_ORDER, audio_checksum, permutation
 from ..errors import CheckpointMismatchError
 from ..samples import Key, RawSample
@@ -78,6 +79,12 @@ class Segment(NamedTuple):
 
 #: Rows read per random-access read of a ``take`` segment.
 _TAKE_CHUNK = 256
+
+
+def _checked_interleave(interleave: Any) -> int:
+    if not checks.is_integer(interleave) or interleave < 1:
+        raise ValueError(f"interleave={interleave!r} must be an int >= 1 (the splits read at once; 1: one by one)")
+    return int(interleave)
 
 
 def _count_request(stats: LoaderStats, nbytes: int) -> None:
@@ -221,11 +228,8 @@ class ArrowShardReader(BaseNode[RawSample]):
                  remote_reads: RemoteReads | None = None):
         super().__init__()
         self.stats = stats
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
-        if isinstance(interleave, bool) or not isinstance(interleave, (int, np.integer)) or interleave < 1:
-            raise ValueError(f"interleave={interleave!r} must be an int >= 1 (the splits read at once; 1: one by one)")
-        self.interleave = int(interleave)
+        checks.integer("seed", seed)
+        self.interleave = _checked_interleave(interleave)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.seed, self.shuffle, self.infinite = int(seed), bool(shuffle), bool(infinite)
         self.dataset = self._dataset(source_or_dataset, audio_column, label_column, columns, split_rows, filesystem,
@@ -338,9 +342,7 @@ class ArrowShardReader(BaseNode[RawSample]):
 
     def set_interleave(self, interleave: int) -> None:
         """Read ``interleave`` splits at once from now on; only before the reader starts (a resume sets it)."""
-        if isinstance(interleave, bool) or not isinstance(interleave, (int, np.integer)) or interleave < 1:
-            raise ValueError(f"interleave={interleave!r} must be an int >= 1 (the splits read at once; 1: one by one)")
-        self.interleave = int(interleave)
+        self.interleave = _checked_interleave(interleave)
         self._lane_order = (-1, [])
         self._clear_position(self._split_pos, self._row)
 

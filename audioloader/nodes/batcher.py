@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
+from .. import checks
 from ..samples import BatchEnd, Sample
 from ..stats import LoaderStats
 from .held import RowsHeld, nested
@@ -87,8 +88,7 @@ class Batcher(BaseNode[dict]):
                  pin_memory: bool = False, time_axis: int | None = None, follow_markers: bool = False,
                  sources: bool = False) -> None:
         super().__init__()
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
+        checks.count("batch_size", batch_size)
         if num_batches is not None and (not isinstance(num_batches, int) or num_batches < 0):
             raise ValueError(f"num_batches={num_batches!r} must be None or an integer >= 0")
         if num_batches is not None and spectrogram_shape is None:

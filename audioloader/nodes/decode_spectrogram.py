@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
+from .. import checks
 from ..dsp import hashing
 from ..dsp.audio import fit, load_clip, probe_seconds, span_seconds
 from ..dsp.augment import Augmentations
@@ -463,27 +464,21 @@ def _validate(source: Any, features: Any, seed: Any, num_workers: Any, on_error:
               max_error_fraction: Any, error_budget_min_rows: Any, stats: Any, snapshot_frequency: Any,
               worker_type: Any, fetch: Any) -> None:
     """Argument checks; each error names the argument."""
-    def is_int(value: Any) -> bool:
-        return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
     if not isinstance(source, BaseNode):
         raise TypeError(f"DecodeSpectrogram source must be a torchdata BaseNode, got {type(source).__name__}")
     check_features(features)
-    if not is_int(seed):
+    if not checks.is_integer(seed):
         raise TypeError(f"seed must be an integer, got {seed!r}")
-    if not is_int(num_workers) or num_workers < 0:
-        raise ValueError(f"num_workers={num_workers!r}: must be an integer >= 0 (0 decodes inline)")
+    checks.count("num_workers", num_workers, minimum=0, hint=" (0 decodes inline)")
     if on_error not in ON_ERROR_CHOICES:
         raise ValueError(f"on_error={on_error!r}: must be one of {ON_ERROR_CHOICES}")
     if (isinstance(max_error_fraction, bool) or not isinstance(max_error_fraction, (int, float))
             or not 0.0 <= max_error_fraction <= 1.0):
         raise ValueError(f"max_error_fraction={max_error_fraction!r}: must be a number in [0, 1]")
-    if not is_int(error_budget_min_rows) or error_budget_min_rows < 1:
-        raise ValueError(f"error_budget_min_rows={error_budget_min_rows!r}: must be an integer >= 1")
+    checks.count("error_budget_min_rows", error_budget_min_rows)
     if stats is not None and not isinstance(stats, LoaderStats):
         raise TypeError(f"stats must be a LoaderStats or None, got {type(stats).__name__}")
-    if not is_int(snapshot_frequency) or snapshot_frequency < 0:
-        raise ValueError(f"snapshot_frequency={snapshot_frequency!r}: must be an integer >= 0")
+    checks.count("snapshot_frequency", snapshot_frequency, minimum=0)
     if worker_type not in BACKENDS:
         raise ValueError(f"worker_type={worker_type!r}: must be one of {BACKENDS}")
     if fetch is not None and not callable(fetch):

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from .. import checks
 from ..dsp.audio import probe_seconds, span_seconds
 from ..dsp.config import Segments
 from ..dsp.hashing import item_checksum
@@ -168,14 +169,11 @@ class DurationBucketer(BaseNode):
         super().__init__()
         if not (isinstance(max_duration, (int, float)) and max_duration > 0):
             raise ValueError(f"max_duration={max_duration!r}: must be a positive number of seconds")
-        if max_batch_size is not None and (isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int)
-                                           or max_batch_size < 1):
-            raise ValueError(f"max_batch_size={max_batch_size!r}: must be an integer >= 1 or None")
+        checks.count("max_batch_size", max_batch_size, allow_none=True)
         edges = [float(b) for b in boundaries]
         if edges != sorted(edges):
             raise ValueError(f"boundaries={list(boundaries)!r}: must be ascending")
-        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1):
-            raise ValueError(f"max_bytes={max_bytes!r}: must be an integer >= 1 or None")
+        checks.count("max_bytes", max_bytes, allow_none=True)
         self.source = source
         self.max_duration = float(max_duration)
         self.boundaries = edges

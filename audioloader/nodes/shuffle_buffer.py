@@ -7,6 +7,7 @@ from typing import Any, Generic, TypeVar
 
 from torchdata.nodes import BaseNode
 
+from .. import checks
 from ..dsp.hashing import SALT_SHUFFLE, item_checksum, uniform_int
 from ..errors import CheckpointMismatchError
 from ..samples import Key, held_bytes
@@ -115,13 +116,11 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
                  size_fn: Callable[[Any], int] = held_bytes, one_pass: bool = False,
                  held: HeldBytes | None = None) -> None:
         super().__init__()
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise ValueError(f"ShuffleBuffer capacity={capacity!r} must be an integer >= 1")
-        if isinstance(min_size, bool) or not isinstance(min_size, int) or not 0 <= min_size <= capacity:
-            raise ValueError(f"ShuffleBuffer min_size={min_size!r} must be an integer in [0, capacity={capacity}]")
-        for name, value, least in (("max_bytes", max_bytes, 1), ("min_bytes", min_bytes, 0)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
-                raise ValueError(f"ShuffleBuffer {name}={value!r} must be an integer >= {least} or None")
+        capacity = checks.count("ShuffleBuffer capacity", capacity)
+        if not checks.is_integer(min_size) or not 0 <= min_size <= capacity:
+            raise checks.bad("ShuffleBuffer min_size", min_size, f"must be an integer in [0, capacity={capacity}]")
+        checks.count("ShuffleBuffer max_bytes", max_bytes, allow_none=True)
+        checks.count("ShuffleBuffer min_bytes", min_bytes, minimum=0, allow_none=True)
         self.source = source
         self.capacity = capacity
         self.min_size = min_size

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from .. import checks
 from . import index
 from .cache import ObjectCache, parse_bytes
 from .changes import _check_local, _LocalFileGuard
@@ -164,7 +165,7 @@ class ShardDataset(RowReads, UnitReads):
                 raise ValueError(f"columns={extras!r} repeats the audio/label column {c!r}; list only extra columns")
         if len(set(extras)) != len(extras):
             raise ValueError(f"columns={extras!r} names a column twice")
-        if isinstance(split_rows, bool) or not isinstance(split_rows, int) or split_rows < 1:
+        if not checks.is_integer(split_rows) or split_rows < 1:
             raise ValueError(f"split_rows must be a positive int, got {split_rows!r}")
         if filesystem is not None and not isinstance(filesystem, pafs.FileSystem):
             raise TypeError(f"filesystem must be a pyarrow.fs.FileSystem, got {type(filesystem).__name__}; "

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from .. import checks
 from ..errors import AccessDeniedError, ShardReadError, redacted
 
 T = TypeVar("T")
@@ -55,8 +56,7 @@ class Retry:
     timeout: float = 30.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 1:
-            raise ValueError(f"Retry.attempts={self.attempts!r}: must be an integer >= 1")
+        checks.field_count(self, "attempts")
         for name in ("initial_delay", "max_delay", "timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:

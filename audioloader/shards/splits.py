@@ -7,6 +7,8 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .. import checks
+
 
 @dataclass(frozen=True)
 class Split:
@@ -97,9 +99,7 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
         world_size = dist.get_world_size() if initialized else 1
     if rank is None:
         rank = dist.get_rank() if initialized else 0
-    for name, value in (("rank", rank), ("world_size", world_size)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    rank, world_size = checks.integer("rank", rank), checks.integer("world_size", world_size)
     if world_size < 1:
         raise ValueError(f"world_size={world_size} must be >= 1")
     if not 0 <= rank < world_size:

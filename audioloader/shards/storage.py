@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import checks
 from .readahead import DEFAULT_READAHEAD_BYTES
 from .remote import DEFAULT_MAX_REQUESTS
 
@@ -34,9 +35,7 @@ class RemoteReads:
 
     def __post_init__(self) -> None:
         for name, minimum in (("readahead_bytes", 0), ("max_requests", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"Storage.{name}={value!r}: must be an integer >= {minimum}")
+            checks.count(f"Storage.{name}", getattr(self, name), minimum=minimum)
         if self.index not in INDEX_MODES:
             raise ValueError(f"Storage.index={self.index!r}: must be one of {INDEX_MODES}")
 

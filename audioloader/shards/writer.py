@@ -32,6 +32,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from .. import checks
+
 __all__ = ["FORMATS", "METADATA_KEY", "METADATA_VERSION", "ShardWriter", "shard_doc", "shard_metadata"]
 
 FORMATS = ("ipc_file", "parquet")
@@ -93,12 +95,6 @@ def _check_extra_columns(extra_columns: Any) -> dict[str, pa.DataType]:
                              "e.g. pa.string()")
         out[name] = dtype
     return out
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name}={value!r}: must be a positive integer")
-    return value
 
 
 def _fsync_file(path: Path) -> None:
@@ -173,8 +169,8 @@ class ShardWriter:
                              "to name; drop label_names or use labeled=True")
         self.labeled = labeled
         self.extra_columns = _check_extra_columns(extra_columns)
-        self.rows_per_batch = _positive_int("rows_per_batch", rows_per_batch)
-        self.max_batch_bytes = _positive_int("max_batch_bytes", max_batch_bytes)
+        self.rows_per_batch = checks.positive_integer("rows_per_batch", rows_per_batch)
+        self.max_batch_bytes = checks.positive_integer("max_batch_bytes", max_batch_bytes)
         if not self.path.parent.is_dir():
             raise ValueError(f"path={str(self.path)!r}: folder {str(self.path.parent)!r} does not exist")
         if self.path.is_dir():

@@ -24,6 +24,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .. import checks
+
 __all__ = ["add_arguments", "format_report", "inspect", "run"]
 
 _FILES_SHOWN = 20  # in the text report; --json lists all
@@ -147,8 +149,8 @@ def inspect(source: Any, *, sample: int = 20, audio_column: str = "audio", label
         "labels_note": why there is no histogram, or None,
         "sample": {"summary": {...}, "rows": [...]}}``. Sizes are in bytes, durations in seconds.
     """
-    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:
-        raise ValueError(f"sample={sample!r}: must be a number of rows >= 0")
+    if not checks.is_integer(sample) or sample < 0:
+        raise checks.bad("sample", sample, "must be a number of rows >= 0")
     ds, label_note = _open(source, audio_column, label_column, split_rows, filesystem)
     files = [{"path": f.path, "format": f.format, "size": f.size, "rows": f.num_rows,
               "batches": len(f.batch_rows)} for f in ds.files]

@@ -42,6 +42,7 @@ import pyarrow as pa
 from audioloader.shards.index import write_index
 from audioloader.shards.writer import FORMATS, ShardWriter
 
+from .. import checks
 from .layouts import AUDIO_EXTENSIONS, INPUT_FORMATS, collect_inputs
 from .manifests import Entry, Inputs
 from .pack_audio import CODECS, Packed, Skipped, forget_decoded, load_entry, reencode
@@ -138,7 +139,7 @@ def _ordered_map(fn: Callable[[Entry], Loaded], items: Iterable[Entry], workers:
 def _check_args(fmt: str, shard_rows: int | None, shard_mb: float | None, rows_per_batch: int,
                 sample_rate: int | None, codec: str | None, workers: int) -> None:
     def positive_int(value: object) -> bool:
-        return not isinstance(value, bool) and isinstance(value, int) and value > 0
+        return checks.is_integer(value) and value > 0
 
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r}: must be one of {', '.join(FORMATS)}")
@@ -147,14 +148,12 @@ def _check_args(fmt: str, shard_rows: int | None, shard_mb: float | None, rows_p
     if shard_mb is not None and not (isinstance(shard_mb, (int, float)) and not isinstance(shard_mb, bool)
                                      and shard_mb > 0):
         raise ValueError(f"shard_mb={shard_mb!r}: must be a positive size in MiB, or None")
-    if not positive_int(rows_per_batch):
-        raise ValueError(f"rows_per_batch={rows_per_batch!r}: must be a positive integer")
+    checks.positive_integer("rows_per_batch", rows_per_batch)
     if sample_rate is not None and not positive_int(sample_rate):
         raise ValueError(f"sample_rate={sample_rate!r}: must be a positive integer in Hz, or None")
     if codec is not None and codec not in CODECS:
         raise ValueError(f"codec={codec!r}: must be one of {', '.join(CODECS)}, or None")
-    if not positive_int(workers):
-        raise ValueError(f"workers={workers!r}: must be a positive integer")
+    checks.positive_integer("workers", workers)
 
 
 def _check_out_not_in_src(src: Path, out: Path) -> None:

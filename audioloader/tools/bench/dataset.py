@@ -49,6 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ... import checks
+
 __all__ = ["CODECS", "DEFAULT_CACHE", "DatasetSpec", "encode_clip", "packed_dataset", "standard_dataset",
            "synth_clip"]
 
@@ -95,9 +97,7 @@ class DatasetSpec:
         if self.codec not in CODECS:
             raise ValueError(f"codec={self.codec!r}: must be one of {', '.join(CODECS)}")
         for name in ("clips", "sample_rate", "channels", "classes", "rows_per_shard"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be a positive integer")
+            checks.positive_integer(name, getattr(self, name))
         if self.channels > 2:
             raise ValueError(f"channels={self.channels}: 1 or 2")
         if not self.seconds > 0:
