@@ -70,9 +70,9 @@ DECODE_SHARE = 0.5
 MAX_INTERLEAVE = 16
 
 #: The share of ``max_bytes`` the reader's lanes may hold (a unit each where units are read into memory).
-#: Measured (benchmarks/bench_shuffle_quality.py --bucketing, Parquet row groups of 100 speech rows, 24 MB):
-#: at equal bytes, lanes mix more than buffer rows once the buffer holds what the bucketer needs; 8 lanes and
-#: 128 MiB gave 7.3 splits per batch in 321 MB, one lane and 256 MiB 5.3 in 280 MB.
+#: Chosen by benchmarks/bench_shuffle_quality.py --bucketing (splits per batch against the bytes held, for lanes and
+#: budgets): at equal bytes, lanes mix more than buffer rows once the buffer holds what the bucketer needs
+#: (figures: docs/benchmarks.md, "Shuffle quality per byte for speech").
 LANES_SHARE = 0.5
 
 

@@ -337,10 +337,10 @@ def _raw_rows_by_default(reader: ArrowShardReader) -> bool:
     """``Shuffle(before_decode=None)``: raw rows in the buffer for local Arrow IPC shards (zero-copy views)
     and for remote shards, decoded samples for local Parquet and ORC.
 
-    Remote, measured on a loopback S3 server (benchmarks/bench_s3.py, default features, buffer 1000):
-    raw rows 1.6-1.9x the samples/s, the first batch 2-3.6x sooner, resume 2.7-3.6x faster and
-    20 % less peak memory than decoded samples (a remote raw row owns a copy of its encoded bytes,
-    the reader's, so holding it keeps no record batch alive; decoded features are 256 KB each).
+    Remote, benchmarks/bench_s3.py compares both on a loopback S3 server (samples/s, first batch, resume
+    time, peak memory): raw rows win on each (docs/benchmarks.md, "Object storage: local vs S3"); a remote
+    raw row owns a copy of its encoded bytes, the reader's, so holding it keeps no record batch alive,
+    where decoded features are 256 KB each.
     """
     dataset = reader.dataset
     return _raw_rows_are_free(reader) or all(dataset.is_remote(i) for i in range(len(dataset.files)))

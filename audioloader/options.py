@@ -310,19 +310,21 @@ class ModePreset:
 TRAIN = ModePreset(infinite=True, num_workers=8)
 # Eval does not shuffle (buffer of 1 = pass-through, budget.EVAL), unlike DESIGN.md's 1000 / 0: a
 # metric does not depend on order, and the growing buffer made the first batch wait
-# for twice as many decodes (benchmark: first batch 0.66 s -> 0.26 s, 40% less memory).
+# for twice as many decodes (first batch and memory: docs/benchmarks.md, "Defaults chosen by measurement").
 EVAL = ModePreset(infinite=False, num_workers=4)
 
 #: ``Workers(kind="auto")`` decodes in processes on machines with at least this many cores, else in threads.
-#: Measured on 2 cores with a training step in the loop (benchmarks/bench_train_loop.py): processes 928 vs
-#: threads 754 samples/s on PCM16, even on FLAC; on 16 cores threads stop scaling at 5-10 busy cores.
+#: Chosen by benchmarks/bench_train_loop.py (samples/s and the training process's CPU, processes against threads,
+#: with a training step in the loop): processes are no slower on 2 cores and leave the training process's cores
+#: free; threads stop scaling at 5-10 busy cores (docs/benchmarks.md, "Scaling with cores and the worker model").
 AUTO_PROCESS_MIN_CORES = 2
 
 
 def default_num_workers(worker_type: str, train: bool) -> int:
     """Decode workers when ``num_workers`` is not given: processes one per core (they scale to all of them;
-    more only adds switching); threads 2 per core, up to the preset's 8 (train) or 4 (eval): on 2 cores 4
-    threads made 299 samples/s and 8 made 278, and past ~8 threads the GIL stops them scaling."""
+    more only adds switching); threads 2 per core, up to the preset's 8 (train) or 4 (eval): more threads than
+    that are no faster, and past about 8 the GIL stops them scaling (samples/s by thread count:
+    docs/benchmarks.md, "Defaults chosen by measurement")."""
     cores = os.cpu_count() or 1
     if worker_type == "process":
         return cores

@@ -144,6 +144,12 @@ class Failure:
 ITEM_OVERHEAD_BYTES = 600
 
 
+def item_key(item: Any) -> Key:
+    """The `Key` of a `RawSample`, `Sample` or `BadRow` (``item.key``): the nodes' default ``key_fn``, a
+    module-level function so that a node holding it pickles."""
+    return item.key
+
+
 def held_bytes(item: Any) -> int:
     """Bytes of process memory an item keeps alive while a node holds it (a shuffle buffer, a bucketer).
 

@@ -12,8 +12,7 @@ processes, train and eval order); one set of checks runs over all of them:
   ``reset(state)``: the items that follow equal the rest of the uninterrupted run,
   and a finite stream ends where it ended, for several ``k`` including 0 and the end;
 - pickling: an unstarted node pickles and its copy yields the same stream, except
-  where a node holds a process pool (locks, pipes: it is rebuilt, never shipped) or,
-  today, the bucketer (its default ``key_fn`` is a lambda). Started nodes do not
+  where a node holds a process pool (locks, pipes: it is rebuilt, never shipped). Started nodes do not
   pickle (open readers, threads); what travels between processes is the loader,
   which pickles as its arguments and position (test_workers, test_mixing).
 
@@ -130,7 +129,7 @@ CASES: dict[str, Case] = {
         lambda f: ArrowShardReader(f, seed=3, shuffle=True, infinite=True, split_rows=4, interleave=2),
         limit=30, next_pass_on_reset=True),  # crosses the end of pass 0 (23 rows)
     "ShuffleBuffer": Case(shuffle_buffer),
-    "DurationBucketer": Case(bucketer, pickles=False),  # its default key_fn is a lambda
+    "DurationBucketer": Case(bucketer),
     "WeightedMix": Case(mix, next_pass_on_reset=True),
     "DecodeSpectrogram-inline": Case(decoded),
     "DecodeSpectrogram-threads": Case(lambda f: decoded(f, num_workers=2, worker_type="thread")),

@@ -15,7 +15,7 @@ from ..dsp.audio import probe_seconds, span_seconds
 from ..dsp.config import Segments
 from ..dsp.hashing import item_checksum
 from ..errors import DecodeError
-from ..samples import BatchEnd, Key, RawSample, held_bytes
+from ..samples import BatchEnd, Key, RawSample, held_bytes, item_key
 from ..stats import HeldBytes, LoaderStats
 from .held import RowsHeld, keys
 from .shuffle_buffer import verify_checksums
@@ -163,7 +163,7 @@ class DurationBucketer(BaseNode):
     def __init__(self, source: BaseNode, *, max_duration: float, boundaries: Sequence[float] = (),
                  max_batch_size: int | None = None, duration_fn: Callable[[Any], float] = row_seconds,
                  restore: RestoreFn | None = None, drop_last: bool = False,
-                 key_fn: Callable[[Any], Key] = lambda item: item.key, stats: LoaderStats | None = None,
+                 key_fn: Callable[[Any], Key] = item_key, stats: LoaderStats | None = None,
                  max_bytes: int | None = None, distinct: bool = False, size_fn: Callable[[Any], int] = held_bytes,
                  held: HeldBytes | None = None) -> None:
         super().__init__()

@@ -10,7 +10,7 @@ from torchdata.nodes import BaseNode
 from .. import checks
 from ..dsp.hashing import SALT_SHUFFLE, item_checksum, uniform_int
 from ..errors import CheckpointMismatchError
-from ..samples import Key, held_bytes
+from ..samples import Key, held_bytes, item_key
 from ..stats import HeldBytes, LoaderStats
 from .held import RowsHeld
 
@@ -19,10 +19,6 @@ T = TypeVar("T")
 #: Rebuilds buffered items from their keys, in the same order (e.g. a random-access
 #: read of those rows, then the same decode with the same per-sample seed).
 RestoreFn = Callable[[Sequence[Key]], Sequence[Any]]
-
-
-def _item_key(item: Any) -> Key:
-    return item.key
 
 
 def verify_checksums(items: Sequence[Any], expected: Sequence[int] | None, checksum_fn: Callable[[Any], int],
@@ -110,7 +106,7 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
     HOLDER = "shuffle_buffer"
 
     def __init__(self, source: BaseNode, capacity: int, min_size: int = 0, *, seed: int = 0, rank: int = 0,
-                 restore: RestoreFn | None = None, key_fn: Callable[[Any], Key] = _item_key,
+                 restore: RestoreFn | None = None, key_fn: Callable[[Any], Key] = item_key,
                  checksum_fn: Callable[[Any], int] = item_checksum, stats: LoaderStats | None = None,
                  max_bytes: int | None = None, min_bytes: int | None = None,
                  size_fn: Callable[[Any], int] = held_bytes, one_pass: bool = False,
