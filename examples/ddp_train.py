@@ -65,7 +65,7 @@ def prepare_data(root: Path, clips_per_class: int, seed: int) -> tuple[Path, Pat
 def train(model: nn.Module, train_dir: Path, args: argparse.Namespace, checkpoint_dir: Path) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     loader = al.AudioLoader(train_dir, batch_size=args.batch_size, train=True, seed=args.seed, features=FEATURES,
-                            num_workers=2, shuffle_buffer_size=256, shuffle_min_size=64)
+                            workers=al.Workers(num_workers=2), shuffle=al.Shuffle(buffer_size=256, min_size=64))
     rank = dist.get_rank()
     start = time.perf_counter()
     with loader:
@@ -89,7 +89,7 @@ def evaluate(model: nn.Module, eval_dir: Path, args: argparse.Namespace) -> floa
     model.eval()
     counts = torch.zeros(2, dtype=torch.float64)  # correct, total
     with al.AudioLoader(eval_dir, batch_size=args.batch_size, train=False, features=FEATURES,
-                        num_workers=2) as loader, torch.no_grad():
+                        workers=al.Workers(num_workers=2)) as loader, torch.no_grad():
         for batch in loader:  # the same number of batches on every rank
             valid = batch["valid"]
             predicted = model(batch["spectrogram"].unsqueeze(1)).argmax(dim=1)

@@ -93,7 +93,7 @@ def make_loader(mix: al.Mix, noise: Path, rirs: Path, args: argparse.Namespace) 
         al.Mixup(alpha=0.4),
     ]
     return al.AudioLoader(mix, batch_size=args.batch_size, seed=args.seed, features=FEATURES, augment=augment,
-                          num_workers=args.workers, shuffle_buffer_size=64, shuffle_min_size=32)
+                          workers=al.Workers(num_workers=args.workers), shuffle=al.Shuffle(buffer_size=64, min_size=32))
 
 
 def small_cnn() -> nn.Module:

@@ -51,8 +51,9 @@ def make_loader(data: Path, mode: str, batch_size: int, seed: int) -> al.AudioLo
     if mode == "train":
         # Small buffer for a small dataset (the preset's 10000 is for large ones).
         return al.AudioLoader(data, batch_size=batch_size, train=True, seed=seed, features=FEATURES,
-                              num_workers=2, shuffle_buffer_size=64, shuffle_min_size=32)
-    return al.AudioLoader(data, batch_size=batch_size, train=False, seed=seed, features=FEATURES, num_workers=2)
+                              workers=al.Workers(num_workers=2), shuffle=al.Shuffle(buffer_size=64, min_size=32))
+    return al.AudioLoader(data, batch_size=batch_size, train=False, seed=seed, features=FEATURES,
+                          workers=al.Workers(num_workers=2))
 
 
 def digest(batch: dict[str, Any]) -> str:

@@ -59,8 +59,8 @@ def build_corpus(folder: Path, utterances: int, seed: int) -> Path:
 def speech_loader(data: Path, *, train: bool, max_duration: float, workers: int, seed: int) -> al.AudioLoader:
     """The loader a speech recipe builds: fbank of whole utterances, bucketed by duration, with transcripts."""
     return al.AudioLoader(
-        data, train=train, seed=seed, features=FEATURES,
-        label_column=None, columns=["text"],  # unlabeled audio; the transcripts come as lists of strings
+        al.Source(data, label_column=None), train=train, seed=seed, features=FEATURES,
+        columns=["text"],  # unlabeled audio; the transcripts come as lists of strings
         length=al.LengthPolicy(crop=None, max_seconds=20.0, too_long="skip", min_seconds=0.5),
         batching=al.Bucketing(max_duration=max_duration),  # 16 buckets by default
         shuffle=al.Shuffle(buffer_size=64, min_size=32),  # small: a small corpus (the preset holds 10000 rows)

@@ -44,7 +44,8 @@ def train(model: nn.Module, train_dir: Path, args: argparse.Namespace) -> None:
     # The train preset's shuffle buffer (10000 decoded clips, first batch after 8000)
     # is meant for large datasets; for a few hundred clips a few hundred is plenty.
     loader = al.AudioLoader(train_dir, batch_size=args.batch_size, train=True, seed=args.seed, features=FEATURES,
-                            num_workers=args.workers, shuffle_buffer_size=256, shuffle_min_size=128)
+                            workers=al.Workers(num_workers=args.workers),
+                            shuffle=al.Shuffle(buffer_size=256, min_size=128))
     model.train()
     start = time.perf_counter()
     with loader:  # stops the loader's threads when the block ends
@@ -66,7 +67,7 @@ def evaluate(model: nn.Module, eval_dir: Path, args: argparse.Namespace) -> floa
     correct = total = 0
     # train=False: one pass, centre crops, each clip exactly once.
     with al.AudioLoader(eval_dir, batch_size=64, train=False, features=FEATURES,
-                        num_workers=args.workers) as loader:
+                        workers=al.Workers(num_workers=args.workers)) as loader:
         for batch in loader:
             valid = batch["valid"]  # False for padding rows (they keep DDP ranks in step)
             predicted = model(batch["spectrogram"]).argmax(dim=1)
