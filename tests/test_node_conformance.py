@@ -12,9 +12,12 @@ processes, train and eval order); one set of checks runs over all of them:
   ``reset(state)``: the items that follow equal the rest of the uninterrupted run,
   and a finite stream ends where it ended, for several ``k`` including 0 and the end;
 - pickling: an unstarted node pickles and its copy yields the same stream, except
-  where a node holds a process pool (locks, pipes: it is rebuilt, never shipped). Started nodes do not
-  pickle (open readers, threads); what travels between processes is the loader,
-  which pickles as its arguments and position (test_workers, test_mixing).
+  where a node holds a process pool (locks, pipes: it is rebuilt, never shipped).
+  Started nodes do not pickle (open readers, threads); what travels between
+  processes is the loader, which pickles as its arguments and position
+  (test_workers, test_mixing);
+- what a state holds: every node but the reader and the mix answers ``rows_held(state)``, and
+  following it from a real state reaches the reader at a position it accepts (the walk of `audioloader.elastic`).
 
 A new node in ``__all__`` without a case here fails `test_every_node_has_a_case`.
 """
@@ -36,7 +39,7 @@ import torch
 from torchdata.nodes import BaseNode
 
 import audioloader as al
-from audioloader import nodes
+from audioloader import elastic, nodes
 from audioloader.nodes import (
     ArrowShardReader,
     BatchAugment,
@@ -50,6 +53,7 @@ from audioloader.nodes import (
     ShuffleBuffer,
     WeightedMix,
 )
+from audioloader.nodes.held import RowsHeld
 from tests.helpers import SMALL, encode, roundtrip, tone, write_ipc_file
 
 #: Durations of the rows (s), cycled: shorter and longer than SMALL's 0.25 s crop, for the bucketer's buckets.
@@ -279,3 +283,37 @@ def test_unstarted_nodes_pickle(name, fresh):
     original.reset()
     assert take(copy, case.limit) == take(original, case.limit)
     stop(copy)
+
+
+#: Nodes an elastic resume walks through: all but the reader (where the walk ends: its state is a position) and the
+#: mix (a mixed run resumes on the world size it was saved with).
+NOT_WALKED = {"ArrowShardReader", "WeightedMix"}
+
+
+def test_every_node_says_what_its_state_holds():
+    assert {name for name in nodes.__all__ if hasattr(getattr(nodes, name), "rows_held")} \
+        == set(nodes.__all__) - NOT_WALKED
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_walk_of_a_state_reaches_the_reader(name, fresh):
+    """`elastic`'s walk over a real state: each node names its source and the source's state, down to the reader
+    (whose state is a position it accepts); the keys held are `Key` s. A mix refuses, naming itself."""
+    node = fresh(CASES[name])
+    node.reset()
+    take(node, 5)
+    state = roundtrip(node.state_dict())
+    stop(node)
+    if name.split("-")[0] in NOT_WALKED - {"ArrowShardReader"}:
+        with pytest.raises(al.CheckpointMismatchError, match=type(node).__name__):
+            elastic._left_of(node, state)
+        return
+    current, current_state = node, state
+    while not isinstance(current, ArrowShardReader):
+        held = current.rows_held(current_state)
+        assert isinstance(held, RowsHeld) and isinstance(held.source, BaseNode), name
+        assert all(isinstance(key, al.Key) for key in [*held.held, *(held.emitted or ())]), name
+        current, current_state = held.source, held.source_state
+    current.position_of(current_state)  # raises unless the state fits the reader
+    left = elastic._left_of(node, state)
+    assert left.reader_state == dict(current_state)
