@@ -17,7 +17,7 @@ from ..dsp.hashing import item_checksum
 from ..errors import DecodeError
 from ..samples import BatchEnd, Key, RawSample, held_bytes, item_key
 from ..stats import HeldBytes, LoaderStats
-from .held import RowsHeld, keys
+from .held import RowsHeld, as_keys
 from .shuffle_buffer import verify_checksums
 
 #: Rebuilds held rows from their keys, in the same order (a random-access read).
@@ -248,13 +248,13 @@ class DurationBucketer(BaseNode):
             "batches": self._batches, "exhausted": self._exhausted,
         }
 
-    # ------------------------------------------------------------------ batching
-
     def rows_held(self, state: dict[str, Any]) -> RowsHeld:
         """The rows in its buckets, then those of the batch it is handing out (see `audioloader.nodes.held`)."""
-        held = keys(zip(state["indices"], state["passes"], strict=True))
-        held += keys([k for k in state["ready"] if k is not None])
+        held = as_keys(zip(state["indices"], state["passes"], strict=True))
+        held += as_keys([k for k in state["ready"] if k is not None])
         return RowsHeld(self.source, state[self.SOURCE_KEY], held)
+
+    # ------------------------------------------------------------------ batching
 
     def _add(self, item: Any) -> None:
         seconds = float(self.duration_fn(item))

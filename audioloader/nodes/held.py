@@ -16,7 +16,7 @@ with `nested`; one that passes its source's state through unchanged with `passed
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,6 @@ def at_snapshot(node: BaseNode, state: dict[str, Any]) -> RowsHeld:
     return RowsHeld(node.source, state["snapshot"])
 
 
-def keys(pairs: Sequence[Sequence[int]]) -> list[Key]:
+def as_keys(pairs: Iterable[Sequence[int]]) -> list[Key]:
     """``[[index, pass], ...]`` (as states store keys) as `Key` s."""
     return [Key(int(pair[0]), int(pair[1])) for pair in pairs]

@@ -15,7 +15,7 @@ from ..samples import Failure
 from ..stats import HeldBytes, LoaderStats
 from ..workers.pool import PoolClosed, ProcessPool, ThreadPool, WorkerError
 from ..workers.process_worker import run_chunk
-from .held import RowsHeld, keys
+from .held import RowsHeld, as_keys
 
 BACKENDS = ("thread", "process")
 
@@ -194,7 +194,7 @@ class ParallelMap(BaseNode):
                 "this checkpoint does not say which rows its decode stage delivered after its last snapshot (it was "
                 "saved by an audioloader without elastic resume), so it cannot be resumed exactly on another world "
                 "size; resume it with the world size it was saved with", {"decode_in_flight": (steps, None)})
-        return RowsHeld(self.source, inner["snapshot"], emitted=keys(inner.get("emitted", ())))
+        return RowsHeld(self.source, inner["snapshot"], emitted=as_keys(inner.get("emitted", ())))
 
     # ------------------------------------------------------------------ the pipeline
 
