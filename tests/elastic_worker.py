@@ -21,13 +21,13 @@ from ddp_worker import SMALL  # a sibling script: this folder is on sys.path
 
 import audioloader as al
 
-MODES = {"train": {"train": True, "infinite": False, "shuffle_buffer_size": 10, "shuffle_min_size": 5},
+MODES = {"train": {"train": True, "infinite": False, "shuffle": al.Shuffle(buffer_size=10, min_size=5)},
          "eval": {"train": False}}
 
 
 def make(shards: str, mode: str) -> al.AudioLoader:
-    return al.AudioLoader(shards, batch_size=4, features=SMALL, seed=11, split_rows=4, num_workers=1,
-                          **MODES[mode])
+    return al.AudioLoader(shards, batch_size=4, features=SMALL, seed=11, storage=al.Storage(split_rows=4),
+                          workers=al.Workers(num_workers=1), **MODES[mode])
 
 
 def rows_of(batch) -> list[int]:

@@ -25,8 +25,8 @@ def uneven_shards(tmp_path_factory) -> Path:
 
 
 def eval_loader(source, rank, world_size, batch_size=4):
-    return al.AudioLoader(source, batch_size=batch_size, train=False, features=SMALL, split_rows=4,
-                          num_workers=1, rank=rank, world_size=world_size)
+    return al.AudioLoader(source, batch_size=batch_size, train=False, features=SMALL, workers=al.Workers(num_workers=1),
+                          storage=al.Storage(split_rows=4, rank=rank, world_size=world_size))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
@@ -49,8 +49,9 @@ def test_eval_exactly_once_with_equal_batch_counts(uneven_shards, world_size):
 def test_train_pass_is_disjoint_between_ranks(uneven_shards, world_size):
     shares = []
     for rank in range(world_size):
-        with al.AudioLoader(uneven_shards, batch_size=1, features=SMALL, split_rows=4, num_workers=1, rank=rank,
-                            world_size=world_size, shuffle_buffer_size=1, shuffle_min_size=0) as loader:
+        with al.AudioLoader(uneven_shards, batch_size=1, features=SMALL, workers=al.Workers(num_workers=1),
+                            storage=al.Storage(split_rows=4, rank=rank, world_size=world_size),
+                            shuffle=al.Shuffle(buffer_size=1, min_size=0)) as loader:
             rows = sum(split.num_rows for split in loader.reader.splits_for_pass(0))
             it = iter(loader)
             shares.append([next(it)["index"].item() for _ in range(rows)])
@@ -60,11 +61,11 @@ def test_train_pass_is_disjoint_between_ranks(uneven_shards, world_size):
 
 def test_rank_validation():
     with pytest.raises(ValueError, match="rank"):
-        al.AudioLoader("unused", rank=2, world_size=2)
+        al.AudioLoader("unused", storage=al.Storage(rank=2, world_size=2))
     with pytest.raises(ValueError, match="rank"):
-        al.AudioLoader("unused", rank=-1, world_size=2)
+        al.AudioLoader("unused", storage=al.Storage(rank=-1, world_size=2))
     with pytest.raises(ValueError, match="world_size"):
-        al.AudioLoader("unused", rank=0, world_size=0)
+        al.AudioLoader("unused", storage=al.Storage(rank=0, world_size=0))
 
 
 def test_torchrun_two_ranks(uneven_shards, tmp_path):

@@ -44,8 +44,8 @@ def poisoned(tmp_path_factory):
 @pytest.mark.parametrize("worker_type", ["thread", "process"])
 def test_non_finite_rows_are_skipped_counted_and_reported(poisoned, worker_type):
     _, expected = poisoned_rows()
-    with al.AudioLoader(poisoned, batch_size=4, train=False, features=SMALL, num_workers=2,
-                        worker_type=worker_type) as loader:
+    with al.AudioLoader(poisoned, batch_size=4, train=False, features=SMALL,
+                        workers=al.Workers(num_workers=2, kind=worker_type)) as loader:
         batches = list(loader)
         stats = loader.stats()
     valid = torch.cat([b["index"][b["valid"]] for b in batches])
@@ -62,8 +62,8 @@ def test_non_finite_rows_are_skipped_counted_and_reported(poisoned, worker_type)
 
 def test_non_finite_in_the_random_crop_of_training(poisoned):
     # Whole-NaN and whole-inf rows are bad whatever the crop; they never reach a batch in training either.
-    with al.AudioLoader(poisoned, batch_size=4, features=SMALL, num_workers=1, shuffle_buffer_size=4,
-                        shuffle_min_size=0, max_error_fraction=1.0) as loader:
+    with al.AudioLoader(poisoned, batch_size=4, features=SMALL, workers=al.Workers(num_workers=1),
+                        shuffle=al.Shuffle(buffer_size=4, min_size=0), on_error=al.OnError(max_fraction=1.0)) as loader:
         it = iter(loader)
         seen = torch.cat([next(it)["index"] for _ in range(6)])  # two passes' worth
         assert not {3, 5} & set(seen.tolist())
@@ -71,7 +71,7 @@ def test_non_finite_in_the_random_crop_of_training(poisoned):
 
 
 def test_on_error_raise_names_the_file_and_row(poisoned):
-    with al.AudioLoader(poisoned, batch_size=4, train=False, features=SMALL, num_workers=1,
+    with al.AudioLoader(poisoned, batch_size=4, train=False, features=SMALL, workers=al.Workers(num_workers=1),
                         on_error="raise") as loader, pytest.raises(al.DecodeError) as info:
         list(loader)
     assert info.value.row == 3 and info.value.file.endswith("part-0.arrow")
@@ -79,8 +79,8 @@ def test_on_error_raise_names_the_file_and_row(poisoned):
 
 
 def test_error_budget_counts_non_finite_rows(poisoned):
-    with al.AudioLoader(poisoned, batch_size=4, train=False, features=SMALL, num_workers=1,
-                        max_error_fraction=0.1) as loader:
+    with al.AudioLoader(poisoned, batch_size=4, train=False, features=SMALL, workers=al.Workers(num_workers=1),
+                        on_error=al.OnError(max_fraction=0.1)) as loader:
         loader.decoder.error_budget_min_rows = 5
         with pytest.raises(al.ErrorBudgetExceeded, match="non-finite"):
             list(loader)

@@ -64,7 +64,8 @@ def many_splits(tmp_path_factory) -> Path:
 
 def figures(folder: Path, buffer: int) -> dict:
     # One split at a time (the preset would read 16 at once from memory-mapped shards): the buffer alone mixes.
-    with al.AudioLoader(folder, batch_size=8, features=SMALL, seed=2, split_rows=4, num_workers=0,
+    with al.AudioLoader(folder, batch_size=8, features=SMALL, seed=2, storage=al.Storage(split_rows=4),
+                        workers=al.Workers(num_workers=0),
                         shuffle=al.Shuffle(buffer_size=buffer, min_size=buffer, interleave=1)) as loader:
         take(loader, 18)
         return loader.stats()["shuffle"]
