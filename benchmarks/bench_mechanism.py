@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     os.environ.update(S3_ENVIRONMENT)
     local = speech_dataset(args.cache_dir, 2000, print)
-    server = S3Server(proxy_process=True)
+    server = S3Server(proxy_process=True, ranges_in_place=True)
     results = []
     try:
         server.proxy.configure(latency=args.latency / 1000, bandwidth=args.bandwidth * 1e6 or None)
