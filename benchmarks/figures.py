@@ -214,8 +214,59 @@ def draw_remote(plt: Any, data: dict[str, Any]) -> Any:
     return fig
 
 
+def draw_remote_latency(plt: Any, data: dict[str, Any]) -> Any:
+    """Samples/s against the added latency a request (0-100 ms) per training loader and format, local disk as a
+    dashed line, the peers at their one latency as points."""
+    panels = sorted({(r["dataset"], r["contender"]) for r in data["rows"] if r["project"] is not None})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
+    for ax, (dataset, contender) in zip(axes[0], panels, strict=True):
+        features = contender.split("-")[-1]
+        for fmt, style in (("ipc", "o-"), ("parquet", "s-")):
+            runs = [r for r in data["rows"] if (r["dataset"], r["contender"], r["format"]) == (dataset, contender, fmt)]
+            remote = sorted((r["latency_ms"], r["samples_per_s"]) for r in runs if r["latency_ms"] is not None)
+            local = [r["samples_per_s"] for r in runs if r["latency_ms"] is None]
+            line = ax.plot([x for x, _ in remote], [y for _, y in remote], style, label=f"audioloader, {fmt}")[0]
+            if local:
+                ax.axhline(local[0], color=line.get_color(), linestyle="--", linewidth=1, label=f"{fmt}, local disk")
+        peers = [r for r in data["rows"] if r["project"] is None and r["dataset"] == dataset
+                 and r["contender"].endswith(features)]
+        for r in peers:
+            ax.plot([r["latency_ms"]], [r["samples_per_s"]], "x", markersize=9, color=PEER)
+            ax.annotate(r["peer"], (r["latency_ms"], r["samples_per_s"]), fontsize=7, xytext=(4, 2),
+                        textcoords="offset points")
+        ax.set_title(f"{dataset} rows, training, {features}", fontsize=10)
+        ax.set_xlabel("added latency a request, ms")
+        ax.set_ylabel("samples/s")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle("Training from S3 (moto + shaping proxy, 50 MB/s a connection) against local disk", fontsize=11)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    _footnote(fig, data)
+    return fig
+
+
+def remote_latency_data(results: dict[str, Any], command: str, date: str) -> dict[str, Any]:
+    """The ``remote_latency`` chart's numbers from a `benchmarks/bench_remote.py` JSON output: the training
+    loaders and the peers (samples/s after the first batch)."""
+    rows = []
+    for r in results["results"]:
+        # A peer's contender is its name (litdata, ...); the loader it stands against is in the run's name.
+        contender = r["name"].split(":", 1)[1].split()[0] if r["project"] is None else r["contender"]
+        if contender in ("train-waveform", "train-mel") and r.get("samples_per_s"):
+            peer = r["contender"] if r["project"] is None else None
+            rows.append({"project": r["project"], "peer": peer, "contender": contender,
+                         "dataset": r["dataset"], "format": r.get("format"), "latency_ms": r["latency_ms"],
+                         "samples_per_s": round(r["samples_per_s"], 1)})
+    commits = {name: p.get("commit") for name, p in results.get("projects", {}).items()}
+    return {"title": "Training samples/s from S3 at 0-100 ms a request, local disk and the peers",
+            "command": command, "date": date, "commit": commits,
+            "machine": f"{results['machine']['cores']} cores; moto and the proxy share them (a stand-in for S3's "
+                       "protocol and latency, not its capacity)", "rows": rows}
+
+
 DRAW: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
-    "peers": draw_peers, "scaling": draw_scaling, "speech_lhotse": draw_speech_lhotse, "remote": draw_remote}
+    "peers": draw_peers, "scaling": draw_scaling, "speech_lhotse": draw_speech_lhotse, "remote": draw_remote,
+    "remote_latency": draw_remote_latency}
 
 
 def draw(name: str, data_dir: Path = DATA, out_dir: Path = OUT) -> Path:
@@ -240,7 +291,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="draw every chart, current or not")
     parser.add_argument("--data", type=Path, default=DATA, help=f"folder of the JSON numbers (default {DATA})")
     parser.add_argument("--out", type=Path, default=OUT, help=f"folder of the charts (default {OUT})")
+    parser.add_argument("--from-bench-remote", nargs=3, metavar=("JSON", "COMMAND", "DATE"),
+                        help="write data/remote_latency.json from bench_remote's JSON output, then draw")
     args = parser.parse_args(argv)
+    if args.from_bench_remote:
+        source, command, date = args.from_bench_remote
+        numbers = remote_latency_data(json.loads(Path(source).read_text(encoding="utf-8")), command, date)
+        (args.data / "remote_latency.json").write_text(json.dumps(numbers, indent=1) + "\n", encoding="utf-8")
     problems = stale(args.data, args.out)
     if args.check:
         for problem in problems:
