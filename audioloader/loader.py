@@ -256,6 +256,11 @@ class Stream(Generic[T]):
         self._trained = 0  # of those, marked trained
         self._marking = False  # mark_trained() is in use: state_dict() reports the trained position
         self._trail: deque[tuple[int, dict[str, Any]]] = deque(maxlen=TRAIL_LENGTH)  # (handed, state after)
+        # A one-pass stream restarted (next pass) while batches of the old pass were handed out but not yet
+        # marked trained (a consumer cycling it, taking a batch ahead): the first marks go to those, and
+        # until then the position is in the old pass.
+        self._old_untrained = 0
+        self._old_state: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ iterators
 
@@ -294,6 +299,9 @@ class Stream(Generic[T]):
             if self._running and not self._lagging():
                 return  # the chain is exactly where the state says: go on
             self.loader.load_state_dict(self.state_dict())
+        elif not self._fresh and self._lagging():
+            self._old_state = self.state_dict()
+            self._old_untrained += self._handed - self._trained
         self._it = iter(self.loader)
         self._fresh, self._running = False, True
         self._handed = self._trained = 0
@@ -309,16 +317,22 @@ class Stream(Generic[T]):
         """The oldest ``items`` items handed out and not yet marked have been trained on."""
         if items < 1:
             raise ValueError(f"mark_trained({items}): the number of batches trained on must be 1 or more")
-        untrained = self._handed - self._trained
+        untrained = self._old_untrained + self._handed - self._trained
         if items > untrained:
             raise ValueError(f"mark_trained({items}): only {untrained} batch(es) were handed out since the "
                              "loader (re)started and not marked trained yet; call it once per batch trained on, "
                              "after the batch came out of the loader")
-        self._trained += items
+        old = min(items, self._old_untrained)
+        self._old_untrained -= old
+        if not self._old_untrained:
+            self._old_state = None
+        self._trained += items - old
         self._marking = True
 
     def state_dict(self) -> dict[str, Any]:
         """The `Loader`'s state after the last item handed out, or after the last one marked trained."""
+        if self._old_state is not None:
+            return self._old_state
         if not self._lagging():
             return self.loader.state_dict()
         for handed, state in self._trail:
@@ -345,5 +359,6 @@ class Stream(Generic[T]):
 
     def _forget_position(self) -> None:
         self._fresh, self._running = True, False
-        self._handed = self._trained = 0
+        self._handed = self._trained = self._old_untrained = 0
+        self._old_state = None
         self._trail.clear()

@@ -144,6 +144,37 @@ def test_a_prefetching_consumer_resumes_exactly_with_mark_trained(ipc_shards):
         assert_same_batches(consume(resumed, 5), whole[3:])
 
 
+def test_a_consumer_cycling_a_one_pass_loader_resumes_exactly(ipc_shards):
+    # Lightning's CombinedLoader("max_size_cycle") iterates a shorter loader again when it ends, and its
+    # fetcher takes a batch ahead: the batch ahead of the last one of a pass is the next pass's first.
+    def cycle(loader):
+        it = iter(loader)
+        while True:
+            try:
+                yield next(it)
+            except StopIteration:
+                it = iter(loader)  # the next pass
+
+    def consume(loader, steps, saved=None):
+        source, trained = cycle(loader), []
+        ahead = next(source)
+        for step in range(steps):
+            batch, ahead = ahead, next(source)
+            trained.append(batch)
+            loader.mark_trained()
+            if saved is not None:
+                saved.append(roundtrip(loader.state_dict()))
+        return trained
+
+    saved = []
+    with loader_for(ipc_shards, infinite=False) as loader:  # shuffled passes of 5 batches
+        whole = consume(loader, 9, saved)
+    for step in (3, 4, 5):  # inside pass 0, after its last batch (one of pass 1 ahead), inside pass 1
+        with loader_for(ipc_shards, infinite=False) as resumed:
+            resumed.load_state_dict(saved[step])
+            assert_same_batches(consume(resumed, 3), whole[step + 1:step + 4])
+
+
 def take_after(shards, n):
     with loader_for(shards) as loader:
         return take(loader, n + 1)[n:]
