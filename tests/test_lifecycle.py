@@ -158,7 +158,7 @@ def test_a_consumer_cycling_a_one_pass_loader_resumes_exactly(ipc_shards):
     def consume(loader, steps, saved=None):
         source, trained = cycle(loader), []
         ahead = next(source)
-        for step in range(steps):
+        for _ in range(steps):
             batch, ahead = ahead, next(source)
             trained.append(batch)
             loader.mark_trained()
