@@ -52,11 +52,15 @@ class Prefetcher(_TorchdataPrefetcher):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         self.shutdown()
+        # torchdata deletes ``_it`` before it builds the next one; when building fails (the source's
+        # reset raises: a dead worker, a bad state) the node was left without ``_it`` and every later
+        # shutdown() raised AttributeError, which inside ``with`` replaced the real error.
+        self._it = None
         super().reset(initial_state)
 
     def shutdown(self) -> None:
-        """Stop the background thread and wait for it (idempotent; ``get_state()`` still works)."""
-        it = self._it
+        """Stop the background thread and wait for it (idempotent, in every state; ``get_state()`` still works)."""
+        it = getattr(self, "_it", None)
         if it is None:
             return
         it._stop_event.set()

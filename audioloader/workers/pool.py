@@ -42,7 +42,7 @@ from typing import Any
 import tblib
 
 from ..samples import Failure
-from . import wire
+from . import forks, wire
 from .threads import join_or_report
 
 #: Seconds between liveness checks while waiting for a worker.
@@ -359,6 +359,7 @@ class ProcessPool:
         except RuntimeError as error:
             raise WorkerError(_start_failed_message(self.what, error)) from error
         theirs.close()
+        forks.forget_in_forked_children(process)  # a child forked from us must not stop it at its exit
         control = wire.SharedSlot.create(8)
         _set_generation(control, self._generation)
         slots = [wire.SharedSlot.create(self.slot_bytes) for _ in range(self.depth)]
