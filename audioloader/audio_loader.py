@@ -12,9 +12,8 @@ import dataclasses
 import math
 import os
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from . import budget, checkpoint, elastic
 from .chain import build_chain, open_sources, pinned_source, resumed_batches
 from .dsp.config import FeatureConfig, LengthPolicy
 from .errors import CheckpointMismatchError
-from .loader import Loader
+from .loader import Loader, Stream, StreamIterator, shutdown_keeping_error
 from .mix import Mix, Source
 from .options import Bucketing, OnError, Shuffle, Storage, Workers, fold_moved_keywords, resolve
 from .shards import IcebergTable
@@ -132,8 +131,9 @@ class AudioLoader:
         self._arguments = {**arguments, "source": pinned_source(source, self.sources)}
         self._chain = build_chain(self.settings, self.sources, self.stats_counters)
         self._loader = Loader(self._chain.root)
+        # Infinite loaders continue their stream on a new iter(); one-pass loaders start the next pass.
+        self._stream = Stream(self._loader, continues=self.settings.infinite)
         self._fingerprint = checkpoint.fingerprint(self.settings, self.sources, self._chain.boundaries)
-        self._iterating = threading.Lock()  # held while an iterator of this loader is open
         self._pid = os.getpid()
 
     # ------------------------------------------------------------- the resolved options, as attributes
@@ -173,65 +173,60 @@ class AudioLoader:
 
     # ------------------------------------------------------------- iteration
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        """Start iterating (a new pass, or where a loaded state says); one open iterator at a time.
+    def __iter__(self) -> StreamIterator[dict[str, Any]]:
+        """A new iterator of batches; call it any number of times, as with ``torch.utils.data.DataLoader``.
 
-        Raises ``RuntimeError`` while another iterator of this loader is open (not
-        exhausted, closed or garbage-collected), e.g. in another thread: two
-        iterators would split one stream between them.
+        The new iterator supersedes the earlier ones (using one of those again raises
+        ``RuntimeError``); it starts the chain at its first ``next()``, so an iterator never used
+        holds nothing. Where it starts: an infinite loader (``train=True``) goes on where
+        `state_dict()` says, i.e. after the last batch handed out (after the last one marked
+        trained, with `mark_trained`): a second ``iter()`` continues the stream, it does not
+        start it over. A loader of one pass per iteration (``train=False``, ``infinite=False``)
+        starts the next pass, as a DataLoader starts the next epoch. After `load_state_dict`:
+        where the loaded state says. One ``next()`` at a time: a second thread calling
+        ``next()`` during one gets ``RuntimeError`` (two consumers never share one stream).
         """
         if self._loader is None:
             raise RuntimeError("this AudioLoader failed to construct")
-        if os.getpid() != self._pid:
-            raise RuntimeError(_FORKED_MESSAGE.format(pid=self._pid))
-        if not self._iterating.acquire(blocking=False):
-            raise RuntimeError(
-                "this AudioLoader is already being iterated (an iterator from an earlier iter(loader) or for-loop "
-                "is still open, perhaps in another thread); iterating twice would split one stream of batches "
-                "between the two. Use one iterator: finish or close the first (it.close(), or break out of its "
-                "for-loop) before starting another; for a second, independent stream build a second AudioLoader")
-        try:
-            it = iter(self._loader)  # may restore a shuffle buffer: seconds of decoding
-        except BaseException as error:
-            self._iterating.release()
-            if isinstance(error, KeyboardInterrupt):
-                self.shutdown()
-            raise
-        return self._batches(it)
+        self._check_process()
+        return self._stream.iterator(self._next_batch)
 
-    def _batches(self, it: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        # A generator that holds `self`: the loader stays alive while it is iterated.
-        # It holds `_iterating` from the first line of __iter__ to its end or close().
-        try:
-            while True:
-                try:
-                    batch = self._next_batch(it)
-                except StopIteration:
-                    return
-                except KeyboardInterrupt:
-                    # Wherever in this frame Ctrl-C lands (in next() or between its lines), the
-                    # loader stops every thread and worker before the interrupt goes on.
-                    self.shutdown()
-                    raise
-                yield batch
-        finally:
-            if os.getpid() == self._pid:
-                self._iterating.release()
-
-    def _next_batch(self, it: Iterator[dict[str, Any]]) -> dict[str, Any]:
-        if os.getpid() != self._pid:
-            raise RuntimeError(_FORKED_MESSAGE.format(pid=self._pid))
+    def _next_batch(self, iterator: StreamIterator[dict[str, Any]]) -> dict[str, Any]:
+        self._check_process()
         start = time.perf_counter()
         try:
-            batch = next(it)
+            batch = self._stream.next(iterator)  # the first call starts the chain: seconds to restore a buffer
         except StopIteration as end:
             # torchdata re-raises a StopIteration object made in its thread and kept
             # in its frames; with this frame in its traceback, `self` would sit in a
             # reference cycle and the loader's threads would wait for gc to stop.
             end.__traceback__ = None
             raise StopIteration from None
+        except KeyboardInterrupt:
+            # Wherever in this call Ctrl-C lands, the loader stops every thread and worker
+            # before the interrupt goes on.
+            self.shutdown()
+            raise
         self.stats_counters.add_seconds("wait", time.perf_counter() - start)
         return batch
+
+    def _check_process(self) -> None:
+        if os.getpid() != self._pid:
+            raise RuntimeError(_FORKED_MESSAGE.format(pid=self._pid))
+
+    def mark_trained(self, batches: int = 1) -> None:
+        """The oldest ``batches`` batches handed out and not yet marked have been trained on.
+
+        For a consumer that takes batches ahead of training (Lightning's fetcher takes batch
+        k+1 before training on batch k): once this is called, `state_dict()` is the state
+        after the last batch marked trained, so a checkpoint resumes with the first batch not
+        trained on, not after the prefetched ones. `audioloader.integrations.lightning.ExactResume`
+        calls it for Lightning; a plain training loop, which trains on each batch before it
+        asks for the next, needs none of this. Cost: the states after the last 16 batches are
+        kept (the chain's own small dicts). Raises ``ValueError`` when more batches are marked
+        than were handed out.
+        """
+        self._stream.mark_trained(batches)
 
     def __getitem__(self, index: Any) -> Any:
         raise TypeError("an AudioLoader is a data loader, not a dataset: iterate it directly (for batch in loader) "
@@ -255,8 +250,12 @@ class AudioLoader:
     # ----------------------------------------------------------------- state
 
     def state_dict(self) -> dict[str, Any]:
-        """A small plain dict (no tensors) to resume from; call between batches, in the iterating thread."""
-        return {"format": STATE_FORMAT, "fingerprint": self._fingerprint, "loader": self._loader.state_dict()}
+        """A small plain dict (no tensors) to resume from; call between batches, in the iterating thread.
+
+        It is the position after the last batch handed out, or, once `mark_trained` is in use,
+        after the last batch marked trained.
+        """
+        return {"format": STATE_FORMAT, "fingerprint": self._fingerprint, "loader": self._stream.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
         """The next iteration continues exactly where ``state_dict`` was taken.
@@ -282,7 +281,7 @@ class AudioLoader:
         checkpoint.check_format(state_dict)
         self._adopt_legacy(state_dict["fingerprint"])
         self._check_fingerprint(state_dict["fingerprint"])
-        self._loader.load_state_dict(state_dict["loader"])
+        self._stream.load_state_dict(state_dict["loader"])
 
     def _check_fingerprint(self, theirs: dict[str, Any], ignore: Sequence[str] = ()) -> None:
         datasets = ({None: self.sources.readers[0].dataset} if self.mix is None else
@@ -328,7 +327,7 @@ class AudioLoader:
         if self.num_batches is not None:
             self._chain.batcher.start_pass_with(resumed_batches(self.settings, self.sources, self._chain.boundaries,
                                                                 start))
-        self._loader.start_fresh()  # the next iteration starts the chain anew, at the reader's carry
+        self._stream.start_fresh()  # the next iteration starts the chain anew, at the reader's carry
 
     # ------------------------------------------------------------ pickling
 
@@ -351,15 +350,20 @@ class AudioLoader:
         return self.stats_counters.snapshot()
 
     def shutdown(self) -> None:
-        """Stop every thread of the loader; iterating again starts them anew."""
+        """Stop every thread and worker of the loader (idempotent, safe in every state).
+
+        A new iterator starts them again: an infinite loader where `state_dict()` says, a
+        one-pass loader with its next pass.
+        """
         if self._loader is not None:
+            self._stream.stop()
             self._loader.shutdown()
 
     def __enter__(self) -> AudioLoader:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
+    def __exit__(self, kind: type | None, error: BaseException | None, tb: object) -> None:
+        shutdown_keeping_error(self.shutdown, error)  # a failure to stop never hides the error leaving the block
 
     def __del__(self) -> None:
         # At interpreter exit the threads are daemons that die with the process;

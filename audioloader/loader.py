@@ -13,13 +13,21 @@ by hand. What it changes (see shared research notes, torchdata 0.11):
   context manager.
 * A ``Failure`` item (an exception carried up by `CatchFailures`) is raised in
   the caller's thread with its original type and traceback.
+
+`Stream` puts DataLoader-like iterators in front of a `Loader` (what `AudioLoader`
+hands out): ``iter()`` any number of times, the newest iterator wins, an unused
+one holds nothing, and a prefetching consumer can say which items it trained on
+(`Stream.mark_trained`) so that the state matches them.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import threading
 import weakref
+from collections import deque
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from torchdata.nodes import BaseNode
@@ -97,9 +105,9 @@ class Loader(_TorchdataLoader[T], Generic[T]):
         return self._it is not None or self._next_iter_state_dict is not None
 
     def state_dict(self) -> dict[str, Any]:
-        if self._next_iter_state_dict is not None and self._it is None:
-            # A loaded but not yet applied state: report it rather than starting
-            # the chain (torchdata would start a fresh epoch's threads here).
+        if self._next_iter_state_dict is not None:
+            # A loaded but not yet applied state is where the next item comes from: report it
+            # rather than the last iterator's position (or, before any, a fresh epoch's threads).
             return self._next_iter_state_dict
         return super().state_dict()
 
@@ -114,8 +122,21 @@ class Loader(_TorchdataLoader[T], Generic[T]):
     def __enter__(self) -> Loader[T]:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
+    def __exit__(self, kind: type | None, error: BaseException | None, tb: object) -> None:
+        shutdown_keeping_error(self.shutdown, error)
+
+
+def shutdown_keeping_error(shutdown: Callable[[], None], error: BaseException | None) -> None:
+    """``shutdown()`` on leaving a ``with`` block; while ``error`` is on its way out, a failure to shut
+    down is added to it as a note instead of replacing it (the original error is the one to see)."""
+    if error is None:
+        shutdown()
+        return
+    try:
+        shutdown()
+    except Exception as failure:
+        if hasattr(error, "add_note"):  # Python 3.11+; before, the failure is dropped and the error goes on
+            error.add_note(f"(shutting the loader down afterwards failed too: {type(failure).__name__}: {failure})")
 
 
 def iter_nodes(root: BaseNode):
@@ -149,3 +170,186 @@ def stop_threads(root: BaseNode) -> None:
             own()
             continue
         stop_threads_of(node)
+
+
+# ------------------------------------------------------------------------------ DataLoader-like iterators
+
+#: States kept after the last items handed out, for `Stream.mark_trained`. A prefetching consumer is a
+#: batch or two ahead (Lightning's fetcher: one); the states are the chain's own small dicts, not copies.
+TRAIL_LENGTH = 16
+
+_SUPERSEDED = ("this iterator of the loader was superseded: iter(loader) was called again (a newer for-loop or "
+               "iter()) and the newer iterator now owns the loader's one stream of batches. Use the newest "
+               "iterator; for two independent streams, build two loaders")
+_BUSY = ("this loader is being iterated in another thread right now (a next() is in progress there); two threads "
+         "would split one stream of batches between them. Iterate it in one thread; for a second, independent "
+         "stream build a second loader")
+
+
+class StreamIterator(Generic[T]):
+    """An iterator of a `Stream`: ``next()`` asks ``take(self)`` (the stream's, or its owner's wrapper)."""
+
+    def __init__(self, stream: Stream[T], take: Callable[[StreamIterator[T]], T]) -> None:
+        self.stream = stream
+        self.generation = stream.generation
+        self.started = False  # its first next() has started (or continued) the chain
+        self.closed = False
+        self._take = take  # a bound method of the owner keeps the owner alive while this is iterated
+
+    def __iter__(self) -> StreamIterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self.closed:
+            raise StopIteration
+        return self._take(self)
+
+    def close(self) -> None:
+        """End this iterator (``next()`` raises ``StopIteration``); the loader's position stays where it is."""
+        self.closed = True
+
+
+class Stream(Generic[T]):
+    """The one stream of items of a `Loader`, handed out through iterators that behave like a DataLoader's.
+
+    ``iterator()`` may be called any number of times; the new `StreamIterator` supersedes the
+    earlier ones, which raise ``RuntimeError`` if used again. An iterator starts the chain at its
+    first ``next()``, so one never used (a framework probing ``iter(loader)``) holds nothing, and
+    dropping one releases nothing because it holds nothing (no lock outlives a call). Where a new
+    iterator starts:
+
+    * after `load_state_dict` / `start_fresh`, and the first time: as the `Loader` says (the loaded
+      state, or the start of a pass);
+    * ``continues=True`` (an infinite loader): at `state_dict()`, i.e. right after the last item
+      handed out, or after the last one marked trained once `mark_trained` is in use. The running
+      chain goes on untouched where it can; after `stop()`, an error, or items handed out but not
+      trained, it restarts from that state (exactly; a shuffle buffer is rebuilt);
+    * ``continues=False`` (one pass per iteration): the next pass, as torch's DataLoader starts
+      the next epoch.
+
+    One ``next()`` at a time: another thread's ``next()`` during one raises ``RuntimeError``.
+
+    A consumer that prefetches (Lightning's fetcher takes batch k+1 before training on batch k)
+    tells the stream which items it has trained on with `mark_trained`; from its first call,
+    `state_dict()` is the state after the last item marked trained, so a checkpoint taken while
+    items are prefetched resumes with the first untrained one.
+    """
+
+    def __init__(self, loader: Loader[T], continues: bool) -> None:
+        self.loader = loader
+        self.continues = continues
+        self.generation = 0  # of the newest iterator
+        self._it: Any = None  # the Loader's iterator, once started
+        self._busy = threading.Lock()  # held for the length of one next() call, never longer
+        self._fresh = True  # the next start is a plain iter(loader): the first one, or after a load
+        self._running = False  # the chain is started and can go on (no stop, error or end since)
+        self._handed = 0  # items handed out since the chain (re)started
+        self._trained = 0  # of those, marked trained
+        self._marking = False  # mark_trained() is in use: state_dict() reports the trained position
+        self._trail: deque[tuple[int, dict[str, Any]]] = deque(maxlen=TRAIL_LENGTH)  # (handed, state after)
+        # A one-pass stream restarted (next pass) while batches of the old pass were handed out but not yet
+        # marked trained (a consumer cycling it, taking a batch ahead): the first marks go to those, and
+        # until then the position is in the old pass.
+        self._old_untrained = 0
+        self._old_state: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ iterators
+
+    def iterator(self, take: Callable[[StreamIterator[T]], T] | None = None) -> StreamIterator[T]:
+        """A new iterator, superseding the earlier ones; ``take`` wraps `next` (default: `next` itself)."""
+        self.generation += 1
+        return StreamIterator(self, take or self.next)
+
+    def next(self, iterator: StreamIterator[T]) -> T:
+        """The next item for ``iterator``; raises ``RuntimeError`` if it was superseded or another thread is in."""
+        if iterator.generation != self.generation:
+            raise RuntimeError(_SUPERSEDED)
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError(_BUSY)
+        try:
+            if not iterator.started:
+                self._start()
+                iterator.started = True
+            try:
+                item = next(self._it)
+            except StopIteration:
+                iterator.closed, self._running = True, False  # ended; a new iterator starts a new pass
+                raise
+            except BaseException:
+                self._running = False  # the Loader's iterator ends after an error; a new iterator restarts
+                raise
+            self._handed += 1
+            self._trail.append((self._handed, self.loader.state_dict()))
+            return item
+        finally:
+            self._busy.release()
+
+    def _start(self) -> None:
+        """Start the chain for a new iterator, or go on with the running one (see the class docstring)."""
+        if self.continues and not self._fresh:
+            if self._running and not self._lagging():
+                return  # the chain is exactly where the state says: go on
+            self.loader.load_state_dict(self.state_dict())
+        elif not self._fresh and self._lagging():
+            self._old_state = self.state_dict()
+            self._old_untrained += self._handed - self._trained
+        self._it = iter(self.loader)
+        self._fresh, self._running = False, True
+        self._handed = self._trained = 0
+        self._trail.clear()
+        self._trail.append((0, self.loader.state_dict()))
+
+    def _lagging(self) -> bool:
+        return self._marking and self._trained < self._handed
+
+    # ------------------------------------------------------------------ position
+
+    def mark_trained(self, items: int = 1) -> None:
+        """The oldest ``items`` items handed out and not yet marked have been trained on."""
+        if items < 1:
+            raise ValueError(f"mark_trained({items}): the number of batches trained on must be 1 or more")
+        untrained = self._old_untrained + self._handed - self._trained
+        if items > untrained:
+            raise ValueError(f"mark_trained({items}): only {untrained} batch(es) were handed out since the "
+                             "loader (re)started and not marked trained yet; call it once per batch trained on, "
+                             "after the batch came out of the loader")
+        old = min(items, self._old_untrained)
+        self._old_untrained -= old
+        if not self._old_untrained:
+            self._old_state = None
+        self._trained += items - old
+        self._marking = True
+
+    def state_dict(self) -> dict[str, Any]:
+        """The `Loader`'s state after the last item handed out, or after the last one marked trained."""
+        if self._old_state is not None:
+            return self._old_state
+        if not self._lagging():
+            return self.loader.state_dict()
+        for handed, state in self._trail:
+            if handed == self._trained:
+                return state
+        raise RuntimeError(
+            f"the loader's state after the last batch marked trained is no longer kept: {self._handed - self._trained} "
+            f"batches were handed out after it, and the states after the last {TRAIL_LENGTH} only are kept. Call "
+            "mark_trained() after each batch trained on (a consumer that prefetches is a batch or two ahead)")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next iterator starts at ``state``."""
+        self.loader.load_state_dict(state)
+        self._forget_position()
+
+    def start_fresh(self) -> None:
+        """The next iterator starts the chain anew with no state (see `Loader.start_fresh`)."""
+        self.loader.start_fresh()
+        self._forget_position()
+
+    def stop(self) -> None:
+        """The chain was stopped (`Loader.shutdown`): a new iterator restarts it (from the state if it continues)."""
+        self._running = False
+
+    def _forget_position(self) -> None:
+        self._fresh, self._running = True, False
+        self._handed = self._trained = self._old_untrained = 0
+        self._old_state = None
+        self._trail.clear()

@@ -118,7 +118,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp:
         local = Path(tmp) / "shards"
         write_shards(local, args.files, args.rows_per_file)
-        server = S3Server(latency=args.latency, bandwidth=args.bandwidth, proxy_process=True)
+        server = S3Server(latency=args.latency, bandwidth=args.bandwidth, proxy_process=True, ranges_in_place=True)
         try:
             server.upload(local, "bench/shards")
             url = server.url("bench/shards")

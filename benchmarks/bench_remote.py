@@ -182,7 +182,7 @@ class Bench:
 
         self.args, self.log = args, log
         self.env = {**os.environ, **S3_ENVIRONMENT, "PYTHONUNBUFFERED": "1"}
-        self.server = S3Server(proxy_process=True)
+        self.server = S3Server(proxy_process=True, ranges_in_place=True)
         self.fs = self.server.filesystem()
         self.fs.create_dir(BUCKET)
         self.results: list[dict[str, Any]] = []

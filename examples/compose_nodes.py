@@ -3,16 +3,19 @@
     python examples/compose_nodes.py                 # synthetic data in a temporary folder
     python examples/compose_nodes.py --data shards/
 
-`AudioLoader` only assembles nodes that you can assemble yourself:
+`AudioLoader` only assembles nodes that you can assemble yourself, in one of two orders
+(which one it picks: docs/concepts.md, "Data flow"):
 
-  A. decode, then shuffle (AudioLoader's default)
-       ArrowShardReader -> DecodeSpectrogram -> ShuffleBuffer -> Batcher
-     The buffer holds decoded spectrograms (float32 [n_mels, frames] each).
-
-  B. shuffle raw rows, then decode (AudioLoader(shuffle_before_decode=True))
+  A. shuffle raw rows, then decode (AudioLoader's default for local Arrow IPC
+     shards, remote shards and duration bucketing; ``shuffle=al.Shuffle(before_decode=True)``)
        ArrowShardReader -> ShuffleBuffer -> DecodeSpectrogram -> Batcher
      The buffer holds the rows' encoded bytes (zero-copy views of the memory-mapped
      shards), far smaller than spectrograms, so it can be much larger.
+
+  B. decode, then shuffle (AudioLoader's default for local Parquet and ORC shards;
+     ``shuffle=al.Shuffle(before_decode=False)``)
+       ArrowShardReader -> DecodeSpectrogram -> ShuffleBuffer -> Batcher
+     The buffer holds decoded spectrograms (float32 [n_mels, frames] each).
 
 Both orders yield the *same* batches: the buffer's picks depend only on the seed
 and its fill level, and each clip's crop only on (seed, key), not on when or
@@ -45,7 +48,7 @@ def add_loudness(sample: al.Sample) -> al.Sample:
 
 
 def decode_then_shuffle(data: Path, seed: int, batch_size: int, workers: int) -> al.Loader:
-    """Chain A. Returns an `audioloader.Loader` (torchdata's Loader with exact resume and clean shutdown)."""
+    """Chain B. Returns an `audioloader.Loader` (torchdata's Loader with exact resume and clean shutdown)."""
     reader = ArrowShardReader(data, seed=seed, shuffle=True, infinite=True)   # RawSample, encoded audio
     decode = DecodeSpectrogram(reader, FEATURES, seed=seed, train=True, num_workers=workers)  # -> Sample
     loudness = Mapper(decode, add_loudness)                                   # your own node
@@ -64,7 +67,7 @@ def decode_then_shuffle(data: Path, seed: int, batch_size: int, workers: int) ->
 
 
 def shuffle_then_decode(data: Path, seed: int, batch_size: int, workers: int) -> al.Loader:
-    """Chain B: the buffer holds raw rows; ``reader.fetch`` restores them from their keys."""
+    """Chain A: the buffer holds raw rows; ``reader.fetch`` restores them from their keys."""
     reader = ArrowShardReader(data, seed=seed, shuffle=True, infinite=True)
     shuffle = ShuffleBuffer(reader, capacity=128, min_size=64, seed=seed, restore=reader.fetch)
     decode = DecodeSpectrogram(shuffle, FEATURES, seed=seed, train=True, num_workers=workers)
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> bool:
     with tempfile.TemporaryDirectory() as scratch:
         data = args.data or make_classification_dataset(Path(scratch), args.clips_per_class, seed=args.seed,
                                                         max_seconds=4.0)
-        build = {"decode then shuffle": decode_then_shuffle, "shuffle then decode": shuffle_then_decode}
+        build = {"shuffle then decode": shuffle_then_decode, "decode then shuffle": decode_then_shuffle}
         results = {}
         for name, make in build.items():
             with make(data, args.seed, args.batch_size, args.workers) as loader:
@@ -120,7 +123,7 @@ def main(argv: list[str] | None = None) -> bool:
         with shuffle_then_decode(data, args.seed, args.batch_size, args.workers) as loader:
             loader.load_state_dict(state)
             resumed = take(loader, n - n // 2)
-        exact = same(resumed, b[n // 2:])
+        exact = same(resumed, a[n // 2:])  # the same chain, uninterrupted
         print(f"resumed hand-built chain matches the uninterrupted one: {exact}")
     return identical and exact
 

@@ -2,6 +2,7 @@
 
     python examples/hf_dataset.py                              # builds a small HF dataset first
     python examples/hf_dataset.py --saved my_ds/ --parquet my_ds.parquet
+    python examples/hf_dataset.py --label-column none           # audio without labels (e.g. for pre-training)
 
 No conversion step: ``save_to_disk`` writes Arrow IPC *stream* files plus a
 ``state.json`` listing them (AudioLoader reads exactly those files, ignoring any
@@ -56,42 +57,50 @@ def main(argv: list[str] | None = None) -> bool:
     parser.add_argument("--saved", type=Path, help="a Dataset.save_to_disk folder")
     parser.add_argument("--parquet", type=Path, help="a Dataset.to_parquet file (or a folder of them)")
     parser.add_argument("--audio-column", default="audio")
-    parser.add_argument("--label-column", default="label")
+    parser.add_argument("--label-column", default="label",
+                        help="integer class column, or 'none' to read the audio unlabeled (batches without 'label')")
     parser.add_argument("--clips-per-class", type=int, default=6, help="clips per class when building the dataset")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    label_column = None if args.label_column.lower() == "none" else args.label_column
 
     with tempfile.TemporaryDirectory() as scratch:
         saved, parquet = args.saved, args.parquet
         if saved is None and parquet is None:
             saved, parquet = build_hf_dataset(Path(scratch), args.clips_per_class, args.seed)
-        columns = dict(audio_column=args.audio_column, label_column=args.label_column)
         per_source = {}
-        for name, source in (("save_to_disk", saved), ("to_parquet", parquet)):
-            if source is None:
+        for name, path in (("save_to_disk", saved), ("to_parquet", parquet)):
+            if path is None:
                 continue
-            ds = ShardDataset(source, **columns)
-            print(f"{name}: {source}: {len(ds.files)} file(s), {ds.files[0].format}, {ds.num_rows} rows, "
-                  f"audio column type {ds.schema.field(args.audio_column).type}, classes {ds.label_names}")
+            ds = ShardDataset(path, audio_column=args.audio_column, label_column=label_column)
+            classes = f"classes {ds.label_names}" if label_column else "unlabeled"
+            print(f"{name}: {path}: {len(ds.files)} file(s), {ds.files[0].format}, {ds.num_rows} rows, "
+                  f"audio column type {ds.schema.field(args.audio_column).type}, {classes}")
+            # The columns to read: a Source names them (label_column=None: no labels in the batches).
+            source = al.Source(path, audio_column=args.audio_column, label_column=label_column)
             # Evaluation order: one pass, file order, centre crops.
             with al.AudioLoader(source, batch_size=args.batch_size, train=False, features=FEATURES,
-                                num_workers=2, **columns) as loader:
+                                workers=al.Workers(num_workers=2)) as loader:
                 batches = list(loader)
             per_source[name] = batches
-            print(f"  eval: {len(batches)} batches, spectrogram {tuple(batches[0]['spectrogram'].shape)}, "
-                  f"labels {batches[0]['label'].tolist()}")
+            first = batches[0]
+            what = f"labels {first['label'].tolist()}" if label_column else f"keys {sorted(first)}"
+            print(f"  eval: {len(batches)} batches, spectrogram {tuple(first['spectrogram'].shape)}, {what}")
             # Training: infinite, shuffled; a small buffer for a small dataset.
             with al.AudioLoader(source, batch_size=args.batch_size, train=True, seed=args.seed, features=FEATURES,
-                                num_workers=2, shuffle_buffer_size=32, shuffle_min_size=16, **columns) as loader:
+                                workers=al.Workers(num_workers=2),
+                                shuffle=al.Shuffle(buffer_size=32, min_size=16)) as loader:
                 batch = next(iter(loader))
-            print(f"  train: first batch labels {batch['label'].tolist()}")
+            what = f"labels {batch['label'].tolist()}" if label_column else f"indices {batch['index'].tolist()}"
+            print(f"  train: first batch {what}")
 
         same = None
         if len(per_source) == 2:
             a, b = per_source.values()
-            same = len(a) == len(b) and all(torch.equal(x["spectrogram"], y["spectrogram"])
-                                            and torch.equal(x["label"], y["label"]) for x, y in zip(a, b, strict=True))
+            same = len(a) == len(b) and all(
+                torch.equal(x["spectrogram"], y["spectrogram"]) and torch.equal(x["index"], y["index"])
+                and (label_column is None or torch.equal(x["label"], y["label"])) for x, y in zip(a, b, strict=True))
             print(f"save_to_disk and to_parquet give identical eval batches: {same}")
     return same is not False
 

@@ -465,6 +465,21 @@ def _serve_proxy(upstream: str) -> None:
 _SERVER_SCRIPT = """
 import logging, sys
 from moto.server import ThreadedMotoServer
+if sys.argv[1:] == ["--ranges-in-place"]:
+    # moto answers a ranged GET by reading and copying the whole object (FakeKey.value), under the key's lock:
+    # a 4 MiB range of a 157 MB object costs a 157 MB read, and ranges of one object are served one at a time.
+    # S3 costs the range. Keep each object's bytes once (immutable), so a range costs its own slice.
+    import moto.s3.models as models
+    whole = models.FakeKey.value
+    def _get(key):
+        value = key.__dict__.get("_whole_value")
+        if value is None:
+            value = key.__dict__["_whole_value"] = whole.fget(key)
+        return value
+    def _set(key, value):
+        key.__dict__.pop("_whole_value", None)
+        whole.fset(key, value)
+    models.FakeKey.value = property(_get, _set)
 logging.getLogger("werkzeug").setLevel(logging.ERROR)
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 server.start()
@@ -487,12 +502,16 @@ class S3Server:
             instead of a thread of this one (`FaultProxy`).
         enforce_auth: requests must be signed with the keys of an IAM user allowed to make them (moto's
             IAM); the server's own `access_key` / `secret_key` are then an admin's, and `add_user` makes others.
+        ranges_in_place: serve a ranged GET from the object's bytes held once, at the cost of the range (moto
+            reads and copies the whole object for every request, one request of an object at a time: with
+            objects of 100+ MB that, not the client, bounds a benchmark). For benchmarks.
     """
 
     def __init__(self, *, latency: float = 0.0, bandwidth: float | None = None, proxy_process: bool = False,
-                 enforce_auth: bool = False) -> None:
+                 enforce_auth: bool = False, ranges_in_place: bool = False) -> None:
         env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT=str(_UNAUTHENTICATED_SETUP)) if enforce_auth else None
-        self._process = subprocess.Popen([sys.executable, "-c", _SERVER_SCRIPT], stdin=subprocess.PIPE,
+        argv = [sys.executable, "-c", _SERVER_SCRIPT, *(["--ranges-in-place"] if ranges_in_place else [])]
+        self._process = subprocess.Popen(argv, stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, text=True, env=env)
         line = self._process.stdout.readline()
         if not line.strip().isdigit():

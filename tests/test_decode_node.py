@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import threading
@@ -12,6 +13,7 @@ import pytest
 import torch
 from torchdata.nodes import BaseNode, IterableWrapper, Loader
 
+import audioloader as al
 from audioloader.dsp import hashing
 from audioloader.dsp.audio import load_clip
 from audioloader.dsp.config import MelSpectrogramConfig
@@ -252,6 +254,9 @@ def test_error_budget_trips():
     assert [s.key.index for s in got] == [0, 1, 3, 4, 6, 7, 9]  # raised before the 11th row: no sample lost
     assert len(error.report) == 3 and {r["index"] for r in error.report} == {2, 5, 8}
     assert "max_error_fraction" in str(error) and "3 of 10" in str(error)
+    # The advice names the keyword AudioLoader takes, with fields OnError has.
+    assert "on_error=al.OnError(max_fraction=..., min_rows=...)" in str(error)
+    assert {"max_fraction", "min_rows"} <= {f.name for f in dataclasses.fields(al.OnError)}
 
 
 def test_error_budget_not_tripped_within_budget():

@@ -51,6 +51,8 @@ def test_demo_quick_trains_resumes_and_evaluates(quick_run):
     assert match, out
     assert int(match.group(3)) == 40
     assert float(match.group(1)) >= 50.0
+    # the first command a newcomer runs uses the current API: no deprecation warnings
+    assert "FutureWarning" not in proc.stderr, proc.stderr
 
 
 def test_demo_reuses_a_complete_dataset_and_trains_on_user_data(quick_run):

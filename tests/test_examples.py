@@ -63,6 +63,15 @@ def test_hf_dataset_save_to_disk_and_parquet():
     assert "save_to_disk and to_parquet give identical eval batches: True" in out
 
 
+def test_hf_dataset_without_labels():
+    """``--label-column none`` reads the same dataset as unlabeled audio: batches without a label."""
+    pytest.importorskip("datasets")
+    out = run_example("hf_dataset.py", "--clips-per-class", 2, "--batch-size", 4, "--label-column", "none")
+    assert re.search(r"save_to_disk: .*10 rows, .*unlabeled", out), out
+    assert "labels" not in out and "'label'" not in out, out
+    assert re.search(r"eval: 3 batches, spectrogram \(4, 64, 126\), keys \['index', 'spectrogram', 'valid'\]", out), out
+    assert "save_to_disk and to_parquet give identical eval batches: True" in out
+
 
 def test_speech_batches_resume_mid_pass_and_evaluate_each_utterance_once():
     pytest.importorskip("datasets")
@@ -73,61 +82,6 @@ def test_speech_batches_resume_mid_pass_and_evaluate_each_utterance_once():
     assert all(float(seconds) <= 20.0 for _, _, seconds, _ in steps), out  # max_duration holds
     assert "resumed mid-pass: next 3 batches identical: True" in out, out
     assert "eval: 24 utterances in" in out and "each exactly once: True" in out, out
-
-# -- the code in the documentation ------------------------------------------------------------------
-
-DOCS = ROOT / "docs"
-
-#: Per page: text replacements that shrink a snippet to a smoke-test size without changing what it shows.
-SHRINK = {
-    "getting_started.md": [("step == 100_000", "step == 3"), ("step % 1000 == 0", "step % 2 == 0"),
-                           ("shuffle_buffer_size=2000, shuffle_min_size=1000",
-                            "shuffle_buffer_size=40, shuffle_min_size=20"),
-                           ("    ...  # the training step", "    break  # the training step")],
-}
-
-
-def python_blocks(page: Path) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
-
-
-@pytest.mark.parametrize("page", ["getting_started.md", "api.md", "faq.md", "mixing.md", "lakehouse.md"])
-def test_documentation_snippets_run(page, tmp_path, monkeypatch):
-    """Every ```python block of a page runs, in order, in one namespace, on small synthetic shards.
-
-    Signatures that are not meant to run are in ```py blocks.
-    """
-    from audioloader.tools.synthetic import make_classification_dataset
-
-    make_classification_dataset(tmp_path / "shards", 3, num_classes=2, num_shards=2, max_seconds=6.0)
-    make_classification_dataset(tmp_path / "eval_shards", 2, num_classes=2, num_shards=1, first_clip=50)
-    if page in ("getting_started.md", "api.md"):  # speech: a packed LibriSpeech tree, rows holding windows
-        from audioloader.tools.pack import pack
-        from tests.test_ingest import make_librispeech
-        from tests.test_segments import segment_rows, write_segments
-
-        pack(make_librispeech(tmp_path / "LibriSpeech") / "train-clean-100", tmp_path / "speech_shards" / "librispeech",
-             progress=False)
-        write_segments(tmp_path / "recordings", segment_rows()[:6])
-    monkeypatch.chdir(tmp_path)
-    blocks = python_blocks(DOCS / page)
-    assert blocks
-    namespace: dict = {"__name__": "__docs__"}
-    if page == "faq.md":  # its snippets continue a training loop: give them a loader
-        import audioloader as al
-
-        namespace["loader"] = al.AudioLoader("shards/", batch_size=4, train=False)
-        next(iter(namespace["loader"]))
-    for i, code in enumerate(blocks):
-        for old, new in SHRINK.get(page, []):
-            code = code.replace(old, new)
-        try:
-            exec(compile(code, f"{page} python block {i + 1}", "exec"), namespace)
-        except Exception as error:
-            raise AssertionError(f"{page}, python block {i + 1} failed:\n{code}") from error
-    for value in namespace.values():
-        if hasattr(value, "shutdown") and callable(value.shutdown) and not isinstance(value, type):
-            value.shutdown()
 
 
 def test_pack_speech_reads_every_input_kind_and_trains():

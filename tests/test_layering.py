@@ -24,7 +24,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("workers", ("audioloader.workers",)),
     ("nodes", ("audioloader.nodes",)),
     ("front", ("audioloader",)),  # every other module at the package root, and the package itself
-    ("tools", ("audioloader.tools", "audioloader.integrations", "audioloader.__main__")),
+    ("integrations", ("audioloader.integrations",)),  # each imports its framework; nothing imports them
+    ("tools", ("audioloader.tools", "audioloader.__main__")),
 ]
 
 #: Back edges that are there on purpose: ``(importer, imported)``, with the reason.

@@ -12,6 +12,7 @@ import pytest
 import audioloader as al
 from audioloader.nodes import ArrowShardReader
 from audioloader.shards import index as shard_index
+from audioloader.shards import remote
 from audioloader.shards.storage import RemoteReads
 from tests.helpers import make_shards
 from tests.s3_server import S3_ENVIRONMENT, S3Server
@@ -107,6 +108,35 @@ def test_requests_are_coalesced_and_in_flight_together(s3, data, proxy, fmt):
     assert len(rest) == sum(ROWS) - 1
     gets = [r for r in proxy.log("GET") if "/part-" in r.path]
     assert len(gets) <= len(ROWS) < units  # one coalesced request per file here, not one (or ~9) per unit
+
+
+@pytest.mark.parametrize("fmt", ["ipc_file", "parquet"])
+def test_a_long_read_goes_out_as_parts_in_flight_together(s3, data, proxy, fmt, monkeypatch):
+    """A unit longer than a part (a store caps each connection's rate) is fetched as parts at once; rows and
+    the byte budget are as with one request a unit, under faults too."""
+    local, prefix = data[fmt]
+    monkeypatch.setattr(remote, "PART_BYTES", 8 * 1024)  # a unit (~51 KB) in 7 parts
+    arguments = dict(seed=3, shuffle=True, split_rows=4)
+    expected = rows_of(ArrowShardReader(str(local), **arguments))
+    proxy.inject("503", 1, path=f"/{prefix}/part-00001")
+    reader = ArrowShardReader(s3.url(prefix), retry=FAST, remote_reads=RemoteReads(readahead_bytes=UNIT_BYTES),
+                              **arguments)
+    proxy.clear()
+    proxy.hold()
+    first = threading.Thread(target=next, args=(reader,))
+    first.start()
+    try:  # one unit's worth of budget: its parts are all in flight before any arrives
+        assert proxy.wait_in_flight(UNIT_BYTES // remote.PART_BYTES, timeout=60), "a unit's parts were not at once"
+    finally:
+        proxy.release()
+        first.join()
+    reader = ArrowShardReader(s3.url(prefix), retry=FAST, remote_reads=RemoteReads(readahead_bytes=UNIT_BYTES),
+                              **arguments)
+    assert rows_of(reader) == expected
+    assert reader._readahead.misses == 0
+    assert reader._readahead.peak_bytes <= 2 * UNIT_BYTES  # a unit over the budget is fetched alone
+    gets = [r for r in proxy.log("GET") if "/part-" in r.path and not r.fault]
+    assert gets and max(r.body_bytes for r in gets) <= remote.PART_BYTES
 
 
 def test_resume_at_random_cuts_is_exact_under_latency_and_faults(s3, data, proxy):

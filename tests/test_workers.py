@@ -252,15 +252,18 @@ def test_pickling_a_loader_with_a_lambda_says_what_to_do(ipc_shards):
         pickle.dumps(loader)
 
 
-def test_a_second_iterator_while_one_is_open_is_an_error(ipc_shards):
+def test_a_second_iterator_supersedes_the_first(ipc_shards):
     loader = loader_for(ipc_shards)
     first = iter(loader)
     next(first)
-    with pytest.raises(RuntimeError, match="already being iterated"):
-        iter(loader)
-    first.close()
-    assert len(take(loader, 1)) == 1  # closed: a new iterator is fine
-    for i, _ in enumerate(loader):  # breaking out of a for-loop closes its iterator
+    second = iter(loader)  # as with a DataLoader: fine, and the newest one owns the stream
+    assert len([next(second)]) == 1
+    with pytest.raises(RuntimeError, match="superseded"):
+        next(first)
+    second.close()
+    with pytest.raises(StopIteration):
+        next(second)
+    for i, _ in enumerate(loader):
         if i == 1:
             break
     take(loader, 1)
@@ -269,24 +272,31 @@ def test_a_second_iterator_while_one_is_open_is_an_error(ipc_shards):
 
 def test_two_threads_cannot_share_one_stream(ipc_shards):
     loader = loader_for(ipc_shards)
-    errors, started = [], threading.Event()
+    errors, a_started, b_iterating = [], threading.Event(), threading.Event()
 
-    def consume():
+    def first():
+        it = iter(loader)
+        next(it)
+        a_started.set()
+        b_iterating.wait()
         try:
-            for _ in loader:
-                started.set()
-                time.sleep(0.01)
+            next(it)  # B's iterator took the stream over: A never gets a batch of it
         except RuntimeError as error:
             errors.append(error)
 
-    a = threading.Thread(target=consume, daemon=True)
+    a = threading.Thread(target=first, daemon=True)
     a.start()
-    started.wait(30)
-    b = threading.Thread(target=consume, daemon=True)
-    b.start()
-    b.join(30)
-    assert errors and "already being iterated" in str(errors[0])
+    a_started.wait()
+    it = iter(loader)
+    b_iterating.set()
+    a.join()
+    assert len(take_from(it, 2)) == 2
+    assert errors and "superseded" in str(errors[0])
     loader.shutdown()
+
+
+def take_from(it, n):
+    return [next(it) for _ in range(n)]
 
 
 def test_wrapping_in_a_torch_dataloader_says_what_to_do(ipc_shards):

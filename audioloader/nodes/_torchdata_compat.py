@@ -37,6 +37,16 @@ def stop_single_threaded(node: BaseNode) -> bool:
     return True
 
 
+def forget_single_threaded(node: BaseNode) -> None:
+    """Drop a torchdata ``Prefetcher``'s or ``PinMemory``'s stopped thread object before its ``reset`` builds the next.
+
+    torchdata deletes ``node._it`` before it builds the next one; when building fails (the source's
+    reset raises: a dead worker, a bad state) the node was left without ``_it`` and every later
+    ``shutdown()`` raised AttributeError, which inside ``with`` replaced the real error. Sets ``node._it``.
+    """
+    node._it = None
+
+
 def stop_parallel_mapper(mapper: BaseNode) -> bool:
     """Stop a torchdata ``ParallelMapper``'s threads now and wait for them; False when ``mapper`` is none (or
     was never reset).

@@ -434,8 +434,9 @@ class DecodeSpectrogram(BaseNode[Sample]):
         raise ErrorBudgetExceeded(
             f"{bad} of {seen} rows ({bad / seen:.2%}) could not be decoded, more than "
             f"max_error_fraction={self.max_error_fraction}. Latest: {reasons}. If this much bad audio is "
-            "expected, raise the budget (max_error_fraction=..., error_budget_min_rows=...); "
-            "see stats.bad_rows for every reason.",
+            "expected, raise the budget: AudioLoader(..., on_error=al.OnError(max_fraction=..., min_rows=...)) "
+            "(on a hand-built DecodeSpectrogram: max_error_fraction=..., error_budget_min_rows=...); "
+            "loader.stats()['bad_rows'] lists every reason.",
             report=list(self._reports))
 
 

@@ -9,7 +9,7 @@ from torchdata.nodes import BaseNode
 from torchdata.nodes import Prefetcher as _TorchdataPrefetcher
 
 from ..workers.threads import pin_worker_to_one_thread
-from ._torchdata_compat import stop_single_threaded
+from ._torchdata_compat import forget_single_threaded, stop_single_threaded
 from .held import RowsHeld, at_snapshot, passed_through
 
 
@@ -57,6 +57,7 @@ class Prefetcher(_TorchdataPrefetcher):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         self.shutdown()
+        forget_single_threaded(self)  # a failed reset must leave a node that shutdown() can stop (see there)
         super().reset(initial_state)
 
     def rows_held(self, state: dict[str, Any]) -> RowsHeld:
@@ -64,5 +65,5 @@ class Prefetcher(_TorchdataPrefetcher):
         return at_snapshot(self, state)
 
     def shutdown(self) -> None:
-        """Stop the background thread and wait for it (idempotent; ``get_state()`` still works)."""
+        """Stop the background thread and wait for it (idempotent, in every state; ``get_state()`` still works)."""
         stop_single_threaded(self)

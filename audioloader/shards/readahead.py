@@ -6,7 +6,8 @@ groups it reads in them (`audioloader.nodes.read_order.units_ahead` lists them i
 the exact order the reader reads them, interleaving, filters and resumed
 positions included). `ReadAhead` walks that list ahead of the reader: it groups
 consecutive units of one file, coalesces their byte ranges (`units.coalesce`:
-one request per run of contiguous bytes, up to `units.MAX_REQUEST_BYTES`) and
+one request per run of contiguous bytes, up to `units.MAX_REQUEST_BYTES`; a single
+unit longer than `remote.PART_BYTES` goes out as parts, in flight together) and
 submits the requests to the dataset's `RemoteFiles` pool, so that several are in
 flight while the reader works. When the reader reads a unit, its bytes are
 already in memory (or on their way) and pyarrow parses them from there.
@@ -25,11 +26,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future
 from typing import Any
 
 import pyarrow as pa
 
+from .remote import Parts
 from .units import MAX_REQUEST_BYTES, coalesce
 
 #: Default bytes a reader's read-ahead may hold (`audioloader.Storage.readahead_bytes`).
@@ -42,11 +43,12 @@ _MAX_SKIPPED = 1024
 
 
 class _Request:
-    """One ranged request: its bytes are counted from submission until every unit using them has been read."""
+    """One ranged read (in parts when long): its bytes are counted from submission until every unit using them
+    has been read."""
 
     __slots__ = ("future", "length", "offset", "users")
 
-    def __init__(self, offset: int, length: int, future: Future) -> None:
+    def __init__(self, offset: int, length: int, future: Parts) -> None:
         self.offset, self.length, self.future, self.users = offset, length, future, 0
 
 
@@ -174,7 +176,7 @@ class ReadAhead:
         file_id = group[0][0][0]
         loc = self.dataset._locations[file_id]
         remote = self.dataset.remote
-        requests = [_Request(offset, length, remote.submit(remote.read, loc, offset, length))
+        requests = [_Request(offset, length, remote.fetch(loc, offset, length))
                     for offset, length in coalesce([r for _, ranges in group for r in ranges])]
         for key, ranges in group:
             used = [r for r in requests if any(r.offset <= o and o + n <= r.offset + r.length for o, n in ranges)]

@@ -31,6 +31,29 @@ from .retry import Retry, with_retries
 DEFAULT_MAX_REQUESTS = 16
 #: Open remote files kept per process (each holds no connection, only its size).
 _OPEN_FILES = 1024
+#: A fetch longer than this goes out as parts of this size, in flight together: a store serves each connection
+#: at a capped rate (S3: tens of MB/s per connection), so one 20 MB GET of a large record batch is bound by one
+#: connection's rate where its parts are not. AWS's own transfer tools split at 8 MiB; 4 MiB lets the default
+#: read-ahead (64 MiB) keep all 16 requests busy.
+PART_BYTES = 4 * 1024 * 1024
+
+
+class Parts:
+    """A ranged read in flight as one or more concurrent requests (`RemoteFiles.fetch`); `result` joins them."""
+
+    __slots__ = ("futures",)
+
+    def __init__(self, futures: list[Future]) -> None:
+        self.futures = futures
+
+    def result(self) -> pa.Buffer:
+        """The bytes, once every part arrived (one copy when there are several parts); raises a part's error."""
+        buffers = [future.result() for future in self.futures]
+        return buffers[0] if len(buffers) == 1 else pa.py_buffer(b"".join(buffers))
+
+    def cancel(self) -> None:
+        for future in self.futures:
+            future.cancel()
 
 
 class RemoteFiles:
@@ -84,6 +107,12 @@ class RemoteFiles:
                 self._pool = ThreadPoolExecutor(max_workers=self.max_requests, thread_name_prefix="audioloader-fetch")
             pool = self._pool
         return pool.submit(fn, *args)
+
+    def fetch(self, loc: Any, offset: int, length: int) -> Parts:
+        """Start reading bytes ``[offset, offset + length)`` in the pool, as parts of at most `PART_BYTES`
+        requested at once (each a `read`); `Parts.result` waits for them."""
+        ends = range(offset, offset + length, PART_BYTES)
+        return Parts([self.submit(self.read, loc, start, min(PART_BYTES, offset + length - start)) for start in ends])
 
     def read_many(self, loc: Any, ranges: Sequence[tuple[int, int]]) -> list[pa.Buffer]:
         """`read` of each ``(offset, length)``, concurrently; in the given order."""

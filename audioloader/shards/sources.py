@@ -91,13 +91,13 @@ def _filesystem_for(url: str, retry: Retry = DEFAULT_RETRY) -> tuple[Any, str]:
         except ImportError:
             raise ValueError(f"cannot open {redacted(url)!r}: pyarrow has no filesystem for this scheme "
                              f"({arrow_error}); install fsspec and the scheme's package "
-                             "(e.g. s3fs, gcsfs), or pass filesystem=") from None
+                             "(e.g. s3fs, gcsfs), or pass storage=al.Storage(filesystem=...)") from None
         try:
             fs, path = fsspec.core.url_to_fs(url)
         except (ImportError, ValueError) as fsspec_error:
             raise ValueError(f"cannot open {redacted(url)!r}: no filesystem for this scheme in pyarrow "
                              f"({arrow_error}) or fsspec ({fsspec_error}); install the scheme's "
-                             "fsspec package or pass filesystem=") from None
+                             "fsspec package or pass storage=al.Storage(filesystem=...)") from None
         return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 

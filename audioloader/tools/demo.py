@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from audioloader import AudioLoader, MelSpectrogramConfig
+from audioloader import AudioLoader, MelSpectrogramConfig, Shuffle, Workers
 from audioloader.shards import ShardDataset
 from audioloader.tools import synthetic
 
@@ -223,7 +223,8 @@ def _train_loader(plan: DemoPlan, seed: int, workers: int) -> AudioLoader:
     # the shards' splits in a new seeded order every pass.
     capacity = max(plan.batch_size, min(1024, rows // 2))
     return AudioLoader(plan.train, batch_size=plan.batch_size, train=True, seed=seed, features=plan.features,
-                       num_workers=workers, shuffle_buffer_size=capacity, shuffle_min_size=capacity // 2)
+                       workers=Workers(num_workers=workers),
+                       shuffle=Shuffle(buffer_size=capacity, min_size=capacity // 2))
 
 
 def _same_batch(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -308,7 +309,7 @@ def _evaluate(model: nn.Module, plan: DemoPlan, workers: int) -> tuple[int, int,
     # train=False: one pass, centre crops, every clip exactly once. Batches are
     # padded to equal counts across ranks (for DDP); batch["valid"] marks the real rows.
     with AudioLoader(plan.eval, batch_size=64, train=False, seed=0, features=plan.features,
-                     num_workers=workers) as loader, torch.no_grad():
+                     workers=Workers(num_workers=workers)) as loader, torch.no_grad():
         for batch in loader:
             valid = batch["valid"]
             predicted = model(batch["spectrogram"]).argmax(dim=1)

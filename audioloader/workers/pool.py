@@ -38,7 +38,7 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from multiprocessing import reduction
 from typing import Any
 
-from . import wire
+from . import forks, wire
 from .process_worker import _RemoteFailure, run_chunk, worker_main
 from .threads import join_or_report
 
@@ -263,6 +263,7 @@ class ProcessPool:
         except RuntimeError as error:
             raise WorkerError(_start_failed_message(self.what, error)) from error
         theirs.close()
+        forks.forget_in_forked_children(process)  # a child forked from us must not stop it at its exit
         control = wire.SharedSlot.create(8)
         _set_generation(control, self._generation)
         slots = [wire.SharedSlot.create(self.slot_bytes) for _ in range(self.depth)]

@@ -1,0 +1,321 @@
+"""The charts of docs/benchmarks.md, drawn from the numbers in docs/figures/data/*.json.
+
+    python benchmarks/figures.py            # (re)draw every chart whose numbers changed
+    python benchmarks/figures.py --force    # draw them all
+    python benchmarks/figures.py --check    # exit 1 if a chart is missing or differs from its numbers
+
+Each ``docs/figures/data/NAME.json`` holds one benchmark table as it was measured
+(``command``, ``date``, ``commit``, ``machine`` and the rows), transcribed from a
+benchmark's JSON output or its table in docs/benchmarks.md; ``docs/figures/NAME.png``
+is drawn from it by ``draw_NAME`` below. The PNG carries a digest of its JSON (and of
+`STYLE`) in its metadata, so ``--check`` (run by tests/test_docs.py) needs no matplotlib
+and no pixel comparison: a chart is current when its digest matches. To change a
+figure, change its JSON (a new run: new numbers, command, date) and run this script.
+
+Drawing needs matplotlib (``pip install -e '.[docs]'``); checking does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import struct
+import sys
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "docs" / "figures" / "data"
+OUT = ROOT / "docs" / "figures"
+
+#: Bump when the drawing code changes, so every chart counts as stale and is drawn again.
+STYLE = "1"
+
+#: The PNG text chunk holding ``sha256:<digest of the JSON and STYLE>``.
+DIGEST_KEY = "audioloader-figure-data"
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+# Colours: audioloader, the peers / baselines, the ceilings or limits.
+OURS, PEER, CEILING, OTHER = "#1f77b4", "#7f7f7f", "#bcbd22", "#ff7f0e"
+
+
+def digest(data_file: Path) -> str:
+    """``sha256:<hex>`` of the JSON file's bytes and `STYLE`."""
+    return "sha256:" + hashlib.sha256(data_file.read_bytes() + f"\nstyle {STYLE}".encode()).hexdigest()
+
+
+def png_text(png: Path) -> dict[str, str]:
+    """The tEXt / iTXt / zTXt entries of a PNG file (keyword -> text)."""
+    blob = png.read_bytes()
+    if not blob.startswith(_PNG_SIGNATURE):
+        raise ValueError(f"{png} is not a PNG file")
+    out, at = {}, len(_PNG_SIGNATURE)
+    while at + 8 <= len(blob):
+        length, kind = struct.unpack(">I4s", blob[at:at + 8])
+        body = blob[at + 8:at + 8 + length]
+        at += 12 + length
+        if kind == b"tEXt":
+            key, _, value = body.partition(b"\0")
+            out[key.decode("latin-1")] = value.decode("latin-1")
+        elif kind == b"zTXt":
+            key, _, rest = body.partition(b"\0")
+            out[key.decode("latin-1")] = zlib.decompress(rest[1:]).decode("latin-1")
+        elif kind == b"iTXt":
+            key, _, rest = body.partition(b"\0")
+            compressed, rest = rest[0], rest[2:]
+            _language, _, rest = rest.partition(b"\0")
+            _translated, _, text = rest.partition(b"\0")
+            out[key.decode("latin-1")] = (zlib.decompress(text) if compressed else text).decode("utf-8")
+        elif kind == b"IEND":
+            break
+    return out
+
+
+def stale(data_dir: Path = DATA, out_dir: Path = OUT) -> list[str]:
+    """Why each chart is not current (missing, drawn from other numbers, without numbers); empty when all are."""
+    problems = []
+    names = sorted(p.stem for p in data_dir.glob("*.json"))
+    for name in names:
+        png = out_dir / f"{name}.png"
+        if name not in DRAW:
+            problems.append(f"{data_dir / (name + '.json')}: no draw_{name} in benchmarks/figures.py")
+        elif not png.exists():
+            problems.append(f"{png}: missing")
+        elif png_text(png).get(DIGEST_KEY) != digest(data_dir / f"{name}.json"):
+            problems.append(f"{png}: drawn from other numbers than {name}.json (or an older style)")
+    for png in sorted(out_dir.glob("*.png")):
+        if png.stem not in names:
+            problems.append(f"{png}: no {png.stem}.json in {data_dir}")
+    return problems
+
+
+# -- the charts --------------------------------------------------------------------------------------------------
+
+
+def _footnote(fig: Any, data: dict[str, Any]) -> None:
+    fig.text(0.01, 0.01, f"{data['date']}, {data['commit']}: {data['command']}\n{data['machine']}",
+             fontsize=7, color="#555555", va="bottom", wrap=True)
+
+
+def _bar_labels(ax: Any, bars: Any, texts: list[str]) -> None:
+    for bar, text in zip(bars, texts, strict=True):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {text}", va="center", fontsize=8)
+
+
+def draw_peers(plt: Any, data: dict[str, Any]) -> Any:
+    """Samples/s and time to the first batch per contender, × the user baseline on audioloader's bars."""
+    rows = data["rows"]
+    baseline = next(r["samples_per_s"] for r in rows if r["contender"] == "baseline-torchaudio")
+    labels = [f"{r['contender']}  ({r['data']})" for r in rows]
+    colors = [PEER if r["contender"].startswith("baseline") else CEILING if r["contender"].startswith("ceiling")
+              else OURS for r in rows]
+    fig, (rate, first) = plt.subplots(1, 2, figsize=(11, 5.2), sharey=True, gridspec_kw={"width_ratios": [3, 1.4]})
+    y = list(range(len(rows)))[::-1]
+    bars = rate.barh(y, [r["samples_per_s"] for r in rows], color=colors)
+    _bar_labels(rate, bars, [f"{r['samples_per_s']}  ({r['samples_per_s'] / baseline:.2f}×)" for r in rows])
+    rate.set_yticks(y, labels, fontsize=8)
+    rate.set_xlabel("samples/s (× baseline-torchaudio)")
+    rate.set_xlim(0, max(r["samples_per_s"] for r in rows) * 1.25)
+    timed = [(yy, r) for yy, r in zip(y, rows, strict=True) if r["first_batch_s"] is not None]
+    bars = first.barh([yy for yy, _ in timed], [r["first_batch_s"] for _, r in timed],
+                      color=[colors[rows.index(r)] for _, r in timed])
+    _bar_labels(first, bars, [f"{r['first_batch_s']:.2f} s" for _, r in timed])
+    first.set_xlabel("first batch, s")
+    first.set_xlim(0, max(r["first_batch_s"] for _, r in timed) * 1.35)
+    fig.suptitle("Batches of 64 log-mels [128, 501] on 2 cores: audioloader, a DataLoader baseline, the ceiling",
+                 fontsize=11)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    _footnote(fig, data)
+    return fig
+
+
+def draw_scaling(plt: Any, data: dict[str, Any]) -> Any:
+    """Samples/s against N workers, one panel per dataset."""
+    workers = data["workers"]
+    style = {"AudioLoader, processes": (OURS, "-", "o"), "AudioLoader, threads": (OURS, "--", "s"),
+             "DataLoader baseline": (PEER, "-", "^"), "per-sample function in N processes (limit)": (CEILING, ":", "D")}
+    panels = data["series"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(11, 4.4))
+    for ax, (name, series) in zip(axes, panels.items(), strict=True):
+        for label, values in series.items():
+            color, line, marker = style.get(label, (OTHER, "-", "x"))
+            ax.plot(workers, values, color=color, linestyle=line, marker=marker, label=label)
+        ax.set_title(name, fontsize=10)
+        ax.set_xticks(workers)
+        ax.set_xlabel("decode workers N (2 cores)")
+        ax.set_ylabel("samples/s")
+        ax.set_ylim(0, None)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8, loc="lower right")
+    fig.suptitle("Scaling with workers: threads vs processes vs DataLoader", fontsize=11)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    _footnote(fig, data)
+    return fig
+
+
+def draw_speech_lhotse(plt: Any, data: dict[str, Any]) -> Any:
+    """Four panels (audio s/s, first batch, peak PSS, padding efficiency), grouped by corpus."""
+    rows = data["rows"]
+    corpora = list(dict.fromkeys(r["corpus"] for r in rows))
+    contenders = list(dict.fromkeys(r["contender"] for r in rows))
+    colors = {name: OURS if name == "audioloader" else PEER for name in contenders}
+    metrics = [("audio_s_per_s", "audio seconds per second (higher is better)", "{:.0f}"),
+               ("first_batch_s", "first batch, s (lower is better)", "{:.2f}"),
+               ("peak_pss_mb", "peak PSS, MB (lower is better)", "{:.0f}"),
+               ("padding_efficiency", "padding efficiency (higher is better)", "{:.3f}")]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    width = 0.8 / len(contenders)
+    for ax, (key, title, fmt) in zip(axes.flat, metrics, strict=True):
+        for k, name in enumerate(contenders):
+            values = [next(r[key] for r in rows if r["corpus"] == c and r["contender"] == name) for c in corpora]
+            xs = [i + (k - (len(contenders) - 1) / 2) * width for i in range(len(corpora))]
+            bars = ax.bar(xs, values, width, color=colors[name], label=name)
+            for bar, value in zip(bars, values, strict=True):
+                ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), fmt.format(value), ha="center",
+                        va="bottom", fontsize=7)
+        ax.set_xticks(range(len(corpora)), corpora, fontsize=8)
+        ax.set_title(title, fontsize=9)
+        ax.margins(y=0.15)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("Speech: 80-bin fbank, 200 s bucketed batches, 2 workers; audioloader vs Lhotse", fontsize=11)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    _footnote(fig, data)
+    return fig
+
+
+def draw_remote(plt: Any, data: dict[str, Any]) -> Any:
+    """Samples/s local vs S3 per format and buffer, and the first batch with raw rows."""
+    rows = data["rows"]
+    labels = [f"{r['format']}\n{r['buffer']}" for r in rows]
+    fig, (rate, first) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [2, 1]})
+    xs = range(len(rows))
+    for offset, key, name, color in ((-0.2, "local_samples_per_s", "local disk", PEER),
+                                     (0.2, "s3_samples_per_s", "S3 (moto, loopback)", OURS)):
+        bars = rate.bar([x + offset for x in xs], [r[key] for r in rows], 0.4, color=color, label=name)
+        for bar, r in zip(bars, rows, strict=True):
+            rate.text(bar.get_x() + 0.2, bar.get_height(), f"{r[key]}", ha="center", va="bottom", fontsize=7)
+    rate.set_xticks(list(xs), labels, fontsize=8)
+    rate.set_ylabel("samples/s")
+    rate.legend(fontsize=8)
+    timed = [r for r in rows if r["local_first_batch_s"] is not None]
+    for offset, key, color in ((-0.2, "local_first_batch_s", PEER), (0.2, "s3_first_batch_s", OURS)):
+        bars = first.bar([x + offset for x in range(len(timed))], [r[key] for r in timed], 0.4, color=color)
+        for bar, r in zip(bars, timed, strict=True):
+            first.text(bar.get_x() + 0.2, bar.get_height(), f"{r[key]:.2f}", ha="center", va="bottom", fontsize=7)
+    first.set_xticks(range(len(timed)), [f"{r['format']}\n{r['buffer']}" for r in timed], fontsize=8)
+    first.set_ylabel("first batch, s")
+    fig.suptitle("Shards on local disk vs on S3 (a loopback server: request pattern, not S3's latency)", fontsize=11)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    _footnote(fig, data)
+    return fig
+
+
+def draw_remote_latency(plt: Any, data: dict[str, Any]) -> Any:
+    """Samples/s against the added latency a request (0-100 ms) per training loader and format, local disk as a
+    dashed line, the peers at their one latency as points."""
+    panels = sorted({(r["dataset"], r["contender"]) for r in data["rows"] if r["project"] is not None})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
+    for ax, (dataset, contender) in zip(axes[0], panels, strict=True):
+        features = contender.split("-")[-1]
+        for fmt, style in (("ipc", "o-"), ("parquet", "s-")):
+            runs = [r for r in data["rows"] if (r["dataset"], r["contender"], r["format"]) == (dataset, contender, fmt)]
+            remote = sorted((r["latency_ms"], r["samples_per_s"]) for r in runs if r["latency_ms"] is not None)
+            local = [r["samples_per_s"] for r in runs if r["latency_ms"] is None]
+            line = ax.plot([x for x, _ in remote], [y for _, y in remote], style, label=f"audioloader, {fmt}")[0]
+            if local:
+                ax.axhline(local[0], color=line.get_color(), linestyle="--", linewidth=1, label=f"{fmt}, local disk")
+        peers = [r for r in data["rows"] if r["project"] is None and r["dataset"] == dataset
+                 and r["contender"].endswith(features)]
+        for r in peers:
+            ax.plot([r["latency_ms"]], [r["samples_per_s"]], "x", markersize=9, color=PEER)
+            ax.annotate(r["peer"], (r["latency_ms"], r["samples_per_s"]), fontsize=7, xytext=(4, 2),
+                        textcoords="offset points")
+        ax.set_title(f"{dataset} rows, training, {features}", fontsize=10)
+        ax.set_xlabel("added latency a request, ms")
+        ax.set_ylabel("samples/s")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle("Training from S3 (moto + shaping proxy, 50 MB/s a connection) against local disk", fontsize=11)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    _footnote(fig, data)
+    return fig
+
+
+def remote_latency_data(results: dict[str, Any], command: str, date: str) -> dict[str, Any]:
+    """The ``remote_latency`` chart's numbers from a `benchmarks/bench_remote.py` JSON output: the training
+    loaders and the peers (samples/s after the first batch)."""
+    rows = []
+    for r in results["results"]:
+        # A peer's contender is its name (litdata, ...); the loader it stands against is in the run's name.
+        contender = r["name"].split(":", 1)[1].split()[0] if r["project"] is None else r["contender"]
+        if contender in ("train-waveform", "train-mel") and r.get("samples_per_s"):
+            peer = r["contender"] if r["project"] is None else None
+            rows.append({"project": r["project"], "peer": peer, "contender": contender,
+                         "dataset": r["dataset"], "format": r.get("format"), "latency_ms": r["latency_ms"],
+                         "samples_per_s": round(r["samples_per_s"], 1)})
+    commits = {name: p.get("commit") for name, p in results.get("projects", {}).items()}
+    return {"title": "Training samples/s from S3 at 0-100 ms a request, local disk and the peers",
+            "command": command, "date": date, "commit": commits,
+            "machine": f"{results['machine']['cores']} cores; moto and the proxy share them (a stand-in for S3's "
+                       "protocol and latency, not its capacity)", "rows": rows}
+
+
+DRAW: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
+    "peers": draw_peers, "scaling": draw_scaling, "speech_lhotse": draw_speech_lhotse, "remote": draw_remote,
+    "remote_latency": draw_remote_latency}
+
+
+def draw(name: str, data_dir: Path = DATA, out_dir: Path = OUT) -> Path:
+    """Draw ``out_dir/name.png`` from ``data_dir/name.json``, with the JSON's digest in its metadata."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data_file = data_dir / f"{name}.json"
+    fig = DRAW[name](plt, json.loads(data_file.read_text(encoding="utf-8")))
+    out = out_dir / f"{name}.png"
+    # No "Software" entry: the PNG then depends on the numbers and the code, not on the matplotlib version's name.
+    fig.savefig(out, dpi=100, metadata={DIGEST_KEY: digest(data_file), "Software": None})
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="exit 1 if a chart is missing or stale; draw nothing")
+    parser.add_argument("--force", action="store_true", help="draw every chart, current or not")
+    parser.add_argument("--data", type=Path, default=DATA, help=f"folder of the JSON numbers (default {DATA})")
+    parser.add_argument("--out", type=Path, default=OUT, help=f"folder of the charts (default {OUT})")
+    parser.add_argument("--from-bench-remote", nargs=3, metavar=("JSON", "COMMAND", "DATE"),
+                        help="write data/remote_latency.json from bench_remote's JSON output, then draw")
+    args = parser.parse_args(argv)
+    if args.from_bench_remote:
+        source, command, date = args.from_bench_remote
+        numbers = remote_latency_data(json.loads(Path(source).read_text(encoding="utf-8")), command, date)
+        (args.data / "remote_latency.json").write_text(json.dumps(numbers, indent=1) + "\n", encoding="utf-8")
+    problems = stale(args.data, args.out)
+    if args.check:
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        if problems:
+            print("charts are stale: run `python benchmarks/figures.py` (needs matplotlib: pip install -e '.[docs]')",
+                  file=sys.stderr)
+            return 1
+        print(f"{len(list(args.data.glob('*.json')))} charts match their numbers")
+        return 0
+    names = sorted(p.stem for p in args.data.glob("*.json") if p.stem in DRAW)
+    todo = names if args.force else [n for n in names if any(str(args.out / f"{n}.png") in p for p in problems)]
+    for name in todo:
+        print(f"drew {draw(name, args.data, args.out)}")
+    if not todo:
+        print("every chart matches its numbers")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,334 @@
+"""The documentation a newcomer reads is executed and its links resolve.
+
+Every ```python block of README.md and docs/*.md runs: a page's blocks in order, in
+one namespace, in a temporary folder holding small synthetic data at the paths the
+docs use (``shards/``, ``eval_shards/``, ``speech_shards/librispeech``, ``recordings/``).
+A block that cannot run on a CPU-only machine without credentials is marked just
+above its fence with ``<!-- not-run: the reason -->``; those are counted and listed
+(`test_not_run_blocks_are_few_and_named`). Signatures that are not code are ```py blocks.
+A deprecated keyword in a snippet (a ``FutureWarning`` from audioloader) fails the page,
+so the docs keep to the current API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import unicodedata
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+#: The most blocks the docs may leave unrun (each needs a reason in its marker).
+MAX_NOT_RUN = 6
+
+#: Per page: a replacement that shrinks a training run to a smoke test without changing what it shows. Each
+#: must match its page (`test_shrinks_still_match`), so a snippet that changes does not silently run at full size.
+SHRINK = {
+    "README.md": [("num_steps = 100_000", "num_steps = 3"), ("step % 1000 == 0", "step % 2 == 0")],
+    "getting_started.md": [("num_steps = 100_000", "num_steps = 3"), ("step % 1000 == 0", "step % 2 == 0")],
+}
+
+_FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>```+|~~~+)(?P<info>[^\n`]*)$")
+_NOT_RUN = re.compile(r"<!--\s*not-run:\s*(?P<reason>.*?)\s*-->")
+
+
+@dataclass
+class Block:
+    page: str
+    line: int  # of the opening fence, 1-based
+    language: str
+    code: str
+    not_run: str | None  # the marker's reason
+
+
+def code_blocks(page: Path) -> list[Block]:
+    """The fenced code blocks of a Markdown page, with the ``not-run`` marker on the line above each, if any."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        opening = _FENCE.match(lines[i])
+        if not opening:
+            i += 1
+            continue
+        fence, start = opening["fence"], i
+        i += 1
+        body = []
+        while i < len(lines) and not lines[i].strip().startswith(fence):
+            body.append(lines[i])
+            i += 1
+        above = next((lines[k] for k in range(start - 1, -1, -1) if lines[k].strip()), "")
+        marker = _NOT_RUN.search(above)
+        blocks.append(Block(page.name, start + 1, opening["info"].strip(), "\n".join(body) + "\n",
+                            marker["reason"] if marker else None))
+        i += 1
+    return blocks
+
+
+def python_blocks(page: Path) -> list[Block]:
+    return [b for b in code_blocks(page) if b.language == "python"]
+
+
+# -- the data the snippets read --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def docs_data(tmp_path_factory) -> Path:
+    """The folders the docs name, written once: classification shards (2 classes, 6 and 4 clips), a packed
+    LibriSpeech tree (with transcripts and speakers) and rows holding windows of recordings."""
+    from audioloader.tools.pack import pack
+    from audioloader.tools.synthetic import make_classification_dataset
+    from tests.test_ingest import make_librispeech
+    from tests.test_segments import segment_rows, write_segments
+
+    root = tmp_path_factory.mktemp("docs-data")
+    make_classification_dataset(root / "shards", 3, num_classes=2, num_shards=2, max_seconds=6.0)
+    make_classification_dataset(root / "eval_shards", 2, num_classes=2, num_shards=1, first_clip=50)
+    pack(make_librispeech(tmp_path_factory.mktemp("download") / "LibriSpeech") / "train-clean-100",
+         root / "speech_shards" / "librispeech", progress=False)
+    write_segments(root / "recordings", segment_rows()[:6])
+    return root
+
+
+def run_page(page: Path) -> int:
+    """Run the page's python blocks in the current folder; returns how many ran. Fails naming the block and its line."""
+    namespace: dict = {"__name__": "__docs__"}
+    shrinks = SHRINK.get(page.name, [])
+    ran = 0
+    try:
+        with warnings.catch_warnings():
+            # A deprecated keyword in a snippet warns from the snippet's own line (module "__docs__").
+            warnings.filterwarnings("error", category=FutureWarning, module="__docs__")
+            warnings.filterwarnings("error", category=FutureWarning, module=r"audioloader(\.|$)")
+            for block in python_blocks(page):
+                if block.not_run is not None:
+                    continue
+                code = block.code
+                for old, new in shrinks:
+                    code = code.replace(old, new)
+                name = f"{page.name}:{block.line}"
+                try:
+                    exec(compile(code, name, "exec"), namespace)
+                except BaseException as error:
+                    raise AssertionError(f"{page.name}, the python block at line {block.line} failed "
+                                         f"({type(error).__name__}: {error}):\n{code}") from error
+                ran += 1
+    finally:
+        for value in namespace.values():  # loaders the snippets left open
+            if not isinstance(value, type) and callable(getattr(value, "shutdown", None)):
+                value.shutdown()
+    return ran
+
+
+#: The buckets and prefixes the S3 snippets of docs/storage.md read, each holding a copy of ``shards/``.
+S3_PREFIXES = ("my-bucket/speech/train", "bucket/data", "bucket/speech")
+
+
+@contextlib.contextmanager
+def s3_for(page: Path, data: Path, monkeypatch):
+    """For a page whose snippets read ``s3://`` URLs: a local S3 server (moto) holding the data they name, found
+    through the standard environment (``AWS_ENDPOINT_URL`` and static keys), so the snippets run as written."""
+    if "s3://" not in "".join(b.code for b in python_blocks(page) if b.not_run is None):
+        yield
+        return
+    from tests.s3_server import S3_ENVIRONMENT, S3Server
+
+    for name, value in S3_ENVIRONMENT.items():
+        monkeypatch.setenv(name, value)
+    server = S3Server()
+    try:
+        for prefix in S3_PREFIXES:
+            server.upload(data / "shards", prefix)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{server.direct_endpoint}")
+        yield
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)], ids=lambda p: p.name)
+def test_documentation_snippets_run(page, docs_data, tmp_path, monkeypatch):
+    """Every ```python block of the page runs as written, in order, on the small data (see the module doc)."""
+    for folder in docs_data.iterdir():
+        shutil.copytree(folder, tmp_path / folder.name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AUDIOLOADER_CACHE", str(tmp_path / ".audioloader-cache"))
+    with s3_for(page, docs_data, monkeypatch):
+        ran = run_page(page)
+    assert ran or all(b.not_run for b in python_blocks(page))
+
+
+def test_a_deprecated_keyword_fails_its_page(docs_data, tmp_path, monkeypatch):
+    """The docs stay on the current API: a snippet passing a flat keyword fails with the FutureWarning."""
+    page = tmp_path / "page.md"
+    page.write_text('```python\nimport audioloader as al\n\n'
+                    'al.AudioLoader("shards/", train=False, num_workers=0).shutdown()\n```\n', encoding="utf-8")
+    shutil.copytree(docs_data / "shards", tmp_path / "shards")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(AssertionError, match=r"page.md, the python block at line 1 failed \(FutureWarning: "
+                                             r"AudioLoader\(num_workers=\.\.\.\) is deprecated"):
+        run_page(page)
+
+
+def test_concepts_draws_every_node_of_the_default_chain():
+    """docs/concepts.md's "Data flow" names every node class audioloader/chain.py builds chains from."""
+    import ast
+
+    tree = ast.parse((ROOT / "audioloader" / "chain.py").read_text(encoding="utf-8"))
+    nodes = {alias.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+             and (".nodes" in f".{n.module}" or n.module == "torchdata.nodes")
+             for alias in n.names if alias.name[0].isupper() and alias.name != "BaseNode"}
+    assert {"ShuffleBuffer", "DurationBucketer", "Batcher", "CatchFailures", "Prefetcher", "PinMemory"} <= nodes
+    text = (ROOT / "docs" / "concepts.md").read_text(encoding="utf-8")
+    start = text.index("## Data flow")
+    flow = text[start:text.index("\n## ", start + 1)]
+    assert sorted(name for name in nodes if name not in flow) == [], "docs/concepts.md's Data flow misses a node"
+
+
+def test_not_run_blocks_are_few_and_named(capsys):
+    unrun = [b for page in PAGES for b in python_blocks(page) if b.not_run is not None]
+    listing = "\n".join(f"  {b.page}:{b.line}: {b.not_run}" for b in unrun)
+    with capsys.disabled():
+        print(f"\n{len(unrun)} documentation block(s) not run:\n{listing}")
+    assert all(b.not_run for b in unrun), f"a not-run marker without a reason:\n{listing}"
+    assert len(unrun) <= MAX_NOT_RUN, f"too many blocks are not run ({len(unrun)}):\n{listing}"
+
+
+def test_shrinks_still_match():
+    for name, shrinks in SHRINK.items():
+        page = next(p for p in PAGES if p.name == name)
+        code = "".join(b.code for b in python_blocks(page))
+        for old, _ in shrinks:
+            assert old in code, f"{name}: the test shrinks {old!r}, which its snippets no longer contain"
+
+
+def test_code_blocks_and_markers_are_found(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("text\n<!-- not-run: needs CUDA -->\n\n```python\nx = 1\n```\n```py\nsig(a, *, b)\n```\n")
+    assert [(b.language, b.code, b.not_run) for b in code_blocks(page)] == [
+        ("python", "x = 1\n", "needs CUDA"), ("py", "sig(a, *, b)\n", None)]
+
+
+# -- links -------------------------------------------------------------------------------------------------------
+
+_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
+_HEADING = re.compile(r"^(#{1,6})\s+(?P<text>.+?)\s*#*\s*$")
+
+
+def prose(page: Path) -> list[tuple[int, str]]:
+    """The page's lines outside fenced code blocks, with inline code spans blanked (numbered from 1)."""
+    out, fence = [], None
+    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1):
+        opening = _FENCE.match(line)
+        if fence is None and opening:
+            fence = opening["fence"]
+            continue
+        if fence is not None:
+            if line.strip().startswith(fence):
+                fence = None
+            continue
+        out.append((number, re.sub(r"`[^`]*`", lambda m: m[0] if "](" not in m[0] else "``", line)))
+    return out
+
+
+def github_slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: markup and punctuation dropped, lower case, spaces to hyphens."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link: its text
+    text = text.replace("`", "").strip().lower()
+    kept = "".join(c for c in text if c in " -_" or unicodedata.category(c)[0] in "LN")
+    return kept.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Every heading's anchor on the page; a repeated heading gets -1, -2, ... as on GitHub."""
+    seen: dict[str, int] = {}
+    out = set()
+    for _, line in prose(page):
+        match = _HEADING.match(line)
+        if not match:
+            continue
+        slug = github_slug(match["text"])
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        out.add(slug if count == 0 else f"{slug}-{count}")
+    return out
+
+
+def broken_links(page: Path) -> list[str]:
+    broken = []
+    for number, line in prose(page):
+        for match in _LINK.finditer(line):
+            target = match["target"]
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto: ...
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            where = f"{page.relative_to(ROOT)}:{number}: {target}"
+            if not file.exists():
+                broken.append(f"{where} (no such file)")
+            elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+                broken.append(f"{where} (no heading with that anchor in {file.name})")
+    return broken
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_links_and_anchors_resolve(page):
+    assert broken_links(page) == []
+
+
+def test_github_slugs():
+    assert github_slug("DDP / torchrun") == "ddp--torchrun"
+    assert github_slug("Augmentation cost (`benchmarks/bench_augment.py`)") == (
+        "augmentation-cost-benchmarksbench_augmentpy")
+    assert github_slug("Why worker processes, and how is this different from DataLoader's?") == (
+        "why-worker-processes-and-how-is-this-different-from-dataloaders")
+    assert github_slug("Memory: a byte budget") == "memory-a-byte-budget"
+
+
+# -- the benchmark charts ------------------------------------------------------------------------------------------
+
+FIGURES = ROOT / "benchmarks" / "figures.py"
+
+
+def run_figures(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(FIGURES), *map(str, args)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_charts_match_their_numbers():
+    """Every docs/figures/*.png was drawn from its JSON as it is now (`figures.py --check`, no matplotlib needed)."""
+    result = run_figures("--check")
+    assert result.returncode == 0, result.stderr
+
+
+def test_chart_check_fails_when_the_numbers_change(tmp_path):
+    data, out = tmp_path / "data", tmp_path / "figures"
+    shutil.copytree(ROOT / "docs" / "figures" / "data", data)
+    out.mkdir()
+    for png in (ROOT / "docs" / "figures").glob("*.png"):
+        shutil.copy(png, out / png.name)
+    assert run_figures("--check", "--data", data, "--out", out).returncode == 0
+    numbers = json.loads((data / "peers.json").read_text())
+    numbers["rows"][0]["samples_per_s"] += 1
+    (data / "peers.json").write_text(json.dumps(numbers, indent=2))
+    (out / "scaling.png").unlink()
+    result = run_figures("--check", "--data", data, "--out", out)
+    assert result.returncode == 1
+    assert "peers.png: drawn from other numbers" in result.stderr and "scaling.png: missing" in result.stderr
+    assert "run `python benchmarks/figures.py`" in result.stderr
+
+
+def test_benchmarks_page_shows_every_chart():
+    text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    for data in sorted((ROOT / "docs" / "figures" / "data").glob("*.json")):
+        assert f"](figures/{data.stem}.png)" in text, f"docs/benchmarks.md does not show figures/{data.stem}.png"
+        numbers = json.loads(data.read_text())
+        assert {"title", "command", "date", "commit", "machine"} <= set(numbers), data.name
