@@ -1,13 +1,20 @@
-"""The package itself: imports and runs without torchaudio (the reference, dev-only) and pyiceberg (optional)."""
+"""The package itself: imports and runs without torchaudio (the reference, dev-only) and pyiceberg (optional);
+its public names load lazily and all resolve."""
 
 from __future__ import annotations
 
+import ast
+import json
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import make_shards
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_library_works_without_torchaudio_and_pyiceberg(tmp_path):
@@ -49,3 +56,52 @@ def test_public_names_are_importable():
                  "ShardWriter", "Loader"):
         assert hasattr(al, name), name
     assert all(callable(node) for node in (ArrowShardReader, Batcher, DecodeSpectrogram, ShuffleBuffer))
+
+
+# -- the lazy public names -------------------------------------------------------------------------------------
+
+
+def test_every_public_name_resolves_to_its_module():
+    import importlib
+
+    import audioloader as al
+
+    table = al._LAZY_NAMES
+    assert set(al.__all__) == {*table, "__version__"}
+    for name, module in table.items():
+        assert getattr(al, name) is getattr(importlib.import_module(module, "audioloader"), name), name
+    assert set(al.__all__) <= set(dir(al))
+    with pytest.raises(AttributeError, match="has no attribute 'NoSuchName'"):
+        al.NoSuchName  # noqa: B018
+
+
+def test_star_import_gives_exactly_the_public_names():
+    script = ("from audioloader import *\n"
+              "import audioloader, json\n"
+              "names = sorted(n for n in dir() if n not in ('audioloader', 'json') and not n.startswith('__'))\n"
+              "print(json.dumps([names, sorted(n for n in audioloader.__all__ if not n.startswith('__'))]))\n"
+              # Sub-packages are attributes after a bare `import audioloader`, as when it imported them eagerly.
+              "import audioloader as al\n"
+              "assert al.nodes.Batcher.__name__ == 'Batcher' and al.shards.ShardDataset is al.ShardDataset\n"
+              "assert {'nodes', 'shards', 'tools', 'AudioLoader'} <= set(dir(al))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    got, expected = json.loads(result.stdout)
+    assert got == expected and "AudioLoader" in got
+
+
+@pytest.mark.parametrize("package", ["audioloader", "audioloader.shards"])
+def test_type_checking_imports_match_the_lazy_table(package):
+    # Editors and type checkers read the TYPE_CHECKING block; the interpreter reads _LAZY_NAMES: same names, same
+    # modules, so that moving a module is caught here when only one of them was updated.
+    import importlib
+
+    module = importlib.import_module(package)
+    tree = ast.parse(Path(module.__file__).read_text())
+    block = next(node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
+    imported = {alias.name: "." * node.level + node.module
+                for node in block.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+    assert imported == module._LAZY_NAMES
+    assert set(module.__all__) - {"__version__"} == set(imported)
+
