@@ -70,7 +70,7 @@ HELPS = {("--help",): ("pack", "inspect", "index", "demo", "bench"),
          ("inspect", "--help"): ("--json", "--sample"),
          ("index", "--help"): ("--portable",),
          ("demo", "--help"): ("--quick", "--data", "--cache"),
-         ("bench", "--help"): ("--full", "--skip", "--cache-dir")}
+         ("bench", "--help"): ("--full", "--skip", "--cache-dir", "--clear-cache")}
 
 
 def test_help_answers_without_importing_torch():
