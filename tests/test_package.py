@@ -1,13 +1,16 @@
 """The package itself: imports and runs without torchaudio (the reference, dev-only) and pyiceberg (optional);
-its public names load lazily and all resolve."""
+its public names load lazily and all resolve; the wheel holds every module and the distribution's metadata."""
 
 from __future__ import annotations
 
 import ast
 import json
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -105,3 +108,59 @@ def test_type_checking_imports_match_the_lazy_table(package):
     assert imported == module._LAZY_NAMES
     assert set(module.__all__) - {"__version__"} == set(imported)
 
+
+# -- the distribution ------------------------------------------------------------------------------------------
+
+
+def _pyproject_field(name: str) -> str:
+    # tomllib is Python 3.11+; the fields read here are simple one-line strings.
+    match = re.search(rf'^{name} = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    assert match, name
+    return match.group(1)
+
+
+def _build_wheel(source: Path, out: Path) -> Path:
+    """``pip wheel --no-deps`` of ``source``; skips the test when no setuptools >= 77 can be had (offline)."""
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q", "-w",
+               str(out), str(source)]
+    try:
+        import setuptools
+
+        if int(setuptools.__version__.split(".")[0]) >= 77:
+            command.insert(4, "--no-build-isolation")  # build with this environment's setuptools: offline
+    except ImportError:
+        pass
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        if "No matching distribution found for setuptools" in result.stderr:
+            pytest.skip("no setuptools>=77 to build with (offline, and this environment's is older)")
+        raise AssertionError(result.stderr[-3000:])
+    (wheel,) = out.glob("*.whl")
+    return wheel
+
+
+def test_wheel_holds_the_packages_and_the_metadata(tmp_path):
+    # Built from a copy, so that the checkout gets no build/ or *.egg-info of this test.
+    source = tmp_path / "src"
+    shutil.copytree(ROOT / "audioloader", source / "audioloader", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    wheel = _build_wheel(source, tmp_path / "dist")
+    name, version = _pyproject_field("name"), _pyproject_field("version")
+    assert wheel.name == f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as archive:
+        files = set(archive.namelist())
+        info = f"{name.replace('-', '_')}-{version}.dist-info"
+        metadata = archive.read(f"{info}/METADATA").decode()
+        entry_points = archive.read(f"{info}/entry_points.txt").decode()
+    # Every package of the source tree (each folder with an __init__.py) and every module is in the wheel.
+    modules = {p.relative_to(source).as_posix() for p in (source / "audioloader").rglob("*.py")}
+    assert modules <= files, sorted(modules - files)[:5]
+    assert {"audioloader/tools/bench/__init__.py", "audioloader/nodes/__init__.py"} <= files
+    assert not [f for f in files if f.startswith(("tests/", "benchmarks/", "examples/"))]
+    headers = [line for line in metadata.splitlines() if ": " in line]
+    assert f"Name: {name}" in headers and f"Version: {version}" in headers
+    assert {"Provides-Extra: bench", "Provides-Extra: docs", "Provides-Extra: dev"} <= set(headers)
+    assert "License-Expression: BSD-3-Clause" in headers and f"{info}/licenses/LICENSE" in files
+    assert any(line.startswith("Requires-Dist: torchaudio") and 'extra == "bench"' in line for line in headers)
+    assert "audioloader = audioloader.tools.cli:main" in entry_points
