@@ -19,7 +19,6 @@ from torchdata.nodes import StopCriteria
 
 from .dsp import hashing
 from .dsp.config import FeatureConfig, LengthPolicy, Segments
-from .nodes.arrow_shard_reader import fetch_rows
 from .samples import Key, RawSample
 from .shards import ShardDataset
 
@@ -177,6 +176,10 @@ def fetch_mixed(datasets: Sequence[ShardDataset], keys: Sequence[Key]) -> list[R
     rows themselves).
     """
     keys = [k if isinstance(k, Key) else Key(*k) for k in keys]
+    # Imported here: nodes/weighted_mix.py imports this module, so `import audioloader.mix` first (which the lazy
+    # `audioloader.Mix` does) would otherwise meet a half-imported module.
+    from .nodes.arrow_shard_reader import fetch_rows
+
     out: list[RawSample | None] = [None] * len(keys)
     by_source: dict[int, list[int]] = {}
     for position, key in enumerate(keys):

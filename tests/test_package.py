@@ -78,6 +78,22 @@ def test_every_public_name_resolves_to_its_module():
         al.NoSuchName  # noqa: B018
 
 
+def test_each_public_module_imports_first():
+    # Lazy names change the order modules are imported in: each must import as the first one (an import cycle
+    # the eager __init__ hid, mix.py <-> nodes/weighted_mix.py, broke `al.Mix` as a script's first use).
+    import audioloader as al
+
+    first = {}
+    for name, module in al._LAZY_NAMES.items():
+        first.setdefault(module, name)
+    for module, name in first.items():
+        script = (f"import importlib, audioloader as al\n"
+                  f"assert al.{name} is importlib.import_module('audioloader{module}').{name}")
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                                cwd=ROOT)
+        assert result.returncode == 0, f"audioloader.{name} first: {result.stderr[-2000:]}"
+
+
 def test_star_import_gives_exactly_the_public_names():
     script = ("from audioloader import *\n"
               "import audioloader, json\n"
