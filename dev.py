@@ -2,7 +2,7 @@
 """Set up the development environment and run the project's jobs.
 
 Needs nothing but Python 3.10+. The first call creates ``.venv`` and installs
-audioloader with its ``dev`` extra (torch 2.11 + torchaudio 2.11, see
+audioloader (the distribution ``audioloader-arrow``) with its ``dev`` extra (torch 2.11 + torchaudio 2.11, see
 pyproject.toml); later calls reinstall only when pyproject.toml changed.
 
     python3 dev.py demo [ARGS...]   # the main job: `audioloader demo`
@@ -44,9 +44,14 @@ def ensure_environment() -> None:
     wanted = _requirements_hash()
     if STAMP.exists() and STAMP.read_text() == wanted:
         return
-    print("installing audioloader[dev] into .venv (first run takes a minute or two)", flush=True)
-    pip = [str(_venv_bin("python")), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    print("installing audioloader-arrow[dev] into .venv (first run takes a minute or two)", flush=True)
+    python = str(_venv_bin("python"))
+    pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
+    # Up to 0.2 this project's distribution was named "audioloader" (a name PyPI gives another project): a .venv
+    # made then still holds it, which would leave two installs of the package behind. Absent: nothing happens.
+    subprocess.run([python, "-m", "pip", "uninstall", "--disable-pip-version-check", "-y", "-q", "audioloader"],
+                   check=False, capture_output=True)
     subprocess.run([*pip, "-e", f"{ROOT}[dev]"], check=True)
     STAMP.write_text(wanted)
 

@@ -2,29 +2,84 @@
 
 ``AudioLoader`` is the DataLoader-shaped front; the nodes it composes are in
 ``audioloader.nodes``. torchaudio is not needed at run time.
+
+The public names are imported on first use (PEP 562 ``__getattr__``), so that
+``import audioloader`` and the ``audioloader`` command's ``--help`` do not pay
+for importing torch (one to several seconds). ``from audioloader import X``,
+``audioloader.X`` and ``from audioloader import *`` work as with eager imports.
 """
 
-from .audio_loader import AudioLoader
-from .dsp.augment import AddNoise, Gain, Mixup, Reverb, SpecAugment, SpeedPerturb
-from .dsp.augment_math import mixup_targets
-from .dsp.config import FbankConfig, LengthPolicy, MelSpectrogramConfig, Segments, WaveformConfig
-from .errors import (
-    AccessDeniedError,
-    AudioLoaderError,
-    CheckpointMismatchError,
-    DecodeError,
-    ErrorBudgetExceeded,
-    SchemaError,
-    ShardReadError,
-)
-from .loader import Loader
-from .mix import Mix, Source
-from .options import Bucketing, OnError, Shuffle, Storage, Workers
-from .samples import BadRow, Key, RawSample, Sample
-from .shards import IcebergTable, Retry, ShardDataset, SourceNotFoundError
-from .shards.writer import ShardWriter
+from __future__ import annotations
 
-__version__ = "0.1.0"
+from typing import TYPE_CHECKING
+
+from .shards._lazy import lazy_attributes
+
+#: Where each public name is defined: a module path relative to this package. A module that moves is a
+#: one-line change here (and in the TYPE_CHECKING block below, which tests/test_package.py keeps in step).
+_LAZY_NAMES: dict[str, str] = {
+    "AccessDeniedError": ".errors",
+    "AddNoise": ".dsp.augment",
+    "AudioLoader": ".audio_loader",
+    "AudioLoaderError": ".errors",
+    "BadRow": ".samples",
+    "Bucketing": ".options",
+    "CheckpointMismatchError": ".errors",
+    "DecodeError": ".errors",
+    "ErrorBudgetExceeded": ".errors",
+    "FbankConfig": ".dsp.config",
+    "Gain": ".dsp.augment",
+    "IcebergTable": ".shards",
+    "Key": ".samples",
+    "LengthPolicy": ".dsp.config",
+    "Loader": ".loader",
+    "MelSpectrogramConfig": ".dsp.config",
+    "Mix": ".mix",
+    "Mixup": ".dsp.augment",
+    "OnError": ".options",
+    "RawSample": ".samples",
+    "Retry": ".shards",
+    "Reverb": ".dsp.augment",
+    "Sample": ".samples",
+    "SchemaError": ".errors",
+    "Segments": ".dsp.config",
+    "ShardDataset": ".shards",
+    "ShardReadError": ".errors",
+    "ShardWriter": ".shards.writer",
+    "Shuffle": ".options",
+    "Source": ".mix",
+    "SourceNotFoundError": ".shards",
+    "SpecAugment": ".dsp.augment",
+    "SpeedPerturb": ".dsp.augment",
+    "Storage": ".options",
+    "WaveformConfig": ".dsp.config",
+    "Workers": ".options",
+    "mixup_targets": ".dsp.augment_math",
+}
+
+if TYPE_CHECKING:  # what type checkers and editors see; at run time the names come from __getattr__
+    from .audio_loader import AudioLoader
+    from .dsp.augment import AddNoise, Gain, Mixup, Reverb, SpecAugment, SpeedPerturb
+    from .dsp.augment_math import mixup_targets
+    from .dsp.config import FbankConfig, LengthPolicy, MelSpectrogramConfig, Segments, WaveformConfig
+    from .errors import (
+        AccessDeniedError,
+        AudioLoaderError,
+        CheckpointMismatchError,
+        DecodeError,
+        ErrorBudgetExceeded,
+        SchemaError,
+        ShardReadError,
+    )
+    from .loader import Loader
+    from .mix import Mix, Source
+    from .options import Bucketing, OnError, Shuffle, Storage, Workers
+    from .samples import BadRow, Key, RawSample, Sample
+    from .shards import IcebergTable, Retry, ShardDataset, SourceNotFoundError
+    from .shards.writer import ShardWriter
+
+#: The distribution (the name pip installs) that holds this package; the import name stays ``audioloader``.
+_DISTRIBUTION = "audioloader-arrow"
 
 __all__ = [
     "AccessDeniedError",
@@ -66,3 +121,17 @@ __all__ = [
     "__version__",
     "mixup_targets",
 ]
+
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml is the one source); ``0+unknown`` when this package
+    runs from a checkout that was never installed (no metadata to read)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(_DISTRIBUTION)
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+__getattr__, __dir__ = lazy_attributes(__name__, __path__, _LAZY_NAMES, {"__version__": _version})

@@ -365,10 +365,11 @@ class AudioLoader:
     def __exit__(self, kind: type | None, error: BaseException | None, tb: object) -> None:
         shutdown_keeping_error(self.shutdown, error)  # a failure to stop never hides the error leaving the block
 
-    def __del__(self) -> None:
+    def __del__(self, _is_finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
         # At interpreter exit the threads are daemons that die with the process;
-        # joining them (or starting a helper thread) could hang finalization.
-        if sys.is_finalizing():
+        # joining them (or starting a helper thread) could hang finalization. The check is bound at definition:
+        # at exit this module's globals (`sys`) may already be None when a loader held by __main__ is collected.
+        if _is_finalizing():
             return
         with contextlib.suppress(Exception):
             self.shutdown()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import math
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +126,74 @@ def test_bench_runs_from_an_installed_package_outside_a_checkout(tmp_path):
     probe = subprocess.run([sys.executable, "-c", "import benchmarks"], cwd=tmp_path, env=env,
                            capture_output=True, text=True)
     assert probe.returncode != 0  # the checkout's benchmarks/ really was out of reach
+
+
+def test_bench_caches_in_the_user_cache_folder_and_says_how_to_get_torchaudio(tmp_path, capsys, monkeypatch):
+    # A user's machine: no AUDIOLOADER_CACHE, an XDG cache folder, a working directory of their own, no torchaudio.
+    monkeypatch.delenv("AUDIOLOADER_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "torchaudio", None)  # makes `import torchaudio` fail
+    cache = tmp_path / "xdg" / "audioloader" / "bench"
+    status = cli.main(["bench", *TINY, "--skip", "eval,soxr,packed,resume"])
+    out, err = capsys.readouterr()
+    assert status == 0, err[-3000:]
+    assert not (tmp_path / ".cache").exists()  # never the working directory
+    spec = dataset.DatasetSpec(clips=4, seconds=6.0)
+    assert (cache / spec.key / "shards").is_dir()
+    # The baseline is not measured, and the report says why and how to get it, in one line.
+    hint = 'pip install "audioloader-arrow[bench]"'
+    assert [line for line in out.splitlines() if hint in line] == [
+        f"  note: {bench.torchaudio_note()}"]
+    assert "baseline-torchaudio" not in out.split("targets:")[0]
+    # The last line: where the cache is, how big, how to free it.
+    folders, size = dataset.cache_usage(cache)
+    assert folders == 1 and size > 4 * 6 * 44100  # 24 s of FLAC at least 1 byte per sample, plus shards
+    assert out.splitlines()[-1] == (
+        f"cache: {cache} holds 1 benchmark dataset(s), {size / 2**20:.0f} MiB, reused by the next run; "
+        f"free it with: audioloader bench --clear-cache (or rm -rf {cache})")
+
+    # --clear-cache removes the datasets only, never something else that happens to be in the folder.
+    (cache / "notes.txt").write_text("mine")
+    assert cli.main(["bench", "--clear-cache"]) == 0
+    assert capsys.readouterr().out == f"cache: removed 1 benchmark dataset(s), {size / 2**20:.0f} MiB, from {cache}\n"
+    assert sorted(p.name for p in cache.iterdir()) == ["notes.txt"]
+    (cache / "notes.txt").unlink()
+    assert cli.main(["bench", "--clear-cache"]) == 0  # an empty folder goes too
+    assert not cache.exists()
+    capsys.readouterr()
+
+
+def test_torchaudio_note(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchaudio", None)
+    assert bench.torchaudio_note() == ("the user baseline (baseline-torchaudio, baseline-soxr) is not measured: it "
+                                       "needs torchaudio, which is not installed; get it with: "
+                                       'pip install "audioloader-arrow[bench]"')
+    monkeypatch.setitem(sys.modules, "torchaudio", types.ModuleType("torchaudio"))
+    assert bench.torchaudio_note() is None
+
+
+def test_cache_folder_follows_the_environment(tmp_path, monkeypatch):
+    from audioloader.shards import index
+    from audioloader.shards.machine_cache import cache_root
+
+    monkeypatch.setenv("AUDIOLOADER_CACHE", str(tmp_path / "machine"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "machine"  # the explicit setting wins
+    assert dataset.default_cache_dir() == tmp_path / "machine" / "bench"
+    monkeypatch.delenv("AUDIOLOADER_CACHE")
+    assert dataset.default_cache_dir() == tmp_path / "xdg" / "audioloader" / "bench"
+    assert index.cache_path("s3://b/x").parent == tmp_path / "xdg" / "audioloader" / "index"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for xdg in ("", "relative/cache"):  # unset, or not absolute: the XDG rule says ignore it
+        monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+        assert dataset.default_cache_dir() == tmp_path / "home" / ".cache" / "audioloader" / "bench"
+    # The option's default and the help show the same folder.
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse would wrap a long path
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    assert bench.Settings.from_args(parser.parse_args([])).cache_dir == str(dataset.default_cache_dir())
+    assert f"default {dataset.default_cache_dir()}:" in parser.format_help()
 
 
 def test_bench_rejects_bad_options(tmp_path, capsys):

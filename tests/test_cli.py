@@ -46,6 +46,71 @@ def test_help_lists_commands():
         assert option in proc.stdout
 
 
+# Each --help, run as `python -m audioloader` would run it, in one fresh process: after each, torch must still be
+# absent (once imported it would stay, so the first --help that imports it is the one named).
+HELP_SCRIPT = """
+import contextlib, io, json, runpy, sys
+
+seen = []
+for argv in json.loads(sys.argv[1]):
+    sys.argv = ["audioloader", *argv]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            runpy.run_module("audioloader", run_name="__main__", alter_sys=True)
+        except SystemExit as e:
+            code = e.code
+    seen.append({"argv": argv, "code": code, "out": out.getvalue(),
+                 "torch": sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "torchaudio"))})
+print(json.dumps(seen))
+"""
+
+HELPS = {("--help",): ("pack", "inspect", "index", "demo", "bench"),
+         ("pack", "--help"): ("--shard-size", "--codec"),
+         ("inspect", "--help"): ("--json", "--sample"),
+         ("index", "--help"): ("--portable",),
+         ("demo", "--help"): ("--quick", "--data", "--cache"),
+         ("bench", "--help"): ("--full", "--skip", "--cache-dir", "--clear-cache")}
+
+
+def test_help_answers_without_importing_torch():
+    proc = subprocess.run([sys.executable, "-c", HELP_SCRIPT, json.dumps([list(argv) for argv in HELPS])],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    assert [tuple(r["argv"]) for r in seen] == list(HELPS)
+    for r in seen:
+        assert r["code"] == 0, r
+        assert r["torch"] == [], f"audioloader {' '.join(r['argv'])} imported {r['torch'][:3]}"
+        for word in HELPS[tuple(r["argv"])]:
+            assert word in r["out"], (r["argv"], word)
+
+
+def test_import_audioloader_does_not_import_torch():
+    proc = subprocess.run([sys.executable, "-c", "import audioloader, sys; print('torch' in sys.modules)"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.stdout == "False\n", proc.stderr
+
+
+def test_version_is_the_installed_distributions():
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        expected = version("audioloader-arrow")
+    except PackageNotFoundError:  # a checkout that was never installed
+        expected = "0+unknown"
+    assert run_cli("--version").stdout == f"audioloader {expected}\n"
+
+
+def test_demo_names_are_still_importable_from_demo():
+    from audioloader.tools import demo, demo_train
+
+    for name in ("DemoPlan", "SmallCNN", "prepare_synthetic_data", "run_demo"):
+        assert getattr(demo, name) is getattr(demo_train, name)
+    with pytest.raises(AttributeError, match="no_such_name"):
+        demo.no_such_name  # noqa: B018
+
+
 def test_pack_command(tmp_path, src):
     out = tmp_path / "out"
     proc = run_cli("pack", src, out, "--shard-size", "4", "--rows-per-batch", "2", "--sample-rate", "8000",

@@ -10,8 +10,9 @@ and the footer bytes readers need (IPC footer, ORC tail, Parquet footer).
 
 It is written by ``audioloader pack``, by `write_index` (``audioloader index
 FOLDER`` on the command line), or, when a remote folder has none (or a stale
-one), built by the first construction and kept in the user's cache folder
-(``$AUDIOLOADER_CACHE`` or ``~/.cache/audioloader/index``), keyed by the folder's URL.
+one), built by the first construction and kept in the machine cache folder
+(``index/`` under `audioloader.shards.machine_cache.cache_root`: ``$AUDIOLOADER_CACHE``, else
+``$XDG_CACHE_HOME/audioloader``, else ``~/.cache/audioloader``), keyed by the folder's URL.
 
 An entry is used only while the listing reports the same size and modification
 time for the file (and the same ETag, where both know one); any other file is
@@ -34,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .formats import _FileMeta
+from .machine_cache import cache_root
 from .sources import INDEX_NAME
 
 _VERSION = b"1"
@@ -137,9 +139,8 @@ def matches(entry: dict[str, Any] | None, loc: Any) -> bool:
 
 def cache_path(folder_url: str) -> Path:
     """Where the index of a remote folder is cached on this machine (``folder_url``: no query string)."""
-    root = os.environ.get("AUDIOLOADER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "audioloader")
     key = hashlib.blake2b(folder_url.encode(), digest_size=16).hexdigest()
-    return Path(root) / "index" / f"{key}.arrow"
+    return cache_root() / "index" / f"{key}.arrow"
 
 
 def _folder(paths: Sequence[str]) -> str:

@@ -4,12 +4,16 @@ Also runs as ``python -m audioloader``. ``main(argv)`` returns the exit status:
 0 success, 1 an error in the input or arguments (one line on stderr, no
 traceback), 2 a usage error (argparse) or a command not available, 130 Ctrl-C.
 
-``demo`` and ``bench`` live in their own modules, imported only when used (they
-pull in torch). Their contract with this file: ``audioloader.<name>`` defines
-``main(args)``; if it also defines ``add_arguments(parser)``, the arguments are
-parsed with that parser and ``main`` gets the ``argparse.Namespace``, otherwise
-``main`` gets the list of argument strings after the command name. ``main``
-returns an exit status or ``None`` (0).
+Nothing here imports torch: ``audioloader --help`` imports no command module, and
+``audioloader COMMAND --help`` only the module of that command, which must not import
+torch at its top (a command imports torch in the function that needs it), so every
+``--help`` answers at once. tests/test_cli.py checks it.
+
+``demo`` and ``bench`` live in their own modules, imported only when used. Their
+contract with this file: ``audioloader.tools.<name>`` defines ``main(args)``; if it
+also defines ``add_arguments(parser)``, the arguments are parsed with that parser
+and ``main`` gets the ``argparse.Namespace``, otherwise ``main`` gets the list of
+argument strings after the command name. ``main`` returns an exit status or ``None`` (0).
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from audioloader import __version__
 from audioloader.errors import AudioLoaderError
 
 __all__ = ["build_parser", "main"]
@@ -38,34 +41,62 @@ def _first_paragraph(doc: str | None) -> str | None:
     return doc.strip().split("\n\n")[0].replace("``", "") if doc else None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``audioloader`` (``pack`` and ``inspect`` fully; ``demo``/``bench`` listed)."""
-    from audioloader.tools import inspect_shards, pack
+# The commands this parser defines itself. Each function fills in its sub-parser and imports its
+# command's module, so that only the command being run (or asked for --help) is imported.
 
-    parser = argparse.ArgumentParser(
-        prog="audioloader",
-        description="Pack audio into Arrow shards, inspect shards, and run the demo and benchmarks.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("pack", help="pack a class-folder tree or a CSV of audio files into shards",
-                       description=_first_paragraph(pack.__doc__))
+def _pack(p: argparse.ArgumentParser) -> None:
+    from audioloader.tools import pack
+
+    p.description = _first_paragraph(pack.__doc__)
     pack.add_arguments(p)
     p.set_defaults(func=pack.run)
 
-    p = sub.add_parser("inspect", help="summarize shards: files, rows, schema, labels, audio formats",
-                       description=_first_paragraph(inspect_shards.__doc__))
+
+def _inspect(p: argparse.ArgumentParser) -> None:
+    from audioloader.tools import inspect_shards
+
+    p.description = _first_paragraph(inspect_shards.__doc__)
     inspect_shards.add_arguments(p)
     p.set_defaults(func=inspect_shards.run)
 
-    p = sub.add_parser("index", help="write a folder's metadata index (remote construction in a few requests)",
-                       description="Write _audioloader_index.arrow into a folder of shards (local or a URL such as "
-                       "s3://bucket/data): loaders then read every file's metadata from it, in one request, while "
-                       "the listing agrees with it. Run it again after adding or rewriting shards.")
+
+def _index(p: argparse.ArgumentParser) -> None:
+    p.description = ("Write _audioloader_index.arrow into a folder of shards (local or a URL such as "
+                     "s3://bucket/data): loaders then read every file's metadata from it, in one request, while "
+                     "the listing agrees with it. Run it again after adding or rewriting shards.")
     p.add_argument("folder", help="folder of shards (path or URL)")
     p.add_argument("--portable", action="store_true",
                    help="leave modification times out (local shards you will upload: copies change them)")
     p.set_defaults(func=_run_index)
+
+
+#: name -> (one-line help, the function that fills in its sub-parser).
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "pack": ("pack a class-folder tree or a CSV of audio files into shards", _pack),
+    "inspect": ("summarize shards: files, rows, schema, labels, audio formats", _inspect),
+    "index": ("write a folder's metadata index (remote construction in a few requests)", _index),
+}
+
+
+def _version() -> str:
+    import audioloader
+
+    return audioloader.__version__
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of ``audioloader``: every command listed, and the arguments of ``command`` (all of
+    ``pack``, ``inspect`` and ``index`` when None; ``demo``/``bench`` parse their own, see `main`)."""
+    parser = argparse.ArgumentParser(
+        prog="audioloader",
+        description="Pack audio into Arrow shards, inspect shards, and run the demo and benchmarks.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (help_text, add) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        if command is None or command == name:
+            add(p)
 
     # Listed for --help only: main() hands these to their module before argparse
     # runs, so that the module's own parser handles all their options.
@@ -124,7 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in LAZY_COMMANDS:
         return _run_lazy(argv[0], argv[1:])
-    args = build_parser().parse_args(argv)
+    # The command is the first word that is not an option (the top level's options take no value).
+    command = next((word for word in argv if not word.startswith("-")), "")
+    args = build_parser(command).parse_args(argv)
     return _report_errors(args.command, lambda: args.func(args))
 
 

@@ -9,5 +9,10 @@ import soundfile  # noqa: F401
 import soxr  # noqa: F401
 import torch  # noqa: F401
 
-import audioloader  # noqa: F401
+import audioloader
 from audioloader.workers import pool  # noqa: F401
+
+# `import audioloader` loads its public names on first use; the fork server loads them all here, once, as the
+# eager import used to, so that workers find the decode path, the nodes and the features already imported.
+for _name in audioloader.__all__:
+    getattr(audioloader, _name)

@@ -10,7 +10,12 @@ baseline and to the ceiling, and the project's targets with met/missed.
 Works from an installed package (the contenders, the dataset generator and the
 user baseline are in this package). The user baseline uses torchaudio, which
 audioloader itself does not need: without it the baseline contenders are
-skipped, and the report says so.
+skipped, and the report says in one line how to get it (the ``bench`` extra).
+
+The generated datasets are kept under the machine cache folder (``bench/`` of
+``$AUDIOLOADER_CACHE``, else ``$XDG_CACHE_HOME/audioloader``, else
+``~/.cache/audioloader``; ``--cache-dir`` elsewhere) and reused; the report ends
+with where they are and how big, and ``--clear-cache`` deletes them.
 
 Figures and how they are taken (every figure is a ratio of contenders measured
 in the same run, because absolute numbers on a shared machine drift):
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import tempfile
@@ -50,7 +56,7 @@ from .runner import machine_info, run_contender
 from .settings import FULL, QUICK, RESULT_VERSION, TARGETS, Settings, add_arguments
 
 __all__ = ["FULL", "QUICK", "RESULT_VERSION", "TARGETS", "Settings", "add_arguments", "format_report", "main",
-           "run_benchmark"]
+           "run_benchmark", "torchaudio_note"]
 
 
 # -- the plan ----------------------------------------------------------------------------------------------
@@ -251,6 +257,30 @@ def _target_workers(results: dict[str, dict[str, Any]], workers: list[int]) -> i
 # -- entry point -------------------------------------------------------------------------------------------
 
 
+def torchaudio_note() -> str | None:
+    """None when torchaudio imports; else the one line saying that the baseline is not measured and how to get it."""
+    try:
+        import torchaudio  # noqa: F401  (the user baseline needs it)
+    except ImportError:
+        from audioloader import _DISTRIBUTION
+
+        return (f"the user baseline (baseline-torchaudio, baseline-soxr) is not measured: it needs torchaudio, "
+                f"which is not installed; get it with: pip install \"{_DISTRIBUTION}[bench]\"")
+    return None
+
+
+def _cache_line(cache_dir: str) -> str:
+    folders, size = dataset.cache_usage(cache_dir)
+    return (f"cache: {cache_dir} holds {folders} benchmark dataset(s), {size / 2**20:.0f} MiB, reused by the next "
+            f"run; free it with: audioloader bench --clear-cache (or rm -rf {shlex.quote(cache_dir)})")
+
+
+def _clear_cache(cache_dir: str) -> int:
+    folders, size = dataset.clear_cache(cache_dir)
+    print(f"cache: removed {folders} benchmark dataset(s), {size / 2**20:.0f} MiB, from {cache_dir}")
+    return 0
+
+
 def main(args: argparse.Namespace | list[str] | None = None) -> int:
     """Run ``audioloader bench``; returns 0, or 1 if a contender failed (targets missed are reported, not errors)."""
     if not isinstance(args, argparse.Namespace):
@@ -258,14 +288,14 @@ def main(args: argparse.Namespace | list[str] | None = None) -> int:
         add_arguments(parser)
         args = parser.parse_args(args)
     settings = Settings.from_args(args)
-    try:
-        import torchaudio  # noqa: F401  (the user baseline needs it)
-    except ImportError:
-        if not {"baseline", "soxr"} <= settings.skip:
-            print("note: the user baseline needs torchaudio (pip install torchaudio); running without it",
-                  file=sys.stderr)
-            settings.skip |= {"baseline", "soxr"}
+    if getattr(args, "clear_cache", False):
+        return _clear_cache(settings.cache_dir)
+    note = None if {"baseline", "soxr"} <= settings.skip else torchaudio_note()
+    if note is not None:
+        print(f"note: {note}", file=sys.stderr, flush=True)
+        settings.skip |= {"baseline", "soxr"}
     out = run_benchmark(settings)
+    out["notes"] = [note] if note else []
     text = json.dumps(out, indent=2, default=str)
     if args.output:
         Path(args.output).write_text(text + "\n")
@@ -273,6 +303,8 @@ def main(args: argparse.Namespace | list[str] | None = None) -> int:
         print(text)
     else:
         print(format_report(out))
+    # On stdout under the report, or on stderr when stdout is JSON.
+    print(_cache_line(settings.cache_dir), file=sys.stderr if args.json else sys.stdout)
     failed = [n for n, r in {**out["contenders"], **out["resume"]}.items() if not r.get("ok")]
     return 1 if failed else 0
 

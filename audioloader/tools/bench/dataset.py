@@ -14,12 +14,15 @@ nothing in FLAC and make decoding unrealistically cheap. The generated FLAC
 comes out at about 55-70 % of 16-bit PCM, like real music or field recordings.
 
 Everything is a pure function of the `DatasetSpec` (seeded per clip), so a
-dataset is generated once and then reused from the cache folder
-(``.cache/bench/<key>/`` by default, gitignored), keyed by the spec.
+dataset is generated once and then reused from the cache folder, keyed by the
+spec: by default ``bench/`` under the machine cache folder
+(`audioloader.shards.machine_cache.cache_root`: ``$AUDIOLOADER_CACHE``, else
+``$XDG_CACHE_HOME/audioloader``, else ``~/.cache/audioloader``), never the working
+directory. `clear_cache` (``audioloader bench --clear-cache``) removes the datasets.
 
 Layout of one cached dataset::
 
-    .cache/bench/flac-44100hz-10s-1ch-n1000-s0-v1/
+    ~/.cache/audioloader/bench/flac-44100hz-10s-1ch-n1000-c10-r256-s0-v1/
         src/class_03/clip_000123.flac      the original files (input of `pack`)
         shards/shard-00000.arrow ...       pack(src) -- original bytes, untouched
         packed-32000hz-flac/...            pack(src, sample_rate=32000, codec="flac")
@@ -40,6 +43,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import uuid
@@ -51,14 +55,24 @@ import numpy as np
 
 from ... import checks
 
-__all__ = ["CODECS", "DEFAULT_CACHE", "DatasetSpec", "encode_clip", "packed_dataset", "standard_dataset",
-           "synth_clip"]
+__all__ = ["CODECS", "DatasetSpec", "cache_usage", "clear_cache", "default_cache_dir", "encode_clip", "packed_dataset",
+           "standard_dataset", "synth_clip"]
 
 #: Bump when the generated content changes, so old caches are not reused.
 GENERATOR_VERSION = 1
 
-#: Default cache folder, relative to the working directory (``.cache/`` is gitignored).
-DEFAULT_CACHE = Path(".cache") / "bench"
+#: A dataset folder of the cache (`DatasetSpec.key`), or one being built (``.KEY.XXXXXXXX.tmp``): the only
+#: names `clear_cache` removes, so that a mistaken ``--cache-dir`` never loses anything else.
+_DATASET_NAME = re.compile(r"\.?(?:flac|wav|ogg|mp3)-\d+hz-[0-9pe+-]+s-\dch-n\d+-c\d+-r\d+-s-?\d+-v\d+"
+                           r"(?:\.[0-9a-f]{8}\.tmp)?")
+
+
+def default_cache_dir() -> Path:
+    """``bench/`` under the machine cache folder (`audioloader.shards.machine_cache.cache_root`), read from the
+    environment on every call."""
+    from audioloader.shards.machine_cache import cache_root
+
+    return cache_root() / "bench"
 
 #: Source codecs: file suffix, libsndfile format and subtype.
 CODECS = {
@@ -229,13 +243,13 @@ def _write_sources(spec: DatasetSpec, src: Path, workers: int, log) -> None:
                 log(f"  generated {done}/{spec.clips} clips")
 
 
-def standard_dataset(spec: DatasetSpec | None = None, cache_dir: str | os.PathLike[str] = DEFAULT_CACHE, *,
+def standard_dataset(spec: DatasetSpec | None = None, cache_dir: str | os.PathLike[str] | None = None, *,
                      workers: int = 2, log=None) -> Path:
     """The shards folder of ``spec`` (original bytes, untouched), generating it on first use.
 
     Args:
         spec: what to generate (default: `DatasetSpec()`, 1000 clips of 10 s 44.1 kHz FLAC).
-        cache_dir: cache root; the dataset lives in ``cache_dir / spec.key``.
+        cache_dir: cache root (default `default_cache_dir`); the dataset lives in ``cache_dir / spec.key``.
         workers: threads for synthesis, encoding and packing.
         log: ``log(message)`` for progress (default: stderr).
 
@@ -247,7 +261,7 @@ def standard_dataset(spec: DatasetSpec | None = None, cache_dir: str | os.PathLi
 
     spec = spec or DatasetSpec()
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    root = Path(cache_dir) / spec.key
+    root = Path(cache_dir if cache_dir is not None else default_cache_dir()) / spec.key
     shards = root / "shards"
     if _spec_matches(root, spec.to_dict()) and shards.is_dir():
         return shards
@@ -269,7 +283,7 @@ def standard_dataset(spec: DatasetSpec | None = None, cache_dir: str | os.PathLi
 
 
 def packed_dataset(spec: DatasetSpec | None = None, sample_rate: int = 32000, codec: str = "flac",
-                   cache_dir: str | os.PathLike[str] = DEFAULT_CACHE, *, workers: int = 2, log=None) -> Path:
+                   cache_dir: str | os.PathLike[str] | None = None, *, workers: int = 2, log=None) -> Path:
     """The same clips packed for speed: ``pack(src, sample_rate=..., codec=...)`` (mono, re-encoded).
 
     ``codec`` is `pack`'s: ``"flac"`` or ``"pcm16"``. Same rows, same order, same
@@ -279,6 +293,7 @@ def packed_dataset(spec: DatasetSpec | None = None, sample_rate: int = 32000, co
 
     spec = spec or DatasetSpec()
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
     standard_dataset(spec, cache_dir, workers=workers, log=log)
     root = Path(cache_dir) / spec.key
     out = root / f"packed-{sample_rate}hz-{codec}"
@@ -301,6 +316,38 @@ def dataset_bytes(folder: str | os.PathLike[str]) -> int:
     return sum(p.stat().st_size for p in Path(folder).glob("shard-*"))
 
 
+def _datasets(cache_dir: Path) -> list[Path]:
+    """The dataset folders (finished or interrupted) directly in ``cache_dir``."""
+    try:
+        return sorted(p for p in cache_dir.iterdir()
+                      if _DATASET_NAME.fullmatch(p.name) and p.is_dir() and not p.is_symlink())
+    except OSError:  # no cache yet
+        return []
+
+
+def _tree_bytes(folder: Path) -> int:
+    return sum(os.lstat(os.path.join(root, name)).st_size for root, _, names in os.walk(folder) for name in names)
+
+
+def cache_usage(cache_dir: str | os.PathLike[str] | None = None) -> tuple[int, int]:
+    """(dataset folders, bytes on disk in them) of the benchmark cache ``cache_dir`` (default `default_cache_dir`)."""
+    folders = _datasets(Path(cache_dir if cache_dir is not None else default_cache_dir()))
+    return len(folders), sum(_tree_bytes(f) for f in folders)
+
+
+def clear_cache(cache_dir: str | os.PathLike[str] | None = None) -> tuple[int, int]:
+    """Delete the benchmark datasets in ``cache_dir`` (default `default_cache_dir`), and the folder itself when
+    that leaves it empty; returns (folders removed, bytes freed). Nothing else in the folder is touched."""
+    cache = Path(cache_dir if cache_dir is not None else default_cache_dir())
+    folders = _datasets(cache)
+    freed = sum(_tree_bytes(f) for f in folders)
+    for folder in folders:
+        shutil.rmtree(folder)
+    with contextlib.suppress(OSError):  # absent, or holds something that is not ours
+        cache.rmdir()
+    return len(folders), freed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m audioloader.tools.bench.dataset",
                                      description=__doc__.split("\n\n")[0])
@@ -311,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--channels", type=int, default=DatasetSpec.channels, choices=(1, 2))
     parser.add_argument("--rows-per-shard", type=int, default=DatasetSpec.rows_per_shard)
     parser.add_argument("--seed", type=int, default=DatasetSpec.seed)
-    parser.add_argument("--cache-dir", default=str(DEFAULT_CACHE))
+    parser.add_argument("--cache-dir", default=None, help="cache root (default: $XDG_CACHE_HOME/audioloader/bench "
+                        "or ~/.cache/audioloader/bench; $AUDIOLOADER_CACHE/bench when set)")
     parser.add_argument("--packed", default=None, metavar="RATE:CODEC",
                         help="print the folder of the packed variant instead, e.g. 32000:pcm16")
     args = parser.parse_args(argv)

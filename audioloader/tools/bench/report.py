@@ -220,6 +220,8 @@ def format_report(out: dict[str, Any]) -> str:
         shown = "-" if value is None else f"{value / 1024:.1f} KiB" if is_bytes else f"{value:.2f}x"
         limit = f"{t['threshold'] / 1024:.0f} KiB" if is_bytes else f"{t['threshold']:g}x"
         lines.append(f"  [{verdict:^12}] {t['name']}: {shown} (target {t['op']} {limit}; {t['detail']})")
+    # Why something was not measured (e.g. no torchaudio for the baseline), and how to fix it: one line each.
+    lines += [f"  note: {note}" for note in out.get("notes", [])]
     if out["disturbed"]:
         lines.append("")
         lines.append(f"warning: other processes used > {DISTURBED_CORES} cores during: "

@@ -6,6 +6,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
+from .dataset import default_cache_dir
+
 #: Output format version of ``--json``.
 RESULT_VERSION = 1
 
@@ -71,8 +73,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="also run variants next to the defaults (heap trimming off / every 64 decodes, "
                            "shuffle_before_decode=False/True, the old eval buffer), each compared with its "
                            "plain self")
-    what.add_argument("--cache-dir", default=".cache/bench",
-                      help="where generated datasets are kept (default .cache/bench)")
+    what.add_argument("--cache-dir", default=None, metavar="DIR",
+                      help=f"where generated datasets are kept, several hundred MB (default {default_cache_dir()}: "
+                           "bench/ under $AUDIOLOADER_CACHE, else $XDG_CACHE_HOME/audioloader, else "
+                           "~/.cache/audioloader)")
+    what.add_argument("--clear-cache", action="store_true",
+                      help="delete the generated datasets in the cache folder, say how much was freed, and exit")
     what.add_argument("--timeout", type=float, default=900.0, help="seconds before a contender is killed")
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the results as JSON on stdout (progress on stderr)")
@@ -121,7 +127,8 @@ class Settings:
             warmup_batches=int(pick("warmup_batches")),
             resume_buffers=_int_list("--resume-buffers", pick("resume_buffers")),
             repeat=int(pick("repeat")), skip={s.strip() for s in args.skip.split(",") if s.strip()},
-            cache_dir=args.cache_dir, timeout=float(args.timeout), experiments=bool(args.experiments),
+            cache_dir=str(args.cache_dir if args.cache_dir is not None else default_cache_dir()),
+            timeout=float(args.timeout), experiments=bool(args.experiments),
             mode="full" if args.full else "quick")
         settings.check()
         return settings
