@@ -202,6 +202,13 @@ def _prepare_manifest(corpus: dict) -> None:
 def run_audioloader(spec: dict) -> dict:
     import audioloader as al
 
+    # `import audioloader` is lazy (its names load on first use): import what building a loader uses now, so the
+    # first batch is timed after imports, as Lhotse's is (its imports come before its timer too).
+    import audioloader.audio_loader
+    import audioloader.chain
+    import audioloader.nodes
+    import audioloader.workers.pool
+
     started = time.perf_counter()
     loader = al.AudioLoader(al.Source(spec["parquet"], label_column=None), train=True, seed=0,
                             features=al.FbankConfig(num_mel_bins=80, snip_edges=False, high_freq=-400.0),
