@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from . import budget, checkpoint, elastic
-from .chain import build_chain, open_sources, pinned_source, resumed_batches
+from .chain import bucket_boundaries, build_chain, count_batches, open_sources, pinned_source, resumed_batches
 from .dsp.config import FeatureConfig, LengthPolicy
 from .errors import CheckpointMismatchError
 from .loader import Loader, Stream, StreamIterator, shutdown_keeping_error
@@ -279,6 +279,7 @@ class AudioLoader:
             self._load_states_of_all_ranks(list(state_dict))
             return
         checkpoint.check_format(state_dict)
+        self._adopt_bucket_count(state_dict["fingerprint"])
         self._adopt_legacy(state_dict["fingerprint"])
         self._check_fingerprint(state_dict["fingerprint"])
         self._stream.load_state_dict(state_dict["loader"])
@@ -289,6 +290,21 @@ class AudioLoader:
         if self.batching is not None:  # rows are buffered raw with batching, whatever an older loader reported
             ignore = (*ignore, "shuffle_before_decode")
         checkpoint.check_fingerprint(self._fingerprint, theirs, datasets, ignore)
+
+    def _adopt_bucket_count(self, theirs: dict[str, Any]) -> None:
+        """A checkpoint taken with another default number of duration buckets (0.2's 16) resumes with its own
+        when this loader was given none: the default changed, the run did not. A count given here is kept (and a
+        differing checkpoint refused by `_check_fingerprint`)."""
+        batching, taken = self.settings.batching, (theirs.get("batching") or {}).get("num_buckets")
+        if (batching is None or batching.num_buckets is not None or batching.boundaries is not None
+                or not isinstance(taken, int) or taken == batching.buckets):
+            return
+        self.settings = dataclasses.replace(self.settings, batching=dataclasses.replace(batching, num_buckets=taken))
+        self._chain.boundaries = self._chain.bucketer.boundaries = bucket_boundaries(self.settings, self.sources)
+        if self._chain.num_batches is not None:  # eval: the batches a rank yields follow from the edges
+            self._chain.num_batches = self._chain.batcher.num_batches = count_batches(
+                self.settings, self.sources, self._chain.boundaries)
+        self._fingerprint = checkpoint.fingerprint(self.settings, self.sources, self._chain.boundaries)
 
     def _adopt_legacy(self, theirs: dict[str, Any]) -> None:
         """A checkpoint taken before byte budgets: go on with the settings it was taken with (`budget`)."""
@@ -319,6 +335,7 @@ class AudioLoader:
                 f"this Mix checkpoint was saved on {len(by_rank)} ranks and this loader runs on {self.world_size}: "
                 "a mix resumes only on the same number of ranks (its draws are per rank); resume with "
                 f"world_size={len(by_rank)}", {"world_size": (len(by_rank), self.world_size)})
+        self._adopt_bucket_count(by_rank[0]["fingerprint"])
         self._adopt_legacy(by_rank[0]["fingerprint"])
         self._check_fingerprint(by_rank[0]["fingerprint"], ignore=("rank", "world_size"))
         chain_states = [state["loader"]["root"] for state in by_rank]

@@ -390,7 +390,7 @@ def bucket_boundaries(settings: Settings, sources: Sources) -> list[float]:
     missing = [k for k, value in enumerate(seconds) if value is None]
     for k, row in zip(missing, reader.fetch([Key(int(picks[k]), 0) for k in missing]), strict=True):
         seconds[k] = sources.seconds_of(row)
-    return estimate_boundaries((float(x) for x in seconds), settings.batching.num_buckets)
+    return estimate_boundaries((float(x) for x in seconds), settings.batching.buckets)
 
 
 def count_batches(settings: Settings, sources: Sources, boundaries: list[float] | None) -> int:

@@ -26,6 +26,11 @@ WORKER_KINDS = ("auto", "thread", "process")
 START_METHODS = ("fork", "forkserver", "spawn")
 
 
+#: Duration buckets of `Bucketing` when ``num_buckets`` is None. Measured: on 1-20 s utterances, batches of
+#: 200 s pad 0.959 of their frames with 32 buckets against 0.926 with 16 (docs/benchmarks.md, speech).
+DEFAULT_NUM_BUCKETS = 32
+
+
 @dataclass(frozen=True)
 class Bucketing:
     """Batches by total duration, from buckets of rows of similar duration (`DurationBucketer`).
@@ -40,7 +45,8 @@ class Bucketing:
         max_duration: seconds of audio per batch (the sum of its rows' durations).
         max_batch_size: most rows per batch (None: no limit).
         num_buckets: duration buckets; their edges split the rows' durations into
-            parts of equal total duration.
+            parts of equal total duration. None: `DEFAULT_NUM_BUCKETS` (32); a checkpoint
+            taken with another default (0.2: 16) resumes with its own.
         boundaries: explicit bucket edges in seconds (ascending), instead of estimating them.
         estimate_rows: rows, evenly spread over the source, whose durations estimate the edges.
         duration_column: a float column of durations in seconds used where the
@@ -50,7 +56,7 @@ class Bucketing:
 
     max_duration: float
     max_batch_size: int | None = None
-    num_buckets: int = 16
+    num_buckets: int | None = None
     boundaries: tuple[float, ...] | None = None
     estimate_rows: int = 2000
     duration_column: str | None = "duration"
@@ -60,7 +66,7 @@ class Bucketing:
                 and self.max_duration > 0):
             raise checks.field_error(self, "max_duration", "must be a positive number of seconds")
         checks.field_count(self, "max_batch_size", allow_none=True)
-        checks.field_count(self, "num_buckets")
+        checks.field_count(self, "num_buckets", allow_none=True)
         if self.boundaries is not None:
             edges = list(self.boundaries)
             if edges != sorted(edges) or any(not math.isfinite(e) or e <= 0 for e in edges):
@@ -68,8 +74,14 @@ class Bucketing:
             object.__setattr__(self, "boundaries", tuple(float(e) for e in edges))
         checks.field_count(self, "estimate_rows", allow_none=True)
 
+    @property
+    def buckets(self) -> int:
+        """The number of duration buckets used: ``num_buckets``, or `DEFAULT_NUM_BUCKETS` when it is None."""
+        return DEFAULT_NUM_BUCKETS if self.num_buckets is None else self.num_buckets
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields, with ``num_buckets`` as used (a checkpoint records the count, not "the default")."""
+        return {**dataclasses.asdict(self), "num_buckets": self.buckets}
 
 
 @dataclass(frozen=True)

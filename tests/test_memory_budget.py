@@ -341,6 +341,33 @@ def test_checkpoints_from_before_byte_budgets_resume_exactly(tmp_path, case):
         take(resumed, 1)
 
 
+def test_a_checkpoint_taken_with_the_old_default_bucket_count_resumes_with_it(tmp_path):
+    """0.2's default was 16 buckets; now 32. A loader given no count resumes a 16-bucket checkpoint with 16 (the
+    fixture's batches), starts fresh runs with 32, and a count given explicitly is kept and refused by name."""
+    case = legacy_checkpoints.CASES["speech_parquet"]
+    saved = json.loads(gzip.decompress(FIXTURE.read_bytes()))["speech_parquet"]
+    assert saved["state"]["fingerprint"]["batching"]["num_buckets"] == 16
+    folder = legacy_checkpoints.corpus(tmp_path / "s", case)
+    with legacy_checkpoints.loader(folder, case) as fresh:
+        assert fresh._fingerprint["batching"]["num_buckets"] == al.options.DEFAULT_NUM_BUCKETS == 32
+        assert len(fresh._fingerprint["batching"]["boundaries"]) > 15
+    with legacy_checkpoints.loader(folder, case) as ours:
+        state = saved["state"]
+        state["fingerprint"].update({k: ours._fingerprint[k] for k in legacy_checkpoints.FILE_FIELDS})
+        ours.load_state_dict(roundtrip(state))
+        assert ours._fingerprint["batching"]["num_buckets"] == 16
+        assert [b["index"].tolist() for b in take(ours, legacy_checkpoints.AFTER)] == saved["after"]
+    explicit = al.AudioLoader(al.Source(folder, label_column=None), features=legacy_checkpoints.FEATURES, seed=5,
+                              length=al.LengthPolicy(crop=None), columns=["text"],
+                              batching=al.Bucketing(max_duration=6.0, num_buckets=8),
+                              storage=al.Storage(split_rows=5), workers=al.Workers(num_workers=0))
+    with explicit:
+        state = saved["state"]
+        state["fingerprint"].update({k: explicit._fingerprint[k] for k in legacy_checkpoints.FILE_FIELDS})
+        with pytest.raises(al.CheckpointMismatchError, match="batching"):
+            explicit.load_state_dict(roundtrip(state))
+
+
 def test_a_legacy_checkpoint_does_not_override_what_the_user_gave(tmp_path):
     case = legacy_checkpoints.CASES["classification_ipc"]
     saved = json.loads(gzip.decompress(FIXTURE.read_bytes()))["classification_ipc"]
