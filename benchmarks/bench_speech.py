@@ -384,7 +384,8 @@ def main() -> int:
                          f"peak PSS {result['peak_pss_mb']:.0f} MB" if result.get("ok") else "FAILED"),
                       file=sys.stderr, flush=True)
     print(f"\n{args.workers} workers each, {os.cpu_count()} cores, {args.rounds} interleaved round(s) of "
-          f"{args.seconds:g} s; batches of up to {args.max_duration:g} s from 16 buckets; 80-bin fbank; load average "
+          f"{args.seconds:g} s; batches of up to {args.max_duration:g} s (audioloader: its default buckets, "
+          "Lhotse: 16); 80-bin fbank; load average "
           f"at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for name, corpus in corpora.items():
         print("\n".join(report(name, corpus, runs[name])))
