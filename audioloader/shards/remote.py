@@ -27,14 +27,16 @@ import pyarrow as pa
 
 from .retry import Retry, with_retries
 
-#: Requests a dataset keeps in flight at once (construction, random access, read-ahead).
-DEFAULT_MAX_REQUESTS = 16
+#: Requests a dataset keeps in flight at once (construction, random access, read-ahead). pyarrow's S3 client keeps
+#: at most 25 connections, so more threads would wait for one. Measured (speech rows, 50 ms a request, 64 MiB of
+#: read-ahead): 16 in flight read 8,811 rows/s, 24 read 12,974, 32 read 12,991, at no cost without latency.
+DEFAULT_MAX_REQUESTS = 24
 #: Open remote files kept per process (each holds no connection, only its size).
 _OPEN_FILES = 1024
 #: A fetch longer than this goes out as parts of this size, in flight together: a store serves each connection
 #: at a capped rate (S3: tens of MB/s per connection), so one 20 MB GET of a large record batch is bound by one
 #: connection's rate where its parts are not. AWS's own transfer tools split at 8 MiB; 4 MiB lets the default
-#: read-ahead (64 MiB) keep all 16 requests busy.
+#: read-ahead (64 MiB) keep every request busy.
 PART_BYTES = 4 * 1024 * 1024
 
 
