@@ -23,8 +23,8 @@ from tqdm import tqdm
 
 from audioloader import AudioLoader, MelSpectrogramConfig, Shuffle, Workers
 from audioloader.shards import ShardDataset
+from audioloader.shards.machine_cache import cache_root
 from audioloader.tools import synthetic
-from audioloader.tools.demo import default_cache_dir
 
 __all__ = ["DemoPlan", "SmallCNN", "prepare_synthetic_data", "run_demo"]
 
@@ -150,7 +150,7 @@ def _plan(args: argparse.Namespace) -> DemoPlan:
         return DemoPlan(train, evaluation, names, features, steps, batch_size, how)
     if args.eval_data is not None:
         raise ValueError("--eval-data needs --data")
-    root = (args.cache or default_cache_dir()) / (DATASET_VERSION + ("-quick" if args.quick else ""))
+    root = (args.cache or cache_root()) / (DATASET_VERSION + ("-quick" if args.quick else ""))
     start = time.perf_counter()
     print(f"data: synthetic dataset in {root}", flush=True)
     train_dir, eval_dir, reused = prepare_synthetic_data(root, args.seed, args.quick)
