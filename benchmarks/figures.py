@@ -106,6 +106,12 @@ def _bar_labels(ax: Any, bars: Any, texts: list[str]) -> None:
         ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {text}", va="center", fontsize=8)
 
 
+def _column_labels(ax: Any, bars: Any, texts: list[str]) -> None:
+    """`_bar_labels` for upright bars: each text centred above its bar."""
+    for bar, text in zip(bars, texts, strict=True):
+        ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), text, ha="center", va="bottom", fontsize=7)
+
+
 def draw_peers(plt: Any, data: dict[str, Any]) -> Any:
     """Samples/s and time to the first batch per contender, × the user baseline on audioloader's bars."""
     rows = data["rows"]
@@ -174,9 +180,7 @@ def draw_speech_lhotse(plt: Any, data: dict[str, Any]) -> Any:
             values = [next(r[key] for r in rows if r["corpus"] == c and r["contender"] == name) for c in corpora]
             xs = [i + (k - (len(contenders) - 1) / 2) * width for i in range(len(corpora))]
             bars = ax.bar(xs, values, width, color=colors[name], label=name)
-            for bar, value in zip(bars, values, strict=True):
-                ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), fmt.format(value), ha="center",
-                        va="bottom", fontsize=7)
+            _column_labels(ax, bars, [fmt.format(value) for value in values])
         ax.set_xticks(range(len(corpora)), corpora, fontsize=8)
         ax.set_title(title, fontsize=9)
         ax.margins(y=0.15)
@@ -196,16 +200,14 @@ def draw_remote(plt: Any, data: dict[str, Any]) -> Any:
     for offset, key, name, color in ((-0.2, "local_samples_per_s", "local disk", PEER),
                                      (0.2, "s3_samples_per_s", "S3 (moto, loopback)", OURS)):
         bars = rate.bar([x + offset for x in xs], [r[key] for r in rows], 0.4, color=color, label=name)
-        for bar, r in zip(bars, rows, strict=True):
-            rate.text(bar.get_x() + 0.2, bar.get_height(), f"{r[key]}", ha="center", va="bottom", fontsize=7)
+        _column_labels(rate, bars, [f"{r[key]}" for r in rows])
     rate.set_xticks(list(xs), labels, fontsize=8)
     rate.set_ylabel("samples/s")
     rate.legend(fontsize=8)
     timed = [r for r in rows if r["local_first_batch_s"] is not None]
     for offset, key, color in ((-0.2, "local_first_batch_s", PEER), (0.2, "s3_first_batch_s", OURS)):
         bars = first.bar([x + offset for x in range(len(timed))], [r[key] for r in timed], 0.4, color=color)
-        for bar, r in zip(bars, timed, strict=True):
-            first.text(bar.get_x() + 0.2, bar.get_height(), f"{r[key]:.2f}", ha="center", va="bottom", fontsize=7)
+        _column_labels(first, bars, [f"{r[key]:.2f}" for r in timed])
     first.set_xticks(range(len(timed)), [f"{r['format']}\n{r['buffer']}" for r in timed], fontsize=8)
     first.set_ylabel("first batch, s")
     fig.suptitle("Shards on local disk vs on S3 (a loopback server: request pattern, not S3's latency)", fontsize=11)
