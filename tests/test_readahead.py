@@ -192,6 +192,20 @@ def test_random_access_fetches_units_concurrently(s3, data, proxy):
     assert rows_of(result[0]) == expected
 
 
+@pytest.mark.parametrize("fmt", ["ipc_file", "parquet"])
+def test_random_access_fetches_long_units_in_parts(s3, data, proxy, fmt, monkeypatch):
+    """Rows read by key (a resume, a worker process) fetch a unit longer than a part as parts, like the read-ahead."""
+    local, prefix = data[fmt]
+    monkeypatch.setattr(remote, "PART_BYTES", 8 * 1024)
+    keys = [al.Key(i, 0) for i in random.Random(5).sample(range(sum(ROWS)), 12)]
+    expected = rows_of(ArrowShardReader(str(local), split_rows=4).fetch(keys))
+    reader = ArrowShardReader(s3.url(prefix), split_rows=4, retry=FAST)
+    proxy.clear()
+    assert rows_of(reader.fetch(keys)) == expected
+    gets = [r for r in proxy.log("GET") if "/part-" in r.path and not r.fault]
+    assert len(gets) > len(ROWS) and max(r.body_bytes for r in gets) <= remote.PART_BYTES
+
+
 def small_files(folder, n: int):
     for i in range(n):
         make_shards(folder / f"f{i:03d}", [2], "ipc_file", batch_rows=2, seconds=0.1)

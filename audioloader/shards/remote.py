@@ -117,11 +117,11 @@ class RemoteFiles:
         return Parts([self.submit(self.read, loc, start, min(PART_BYTES, offset + length - start)) for start in ends])
 
     def read_many(self, loc: Any, ranges: Sequence[tuple[int, int]]) -> list[pa.Buffer]:
-        """`read` of each ``(offset, length)``, concurrently; in the given order."""
-        if len(ranges) == 1:
+        """The bytes of each ``(offset, length)``, fetched concurrently (long ones in parts, as `fetch`); in the
+        given order."""
+        if len(ranges) == 1 and ranges[0][1] <= PART_BYTES:
             return [self.read(loc, *ranges[0])]
-        futures = [self.submit(self.read, loc, offset, length) for offset, length in ranges]
-        return [future.result() for future in futures]
+        return [parts.result() for parts in [self.fetch(loc, offset, length) for offset, length in ranges]]
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         """``[fn(item) for item in items]``, run concurrently in the pool (each may `read`; never nest maps)."""

@@ -162,14 +162,14 @@ class UnitReads:
         return self._remote_or_local(file_id, f"batch/row group {unit}", read, lambda: self._drop_handle(file_id))
 
     def fetch_units(self, units: Sequence[tuple[int, int]]) -> dict[tuple[int, int], list[tuple[int, pa.Buffer]]]:
-        """The bytes of remote units ``[(file_id, unit)]``, fetched concurrently (coalesced per file): what
-        `read_unit_from` takes. Units whose ranges are unknown (ORC) are left out."""
+        """The bytes of remote units ``[(file_id, unit)]``, fetched concurrently (coalesced per file, long runs in
+        parts: `RemoteFiles.fetch`): what `read_unit_from` takes. Units whose ranges are unknown (ORC) are left out."""
         wanted: dict[int, list[tuple[int, int]]] = {}
         for file_id, unit in units:
             ranges = self.unit_ranges(file_id, unit)
             if ranges is not None:
                 wanted.setdefault(file_id, []).extend(ranges)
-        futures = [(file_id, offset, self.remote.submit(self.remote.read, self._locations[file_id], offset, length))
+        futures = [(file_id, offset, self.remote.fetch(self._locations[file_id], offset, length))
                    for file_id, ranges in wanted.items() for offset, length in coalesce(ranges)]
         fetched: dict[int, list[tuple[int, pa.Buffer]]] = {}
         for file_id, offset, future in futures:
