@@ -186,7 +186,7 @@ def _changed_files(dataset: ShardDataset, theirs: dict[str, Any], ours: dict[str
             continue
         elif None not in (etag, their_etag):
             if etag != their_etag:
-                changed.append(f"  {f.path}: rewritten in place (ETag {their_etag} -> {etag}; modification time "
+                changed.append(f"  {f.path}: rewritten in place ({their_etag} -> {etag}; modification time "
                                f"{_when(their_mtime)} -> {_when(mtime)}) with the same name, size and rows")
         elif mtime != their_mtime and None not in (mtime, their_mtime):
             changed.append(f"  {f.path}: rewritten in place (modification time {_when(their_mtime)} -> "

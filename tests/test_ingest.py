@@ -146,7 +146,7 @@ def test_the_format_is_detected_and_can_be_forced(clips):
     odd.write_text((data / "list.csv").read_text())
     assert detect_format(odd) == "csv"
     assert collect_inputs(odd, "csv").format == "csv"
-    with pytest.raises(ValueError, match=r"input format 'librispeech' reads a folder, but SRC .*list.txt"):
+    with pytest.raises(ValueError, match=r"input_format='librispeech' reads a folder, but SRC .*list.txt"):
         collect_inputs(odd, "librispeech")
     with pytest.raises(ValueError, match=r"input_format='xml': must be one of folders, csv"):
         collect_inputs(odd, "xml")

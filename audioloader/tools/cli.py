@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from audioloader.errors import AudioLoaderError
+from audioloader.errors import AudioLoaderError, OptionError
 
 __all__ = ["build_parser", "main"]
 
@@ -126,7 +126,8 @@ def _report_errors(command: str, fn: Callable[[], Any]) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 1
     except (ValueError, TypeError, OSError, AudioLoaderError) as e:
-        print(f"audioloader {command}: error: {e}", file=sys.stderr)
+        # An OptionError names options as the command line spells them (--overwrite, not overwrite=True).
+        print(f"audioloader {command}: error: {e.cli if isinstance(e, OptionError) else e}", file=sys.stderr)
         return 1
     return 0 if status is None else int(status)
 

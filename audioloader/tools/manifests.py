@@ -305,8 +305,8 @@ def _segment_columns(source: Path, names: list[str]) -> tuple[str, str] | None:
         else:
             fix = f"add the {lacks!r} column, or rename {have!r} if it is not a segment time"
         article = "an" if have == "end" else "a"
-        raise ValueError(f"{source}, line 1: {article} {have!r} column but no {lacks!r}: a segment of a recording needs "
-                         f"both (seconds); {fix}")
+        raise ValueError(f"{source}, line 1: {article} {have!r} column but no {lacks!r}: a segment of a recording "
+                         f"needs both (seconds); {fix}")
     if "offset" in names and any(c.lower() == "onset" for c in lookalikes):
         raise ValueError(f"{source}, line 1: columns 'onset' and 'offset' look like each segment's start and end; "
                          "pack reads segments from 'start' and 'end' (or NeMo's 'offset' and 'duration', the "
