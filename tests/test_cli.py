@@ -39,12 +39,46 @@ def src(tmp_path):
 
 def test_help_lists_commands():
     proc = run_cli("--help")
-    for command in ("pack", "inspect", "demo", "bench"):
+    for command in ("pack", "inspect", "index", "demo", "bench"):
         assert command in proc.stdout
+    # pack reads far more than class folders and CSVs now: the one-line help says what.
+    assert "class-folder tree or a CSV" not in proc.stdout
+    for kind in ("manifests", "audiofolder", "LibriSpeech", "Common Voice"):
+        assert kind in " ".join(proc.stdout.split()), proc.stdout
     proc = run_cli("pack", "--help")
     for option in ("--shard-size", "--shard-mb", "--format", "--rows-per-batch", "--sample-rate", "--codec",
                    "--workers", "--quiet"):
         assert option in proc.stdout
+    # What pack writes besides the shards, and why a glob must name the shards (issue 29).
+    text = " ".join(proc.stdout.split())
+    assert "_audioloader_index.arrow" in text and "pyarrow.dataset and Spark" in text and "shard-*.arrow" in text
+
+
+def test_the_index_pack_writes_is_not_read_as_data(tmp_path, src):
+    """pyarrow.dataset (as Spark) skips `_`-prefixed files, and the glob docs/cli.md shows names only the shards."""
+    import glob
+
+    import pyarrow.dataset as ds
+
+    files = sorted(src.rglob("*.wav"))
+    (tmp_path / "m.csv").write_text("path\n" + "".join(f"{f}\n" for f in files))  # unlabeled: no labels.json
+    summary = pack_dataset(tmp_path / "m.csv", tmp_path / "out", shard_rows=4, progress=False)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "_audioloader_index.arrow", "shard-00000.arrow", "shard-00001.arrow"]
+    assert ds.dataset(str(tmp_path / "out"), format="ipc").count_rows() == summary.rows == 6
+    shards = sorted(glob.glob(str(tmp_path / "out" / "shard-*.arrow")))
+    assert [Path(p) for p in shards] == summary.shards
+
+
+def test_the_cli_page_documents_every_command_and_the_index_file():
+    page = (ROOT / "docs" / "cli.md").read_text()
+    table = page[:page.index("## audioloader pack")]
+    for command in [*cli.COMMANDS, *cli.LAZY_COMMANDS]:
+        assert f"| [`{command}`](#audioloader-{command}) |" in table, command
+        assert f"\n## audioloader {command}\n" in page, command
+    pack_section = page[page.index("## audioloader pack"):page.index("## audioloader inspect")]
+    assert "_audioloader_index.arrow" in pack_section and "shard-*.arrow" in pack_section
+    assert "pyarrow.dataset" in pack_section and "Spark" in pack_section
 
 
 # Each --help, run as `python -m audioloader` would run it, in one fresh process: after each, torch must still be

@@ -73,7 +73,8 @@ def _index(p: argparse.ArgumentParser) -> None:
 
 #: name -> (one-line help, the function that fills in its sub-parser).
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
-    "pack": ("pack a class-folder tree or a CSV of audio files into shards", _pack),
+    "pack": ("pack audio into shards: class folders, CSV/TSV/JSONL manifests (segments too), a Hugging Face "
+             "audiofolder, LibriSpeech, Common Voice", _pack),
     "inspect": ("summarize shards: files, rows, schema, labels, audio formats", _inspect),
     "index": ("write a folder's metadata index (remote construction in a few requests)", _index),
 }

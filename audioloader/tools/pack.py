@@ -12,6 +12,8 @@ columns ``audio``, ``label`` (only when the input has labels; then also
 audio, from its header, for batching by duration), then the input's own columns.
 Rows come in the input's order (manifests) or sorted path order (folders), or a
 seeded permutation of it, so the same inputs give the same shards, byte for byte.
+Beside them, ``OUT/_audioloader_index.arrow`` is the folder's metadata index
+(`audioloader.shards.index`), not a shard.
 
 By default the original encoded bytes are stored untouched. With a
 ``sample_rate`` and/or ``codec`` the audio is decoded (soundfile), mixed to
@@ -323,7 +325,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a folder (class sub-folders, a Hugging Face audiofolder, a LibriSpeech tree) or a "
                              "manifest (CSV, TSV, JSONL, a Common Voice TSV)")
     parser.add_argument("out", metavar="OUT",
-                        help="output folder for shard-NNNNN.arrow|parquet (and labels.json for labeled input)")
+                        help="output folder: shard-NNNNN.arrow|parquet, labels.json for labeled input, and "
+                             "_audioloader_index.arrow, the folder's metadata index (not a shard: the leading "
+                             "underscore keeps pyarrow.dataset and Spark from reading it as data; a glob of your "
+                             "own should name the shards, e.g. OUT/shard-*.arrow, not OUT/*.arrow)")
     parser.add_argument("--input-format", choices=("auto", *INPUT_FORMATS), default="auto",
                         help="how to read SRC (default: auto, detected from its extension, content or layout)")
     parser.add_argument("--format", dest="fmt", choices=FORMATS, default="ipc_file",
