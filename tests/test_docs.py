@@ -8,6 +8,10 @@ above its fence with ``<!-- not-run: the reason -->``; those are counted and lis
 (`test_not_run_blocks_are_few_and_named`). Signatures that are not code are ```py blocks.
 A deprecated keyword in a snippet (a ``FutureWarning`` from audioloader) fails the page,
 so the docs keep to the current API.
+
+Measured numbers in the prose cannot drift from their data: each is a span ``<!--n KEY-->text<!--/n-->`` that
+``python benchmarks/figures.py`` writes from docs/figures/data/*.json or docs/numbers/*.json and that the checks
+below compare (how to quote one: docs/benchmarks.md, "Numbers in the prose"; benchmarks/doc_numbers.py).
 """
 
 from __future__ import annotations
