@@ -28,7 +28,7 @@ from .loader import Loader, Stream, StreamIterator, shutdown_keeping_error
 from .mix import Mix, Source
 from .options import Bucketing, OnError, Shuffle, Storage, Workers, fold_moved_keywords, resolve
 from .shards import IcebergTable
-from .stats import LoaderStats
+from .stats import LoaderStats, feature_stage
 
 STATE_FORMAT = checkpoint.STATE_FORMAT
 
@@ -117,7 +117,7 @@ class AudioLoader:
         arguments, source_fields = _fold(arguments, moved)
         source = arguments["source"] = _with_source_fields(arguments["source"], source_fields)
         self.settings = resolve(**arguments)
-        self.stats_counters = LoaderStats()
+        self.stats_counters = LoaderStats(feature_stage(self.settings.features.batch_key))
         self.sources = open_sources(source, self.settings, self.stats_counters)
         # A preset's interleave, fitted to the byte budget and the shards' units (`budget.fit_interleave`).
         self.settings = dataclasses.replace(self.settings, shuffle=self.settings.shuffle.fitted(

@@ -197,6 +197,60 @@ def test_concepts_draws_every_node_of_the_default_chain():
     assert sorted(name for name in nodes if name not in flow) == [], "docs/concepts.md's Data flow misses a node"
 
 
+def _names_at_depth_one(text: str, start: int) -> set[str]:
+    """The quoted names directly inside the ``{...}`` that opens at ``text[start]`` (not those nested deeper)."""
+    depth, names = 0, set()
+    for match in re.finditer(r'[{}\[\]]|"(\w+)"', text[start:]):
+        token = match.group(0)
+        if token in "{[":
+            depth += 1
+        elif token in "}]":
+            depth -= 1
+            if depth == 0:
+                return names
+        elif depth == 1:
+            names.add(match.group(1))
+    raise AssertionError(f"unbalanced braces after {text[start:start + 80]!r}")
+
+
+def documented_stats_keys() -> dict[str, set[str]]:
+    """The keys docs/api.md lists for ``AudioLoader.stats()``, per part: top level, counters, seconds, gauges,
+    memory, and memory's shuffle_buffer and bucketer."""
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    start = text.index("- `stats() -> dict`:")
+    entry = text[start:text.index("\n- `", start + 1)]
+    memory = entry.index("{", entry.index("`memory` what is held"))
+    keys = {"top": _names_at_depth_one(entry, entry.index("{")), "memory": _names_at_depth_one(entry, memory)}
+    for part in ("counters", "seconds", "gauges"):
+        keys[part] = _names_at_depth_one(entry, entry.index(f'"{part}": {{') + len(part) + 4)
+    for part in ("shuffle_buffer", "bucketer"):
+        keys[part] = _names_at_depth_one(entry, entry.index(f'"{part}": {{', memory) + len(part) + 4)
+    return keys
+
+
+@pytest.mark.parametrize("train, bucketing", [(True, False), (False, False), (True, True), (False, True)])
+def test_a_fresh_loaders_stats_hold_every_documented_key(docs_data, train, bucketing):
+    """stats() before the first batch holds every key docs/api.md lists (counters at 0): a script reading
+    `stats()["counters"]["bad_rows"]` must not get a KeyError when no row was bad (issue 29)."""
+    import audioloader as al
+
+    documented = documented_stats_keys()
+    assert {"rows_read", "bad_rows", "skipped_rows"} <= documented["counters"] and "mel" in documented["seconds"]
+    options = dict(length=al.LengthPolicy(crop=None), batching=al.Bucketing(max_duration=20.0)) if bucketing else {}
+    with al.AudioLoader(docs_data / "shards", train=train, workers=al.Workers(num_workers=0), **options) as loader:
+        stats = loader.stats()
+    assert documented["top"] <= set(stats), documented["top"] - set(stats)
+    for part in ("counters", "seconds", "gauges"):
+        assert documented[part] <= set(stats[part]), (part, documented[part] - set(stats[part]))
+    assert all(stats["counters"][name] == 0 for name in documented["counters"])
+    assert all(stats["seconds"][name] == 0.0 for name in documented["seconds"])
+    memory = stats["memory"]
+    holders = {"shuffle_buffer"} if not bucketing else {"bucketer"} | ({"shuffle_buffer"} if train else set())
+    assert documented["memory"] - {"shuffle_buffer", "bucketer"} | holders <= set(memory)
+    for holder in holders:
+        assert documented[holder] <= set(memory[holder]), (holder, documented[holder] - set(memory[holder]))
+
+
 def test_not_run_blocks_are_few_and_named(capsys):
     unrun = [b for page in PAGES for b in python_blocks(page) if b.not_run is not None]
     listing = "\n".join(f"  {b.page}:{b.line}: {b.not_run}" for b in unrun)

@@ -12,6 +12,8 @@ columns ``audio``, ``label`` (only when the input has labels; then also
 audio, from its header, for batching by duration), then the input's own columns.
 Rows come in the input's order (manifests) or sorted path order (folders), or a
 seeded permutation of it, so the same inputs give the same shards, byte for byte.
+Beside them, ``OUT/_audioloader_index.arrow`` is the folder's metadata index
+(`audioloader.shards.index`), not a shard.
 
 By default the original encoded bytes are stored untouched. With a
 ``sample_rate`` and/or ``codec`` the audio is decoded (soundfile), mixed to
@@ -39,6 +41,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from audioloader.errors import OptionError
 from audioloader.shards.index import write_index
 from audioloader.shards.writer import FORMATS, ShardWriter
 
@@ -141,19 +144,26 @@ def _check_args(fmt: str, shard_rows: int | None, shard_mb: float | None, rows_p
     def positive_int(value: object) -> bool:
         return checks.is_integer(value) and value > 0
 
+    def bad(name: str, flag: str, value: object, rule: str) -> OptionError:
+        # Named as the caller spelled it: the keyword from Python, the option on the command line.
+        return OptionError(f"{name}={value!r}: {rule}", f"{flag} {value}: {rule}")
+
     if fmt not in FORMATS:
-        raise ValueError(f"fmt={fmt!r}: must be one of {', '.join(FORMATS)}")
+        raise bad("fmt", "--format", fmt, f"must be one of {', '.join(FORMATS)}")
     if shard_rows is not None and not positive_int(shard_rows):
-        raise ValueError(f"shard_rows={shard_rows!r}: must be a positive number of rows, or None")
+        raise bad("shard_rows", "--shard-size", shard_rows, "must be a positive number of rows, or None")
     if shard_mb is not None and not (isinstance(shard_mb, (int, float)) and not isinstance(shard_mb, bool)
                                      and shard_mb > 0):
-        raise ValueError(f"shard_mb={shard_mb!r}: must be a positive size in MiB, or None")
-    checks.positive_integer("rows_per_batch", rows_per_batch)
+        raise bad("shard_mb", "--shard-mb", shard_mb, "must be a positive size in MiB, or None (0 on the command "
+                  "line)")
+    if not positive_int(rows_per_batch):
+        raise bad("rows_per_batch", "--rows-per-batch", rows_per_batch, "must be a positive integer")
     if sample_rate is not None and not positive_int(sample_rate):
-        raise ValueError(f"sample_rate={sample_rate!r}: must be a positive integer in Hz, or None")
+        raise bad("sample_rate", "--sample-rate", sample_rate, "must be a positive integer in Hz, or None")
     if codec is not None and codec not in CODECS:
-        raise ValueError(f"codec={codec!r}: must be one of {', '.join(CODECS)}, or None")
-    checks.positive_integer("workers", workers)
+        raise bad("codec", "--codec", codec, f"must be one of {', '.join(CODECS)}, or None")
+    if not positive_int(workers):
+        raise bad("workers", "--workers", workers, "must be a positive integer")
 
 
 def _check_out_not_in_src(src: Path, out: Path) -> None:
@@ -168,8 +178,9 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     old = sorted(p for p in out.iterdir() if _SHARD_NAME.match(p.name) or p.name == "labels.json")
     if old and not overwrite:
-        raise ValueError(f"OUT {str(out)!r} already holds shards ({old[0].name}, ...); pass overwrite=True "
-                         "(--overwrite) to replace them, or choose an empty folder")
+        raise OptionError.spelled(f"OUT {str(out)!r} already holds shards ({old[0].name}, ...); pass {{overwrite}} "
+                                  "to replace them, or choose an empty folder",
+                                  overwrite=("overwrite=True", "--overwrite"))
     # Only our own files go: a stale shard-00007 from a bigger earlier run would
     # otherwise be read as part of this dataset.
     for p in old:
@@ -314,7 +325,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a folder (class sub-folders, a Hugging Face audiofolder, a LibriSpeech tree) or a "
                              "manifest (CSV, TSV, JSONL, a Common Voice TSV)")
     parser.add_argument("out", metavar="OUT",
-                        help="output folder for shard-NNNNN.arrow|parquet (and labels.json for labeled input)")
+                        help="output folder: shard-NNNNN.arrow|parquet, labels.json for labeled input, and "
+                             "_audioloader_index.arrow, the folder's metadata index (not a shard: the leading "
+                             "underscore keeps pyarrow.dataset and Spark from reading it as data; a glob of your "
+                             "own should name the shards, e.g. OUT/shard-*.arrow, not OUT/*.arrow)")
     parser.add_argument("--input-format", choices=("auto", *INPUT_FORMATS), default="auto",
                         help="how to read SRC (default: auto, detected from its extension, content or layout)")
     parser.add_argument("--format", dest="fmt", choices=FORMATS, default="ipc_file",
