@@ -147,7 +147,8 @@ class Workers:
     ``augment`` cannot be pickled). ``num_workers`` None: one per core for
     processes; threads 2 per core up to the preset (8 train, 4 eval).
     ``start_method``: how processes start (None: a fork while no other Python
-    thread runs, else a fork server). ``prefetch_batches``: batches prepared ahead.
+    thread runs and CUDA is unused, else a fork server; never a fork once CUDA is
+    in use, see `audioloader.workers.cuda`). ``prefetch_batches``: batches prepared ahead.
     ``pin_memory``: deliver batches in page-locked memory, for a fast copy to a
     GPU (needs CUDA; ignored with a warning otherwise; ``device=`` pins by itself).
     """

@@ -175,7 +175,7 @@ class LoaderStats:
     ``shuffle``: the `ShuffleQuality` figures. ``memory``: the `HeldBytes` of the
     shuffle buffer and the bucketer. ``sources``: per source of a mix
     (`describe_sources`), its weight and counters (``samples`` batched,
-    ``rows_read``, ``passes`` started).
+    ``rows_read``, ``passes`` started). ``workers``: who decodes (`describe_workers`).
     """
 
     def __init__(self, features_stage: str = "mel") -> None:
@@ -193,6 +193,12 @@ class LoaderStats:
         self.source_names: list[str] = []
         self.source_weights: list[float] = []
         self.source_counters: list[dict[str, int]] = []
+        self.workers: dict[str, Any] = {}
+
+    def describe_workers(self, report: dict[str, Any]) -> None:
+        """Who decodes: ``{"kind", "num_workers"}``, for processes also ``"start_method"`` and the reason for it."""
+        with self._lock:
+            self.workers.update(report)
 
     def describe_sources(self, names: Sequence[str], weights: Sequence[float]) -> None:
         """Name the sources of a mix (in key order) and their weights: ``stats()`` then reports per source."""
@@ -279,7 +285,8 @@ class LoaderStats:
         return (LoaderStats, ())
 
     def snapshot(self) -> dict[str, Any]:
-        """A plain-dict copy: ``{"counters", "seconds", "gauges", "bad_rows", "skipped_rows", "shuffle", "memory"}``,
+        """A plain-dict copy: ``{"counters", "seconds", "gauges", "bad_rows", "skipped_rows", "shuffle", "memory",
+        "workers"}``,
         and ``"sources"`` for a mix: ``{name: {"weight", "share", "samples", "rows_read", "passes"}}``
         (``share``: the fraction of the batched samples that came from the source)."""
         with self._lock:
@@ -291,6 +298,7 @@ class LoaderStats:
                 "skipped_rows": list(self.skipped_rows),
                 "shuffle": self.shuffle.summary(mixed=bool(self.source_names)),
                 "memory": self.memory.report(),
+                "workers": dict(self.workers),
             }
             if self.bucketing is not None:
                 out["bucketing"] = dict(self.bucketing)
