@@ -34,8 +34,8 @@ DEFAULT_NUM_BUCKETS = 32
 #: (at most `DEFAULT_NUM_BUCKETS`, at least 1). 32 buckets over 112 s of audio got 3.5 s each, and gave batches of
 #: one or two utterances where ``max_duration=200`` asked for 200 s. Measured (1-20 s utterances, 200 s batches,
 #: train, one pass in the buffer): on 595 s, 32 buckets filled batches to 0.09 of 200 s, 2 (this rule) to 0.81, 4
-#: to 0.74; on 6,237 s, 32 buckets (31 by this rule) filled them to 0.89 and padded 0.955 of their frames, where
-#: 4 batches a bucket (7 buckets) would pad only 0.862. One batch a bucket keeps large data at 32.
+#: to 0.74; on 6,237 s, 32 buckets filled them to 0.89 and 0.955 of their frames were audio, 31 (this rule) 0.84
+#: and 0.953, where 4 batches a bucket (7 buckets) would give only 0.862. One batch a bucket keeps large data at 32.
 FULL_BATCHES_PER_BUCKET = 1
 
 
