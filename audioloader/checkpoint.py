@@ -20,8 +20,8 @@ from .shards import ShardDataset
 STATE_FORMAT = "audioloader.AudioLoader/1"
 
 
-def fingerprint(settings: Any, sources: Any, boundaries: list[float] | None) -> dict[str, Any]:
-    """What a state of this loader depends on (`Settings`, `chain.Sources`, the bucketing's edges)."""
+def fingerprint(settings: Any, sources: Any, buckets: Any) -> dict[str, Any]:
+    """What a state of this loader depends on (`Settings`, `chain.Sources`, the bucketing's `chain.Buckets`)."""
     s = settings
     if sources.mix is None:
         files, identity = files_of(sources.readers[0].dataset), _identity_of(sources.readers[0].dataset)
@@ -38,11 +38,11 @@ def fingerprint(settings: Any, sources: Any, boundaries: list[float] | None) -> 
         "shuffle_before_decode": sources.shuffle_before_decode, "split_rows": s.storage.split_rows,
         "audio_column": sources.audio_column, "label_column": sources.label_column,
         "columns": list(s.columns),
-        **_newer_fields(settings, sources, boundaries),
+        **_newer_fields(settings, sources, buckets),
     }
 
 
-def _newer_fields(settings: Any, sources: Any, boundaries: list[float] | None) -> dict[str, Any]:
+def _newer_fields(settings: Any, sources: Any, buckets: Any) -> dict[str, Any]:
     """Fields of newer options, present only when used (a 0.1 checkpoint has none of them)."""
     s, extra = settings, {}
     if not isinstance(s.features, MelSpectrogramConfig):
@@ -50,7 +50,8 @@ def _newer_fields(settings: Any, sources: Any, boundaries: list[float] | None) -
     if s.length != LengthPolicy():
         extra["length"] = s.length.to_dict()
     if s.batching is not None:
-        extra["batching"] = {**s.batching.to_dict(), "boundaries": boundaries,
+        # The count used (given, fitted to the data, or a checkpoint's): a resume must bucket as the run did.
+        extra["batching"] = {**s.batching.to_dict(), "num_buckets": buckets.count, "boundaries": buckets.boundaries,
                              "duration_column": sources.duration_column}
     if sources.segments is not None:
         extra["segments"] = sources.segments.to_dict()

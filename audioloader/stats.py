@@ -189,6 +189,7 @@ class LoaderStats:
         self.skipped_rows: deque[dict[str, Any]] = deque(maxlen=MAX_REPORTED_BAD_ROWS)
         self.shuffle = ShuffleQuality()
         self.memory = HeldBytes()
+        self.bucketing: dict[str, Any] | None = None  # the duration buckets, with bucketing (`chain.Buckets.report`)
         self.source_names: list[str] = []
         self.source_weights: list[float] = []
         self.source_counters: list[dict[str, int]] = []
@@ -299,6 +300,8 @@ class LoaderStats:
                 "memory": self.memory.report(),
                 "workers": dict(self.workers),
             }
+            if self.bucketing is not None:
+                out["bucketing"] = dict(self.bucketing)
             if self.source_names:
                 total = sum(c["samples"] for c in self.source_counters)
                 out["sources"] = {

@@ -198,6 +198,15 @@ def test_pack_errors_name_options_as_the_command_line_spells_them(tmp_path, src,
     with pytest.raises(ValueError, match=r"pass overwrite=True to replace them") as info:
         pack_dataset(src, tmp_path / "out", progress=False)
     assert "--overwrite" not in str(info.value)
+    shards = str(tmp_path / "out")
+    for argv, says, python_spelling in [
+            (["inspect", shards, "--audio-column", "nope"], "Pass --audio-column NAME with one of", "audio_column="),
+            (["inspect", shards, "--sample", "-1"], "--sample -1: must be", "sample="),
+            (["inspect", shards, "--split-rows", "0"], "--split-rows 0: must be", "split_rows")]:
+        capsys.readouterr()
+        assert cli.main(argv) == 1
+        err = capsys.readouterr().err
+        assert says in err and python_spelling not in err, err
 
 
 def test_a_common_voice_tsv_with_a_misspelt_column_names_it(tmp_path, capsys):
