@@ -174,6 +174,8 @@ class LoaderStats:
         self.skipped_rows: deque[dict[str, Any]] = deque(maxlen=MAX_REPORTED_BAD_ROWS)
         self.shuffle = ShuffleQuality()
         self.memory = HeldBytes()
+        # The decode workers (`ParallelMap`): kind, count, started, and with num_workers="auto" the decisions.
+        self.workers: dict[str, Any] = {}
         self.source_names: list[str] = []
         self.source_weights: list[float] = []
         self.source_counters: list[dict[str, int]] = []
@@ -262,7 +264,8 @@ class LoaderStats:
         return (LoaderStats, ())
 
     def snapshot(self) -> dict[str, Any]:
-        """A plain-dict copy: ``{"counters", "seconds", "gauges", "bad_rows", "skipped_rows", "shuffle", "memory"}``,
+        """A plain-dict copy: ``{"counters", "seconds", "gauges", "bad_rows", "skipped_rows", "shuffle", "memory",
+        "workers"}``,
         and ``"sources"`` for a mix: ``{name: {"weight", "share", "samples", "rows_read", "passes"}}``
         (``share``: the fraction of the batched samples that came from the source)."""
         with self._lock:
@@ -274,6 +277,8 @@ class LoaderStats:
                 "skipped_rows": list(self.skipped_rows),
                 "shuffle": self.shuffle.summary(mixed=bool(self.source_names)),
                 "memory": self.memory.report(),
+                "workers": {name: list(value) if isinstance(value, list) else value
+                            for name, value in self.workers.items()},
             }
             if self.source_names:
                 total = sum(c["samples"] for c in self.source_counters)
