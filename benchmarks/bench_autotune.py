@@ -43,7 +43,8 @@ def build(spec: dict):
         return al.AudioLoader(spec["source"], features=_features(), shuffle=al.Shuffle(buffer_size=1000, min_size=64),
                               **common)
     if spec["load"] == "waveform":
-        return al.AudioLoader(spec["source"], features=al.WaveformConfig(sample_rate=32000, clip_seconds=5.0),
+        return al.AudioLoader(spec["source"], features=al.WaveformConfig(sample_rate=32000),
+                              length=al.LengthPolicy(clip_seconds=5.0),
                               shuffle=al.Shuffle(buffer_size=1000, min_size=64), **common)
     return al.AudioLoader(spec["source"], features=al.FbankConfig(sample_rate=16000, num_mel_bins=80),
                           length=al.LengthPolicy(crop=None), batching=al.Bucketing(max_duration=200.0), **common)

@@ -1,9 +1,11 @@
 """Worker pools for `audioloader.nodes.ParallelMap`: threads, or processes fed through shared memory.
 
 Both run *chunks* (lists of items) through a job, one chunk per task, and hand
-results back strictly in submission order: chunk ``seq`` goes to worker
-``seq % num_workers`` and every worker works through its chunks first in,
-first out, so the consumer reads worker after worker and never reorders.
+results back strictly in submission order: a process pool gives chunk ``seq``
+to the active worker with the fewest chunks in flight (`ProcessPool.set_active`),
+every worker works through its chunks first in, first out, and the consumer
+reads each chunk from the worker it went to, in submission order: it never
+reorders, and which worker ran a chunk changes nothing.
 
 A job is a callable ``job(item) -> result`` with two optional hooks:
 ``job.encode(item)`` runs in the consumer before an item is sent to a process
