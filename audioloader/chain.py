@@ -39,6 +39,11 @@ from .samples import BadRow, Key, RawSample, Sample
 from .shards import IcebergTable, ShardDataset
 from .shards.writer import shard_doc
 from .stats import LoaderStats
+from .workers.recycle import BatchArenas
+
+#: Batches of memory the decode processes' features are copied into and reused (`BatchArenas`): the one being
+#: filled, those prefetched and queued, the training loop's.
+ARENA_BATCHES = 8
 
 
 @dataclass
@@ -153,7 +158,7 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
                                   min_bytes=s.shuffle.min_bytes, one_pass=s.shuffle.one_pass))
         return held[0]
 
-    bucketer = None
+    bucketer, arenas = None, None
     if s.batching is not None:  # rows grouped by duration before they are decoded: only a batch's rows decode
         reader = sources.reader
         rows = buffer(reader, restore=reader.fetch) if s.train else reader
@@ -165,12 +170,13 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
             max_bytes=s.shuffle.bucketer_max_bytes, distinct=s.shuffle.one_pass)
         samples = decode = decoder(rows)
     elif sources.shuffle_before_decode:  # the buffer holds raw rows
-        samples = decode = decoder(buffer(rows, restore=fetch_rows))
+        arenas = _batch_arenas(settings)  # the decoded samples go to the batcher in order
+        samples = decode = decoder(buffer(rows, restore=fetch_rows), collate_into=arenas)
     else:  # the buffer holds decoded samples, rebuilt on resume by reading and decoding their rows again
         decode = decoder(rows)
         # A partial of a module function, not a bound method: the chain must not point back at the front.
         samples = buffer(decode, restore=functools.partial(_restore_decoded, fetch_rows, decode))
-    batches = batcher = _batcher(settings, sources, samples, num_batches, stats)
+    batches = batcher = _batcher(settings, sources, samples, num_batches, stats, arenas)
     per_batch_augment = s.augmentations is not None and s.augmentations.per_batch
     if s.device is None and per_batch_augment:
         batches = BatchAugment(batches, s.augmentations, s.features.batch_key)
@@ -184,7 +190,20 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
     return Chain(root, decode, batcher, boundaries, num_batches, held[0] if held else None, bucketer, buckets)
 
 
-def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: BaseNode) -> DecodeSpectrogram:
+def _batch_arenas(settings: Settings) -> BatchArenas | None:
+    """Batch-shaped memory the decode processes' features are copied into, so the batcher copies nothing
+    (`BatchArenas`); None where batches are not made of fixed-shape features in the decode order."""
+    s = settings
+    if s.workers.kind != "process" or not s.workers.num_workers or s.device is not None \
+            or s.length.variable_length:
+        return None
+    shape = s.features.feature_shape(s.features.num_frames(s.length.clip_samples(s.features)))
+    batch_bytes = 4 * s.batch_size * math.prod(shape)
+    return BatchArenas(s.batch_size, shape, max_bytes=max(ARENA_BATCHES * batch_bytes, 64 << 20))
+
+
+def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: BaseNode,
+             collate_into: BatchArenas | None = None) -> DecodeSpectrogram:
     s = settings
     # Memory-mapped shards: a worker process reads its rows itself (zero-copy there)
     # rather than getting the encoded audio copied over from here.
@@ -196,11 +215,11 @@ def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: Bas
         error_budget_min_rows=s.on_error.min_rows, stats=stats, worker_type=s.workers.kind, fetch=fetch,
         start_method=s.workers.start_method, compute_features=s.device is None, length=length,
         guard=file_guard(sources.datasets), segments=sources.segments,
-        max_bytes_in_flight=s.shuffle.decode_max_bytes)
+        max_bytes_in_flight=s.shuffle.decode_max_bytes, collate_into=collate_into)
 
 
 def _batcher(settings: Settings, sources: Sources, samples: BaseNode, num_batches: int | None,
-             stats: LoaderStats) -> Batcher:
+             stats: LoaderStats, arenas: BatchArenas | None = None) -> Batcher:
     # With a feature device the batcher stacks waveforms (in page-locked memory for a
     # GPU) and BatchFeatures, after the prefetcher, computes the features.
     s, per_sample, variable = settings, settings.device is None, settings.length.variable_length
@@ -215,7 +234,7 @@ def _batcher(settings: Settings, sources: Sources, samples: BaseNode, num_batche
         has_labels=sources.has_labels, stats=stats, sources=sources.mix is not None,
         features_key=s.features.batch_key if per_sample else "waveform",
         pin_memory=not per_sample and s.device.type == "cuda",
-        time_axis=time_axis if variable else None, follow_markers=s.batching is not None)
+        time_axis=time_axis if variable else None, follow_markers=s.batching is not None, collate_from=arenas)
 
 
 def _has_cuda() -> bool:

@@ -23,6 +23,8 @@ from .shards.splits import resolve_rank
 from .shards.storage import DEFAULT_REMOTE_READS, RemoteReads
 
 WORKER_KINDS = ("auto", "thread", "process")
+#: ``Workers(num_workers=...)`` for processes that size themselves while running (`audioloader.workers.autotune`).
+AUTO_WORKERS = "auto"
 START_METHODS = ("fork", "forkserver", "spawn")
 
 
@@ -146,6 +148,12 @@ class Workers:
     ``"auto"``: processes on machines with 2 cores or more (threads when
     ``augment`` cannot be pickled). ``num_workers`` None: one per core for
     processes; threads 2 per core up to the preset (8 train, 4 eval).
+    ``num_workers="auto"``: processes size themselves while running: one per core is
+    started, and how many get work moves between 1 and that, starting from the cores the
+    machine leaves free, up while the loader waits for them and more of them deliver
+    more, down while it does not wait (decisions in ``stats()["workers"]["autotune"]``;
+    batches and checkpoints are the same as with any fixed count). With threads,
+    "auto" is the thread default.
     ``start_method``: how processes start (None: a fork while no other Python
     thread runs and CUDA is unused, else a fork server; never a fork once CUDA is
     in use, see `audioloader.workers.cuda`). ``prefetch_batches``: batches prepared ahead.
@@ -153,14 +161,18 @@ class Workers:
     GPU (needs CUDA; ignored with a warning otherwise; ``device=`` pins by itself).
     """
 
-    num_workers: int | None = None
+    num_workers: int | str | None = None
     kind: str = "auto"
     start_method: str | None = None
     prefetch_batches: int = 2
     pin_memory: bool = False
 
     def __post_init__(self) -> None:
-        checks.field_count(self, "num_workers", minimum=0, allow_none=True)
+        if self.num_workers != AUTO_WORKERS:
+            if isinstance(self.num_workers, str):
+                raise checks.field_error(self, "num_workers", f"must be an integer >= 0, None or {AUTO_WORKERS!r} "
+                                         "(processes that size themselves)")
+            checks.field_count(self, "num_workers", minimum=0, allow_none=True)
         if self.kind not in WORKER_KINDS:
             raise checks.field_error(self, "kind", f"must be one of {WORKER_KINDS}")
         if self.start_method is not None and self.start_method not in START_METHODS:
@@ -358,9 +370,11 @@ def default_num_workers(worker_type: str, train: bool) -> int:
 
 def resolve_workers(workers: Workers, train: bool, augment: Any) -> Workers:
     """``workers`` with ``kind`` ("auto" decided) and ``num_workers`` (the default for that kind) filled in."""
-    wanted = 1 if workers.num_workers is None else workers.num_workers
+    wanted = 1 if workers.num_workers in (None, AUTO_WORKERS) else workers.num_workers
     kind = _worker_kind(workers.kind, wanted, augment)
-    num_workers = default_num_workers(kind, train) if workers.num_workers is None else workers.num_workers
+    num_workers = workers.num_workers
+    if num_workers is None or (num_workers == AUTO_WORKERS and kind == "thread"):
+        num_workers = default_num_workers(kind, train)
     return dataclasses.replace(workers, kind=kind, num_workers=num_workers)
 
 

@@ -298,7 +298,8 @@ class LoaderStats:
                 "skipped_rows": list(self.skipped_rows),
                 "shuffle": self.shuffle.summary(mixed=bool(self.source_names)),
                 "memory": self.memory.report(),
-                "workers": dict(self.workers),
+                "workers": {name: list(value) if isinstance(value, list) else value
+                            for name, value in self.workers.items()},
             }
             if self.bucketing is not None:
                 out["bucketing"] = dict(self.bucketing)
