@@ -262,7 +262,7 @@ def pack_dataset(src: str | os.PathLike[str], out: str | os.PathLike[str], *, fm
                  rows_per_batch: int = 64, sample_rate: int | None = None, codec: str | None = None,
                  workers: int = 2, shuffle_seed: int | None = None, part: str | tuple[int, int] | None = None,
                  overwrite: bool = False, progress: bool = True,
-                 on_progress: Callable[[int], None] | None = None) -> PackSummary:
+                 on_progress: Callable[[int, int], None] | None = None) -> PackSummary:
     """Pack the audio of ``src`` into shards in ``out``; returns what was written and what was skipped.
 
     Args:
@@ -292,7 +292,8 @@ def pack_dataset(src: str | os.PathLike[str], out: str | os.PathLike[str], *, fm
         overwrite: replace the shards and journal of an earlier pack in ``out`` (else a pack with other
             arguments is an error, and one with the same arguments is continued where it stopped).
         progress: show a tqdm progress bar (only when stderr is a terminal).
-        on_progress: called with the number of input rows done (loaded or skipped) as the pack goes.
+        on_progress: called as ``on_progress(done, total)`` with this pack's (part's) input rows done (packed
+            or skipped, finished ones of an earlier run included) and in all, at the start and after each row.
 
     Raises:
         FileNotFoundError: ``src`` does not exist.
@@ -346,7 +347,9 @@ def _pack_part(entries: list[Entry], inputs: Inputs, store: LocalOut | RemoteOut
     summary.seconds = sum(s["seconds"] for s in journal.shards)
     summary.audio_bytes = sum(s["audio_bytes"] for s in journal.shards)
     summary.columns = list(journal.columns)
-    position = start if journal.next_position is None else journal.next_position
+    position = stop if journal.done else start if journal.next_position is None else journal.next_position
+    if options["on_progress"] is not None:
+        options["on_progress"](position - start, stop - start)
     if not journal.done:
         try:
             _write_shards(entries, position, stop, inputs, store, journal, summary, loaded, part=part,
@@ -395,7 +398,8 @@ def _merged(first: Skips, second: Skips) -> Skips:
 def _write_shards(entries: list[Entry], position: int, stop: int, inputs: Inputs, store: LocalOut | RemoteOut,
                   journal: Journal, summary: PackSummary, skips: Skips, *, part: Part | None, fmt: str,
                   shard_rows: int | None, max_bytes: int | None, rows_per_batch: int, workers: int,
-                  load: Callable[[Entry], Loaded], progress: bool, on_progress: Callable[[int], None] | None) -> None:
+                  load: Callable[[Entry], Loaded], progress: bool, on_progress: Callable[[int, int], None] | None
+                  ) -> None:
     """Pack ``entries[position:stop]`` into shards numbered on from the journal's; publish and list each."""
     from tqdm import tqdm
 
@@ -426,7 +430,7 @@ def _write_shards(entries: list[Entry], position: int, stop: int, inputs: Inputs
         for at, (entry, result) in enumerate(loaded, start=position):
             bar.update()
             if on_progress is not None:
-                on_progress(1)
+                on_progress(at + 1 - start, stop - start)
             if isinstance(result, Skipped):
                 skips.add(result.reason, result.detail)
                 continue
