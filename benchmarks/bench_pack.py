@@ -104,13 +104,6 @@ def best(runs: list[dict]) -> dict:
     return min(runs, key=lambda r: r["seconds"])
 
 
-def timed(label: str, fn, repeats: int) -> dict:
-    runs = [fn(i) for i in range(repeats)]
-    result = {"contender": label, **best(runs)}
-    print(json.dumps(result), flush=True)
-    return result
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=240)
@@ -128,19 +121,19 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-pack-"))
     shards = 10
     reencode = {"sample_rate": 16000, "shard_rows": max(1, args.files // shards)}
-    results = []
+    contenders = []
     try:
         def single(options):
-            def go(i):
-                out = work / f"o-{len(results)}-{i}"
+            def go(i, options=options):
+                out = work / f"o-{len(contenders)}-{i}-{options['workers']}-{'sample_rate' in options}"
                 result = run_child(src, out, options)
                 shutil.rmtree(out, ignore_errors=True)
                 return result
             return go
 
-        results.append(timed("copy w2", single({"workers": 2}), args.repeats))
+        contenders.append(("copy w2", single({"workers": 2})))
         for workers in (1, 2):
-            results.append(timed(f"reencode w{workers}", single({**reencode, "workers": workers}), args.repeats))
+            contenders.append((f"reencode w{workers}", single({**reencode, "workers": workers})))
 
         def parts(i):
             out = work / f"parts-{i}"
@@ -154,7 +147,7 @@ def main() -> None:
                     "rows": sum(o["rows"] for o in outs),
                     "audio_s": sum(o["audio_s"] for o in outs), "rss_mib": max(o["rss_mib"] for o in outs)}
 
-        results.append(timed("reencode 2 parts (2 processes, 1 thread each)", parts, args.repeats))
+        contenders.append(("reencode 2 parts (2 processes, 1 thread each)", parts))
 
         def resumed(i):
             out = work / f"resume-{i}"
@@ -163,8 +156,7 @@ def main() -> None:
             shutil.rmtree(out, ignore_errors=True)
             return result
 
-        results.append(timed(f"reencode w2 rerun after a kill at {args.kill_at:.0%} of the shards", resumed,
-                             args.repeats))
+        contenders.append((f"reencode w2 rerun after a kill at {args.kill_at:.0%} of the shards", resumed))
         if args.ray:
             for cpus in (1, 2):
                 def on_ray(i, cpus=cpus):
@@ -177,7 +169,15 @@ def main() -> None:
                     shutil.rmtree(out, ignore_errors=True)
                     shutil.rmtree(str(out) + "-warm", ignore_errors=True)
                     return json.loads(proc.stdout.strip().splitlines()[-1])
-                results.append(timed(f"reencode on ray {cpus} cpu(s) 4 parts", on_ray, args.repeats))
+                contenders.append((f"reencode on ray {cpus} cpu(s) 4 parts", on_ray))
+        # Rounds: every contender once a round, so a change in the machine's load hits them all alike.
+        runs: dict[str, list[dict]] = {label: [] for label, _ in contenders}
+        for i in range(args.repeats):
+            for label, fn in contenders:
+                runs[label].append(fn(i))
+                print(json.dumps({"contender": label, "round": i, **runs[label][-1]}), flush=True)
+        results = [{"contender": label, **best(runs[label]),
+                    "all_seconds": [round(r["seconds"], 3) for r in runs[label]]} for label, _ in contenders]
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -222,7 +222,8 @@ def s3_main(src: Path, args: argparse.Namespace) -> None:
                     result = run_child(src, out, options)
                     shutil.rmtree(out, ignore_errors=True)
                     return result
-                results.append(timed(f"{label} w8 {where}", go, args.repeats))
+                results.append({"contender": f"{label} w8 {where}", **best([go(i) for i in range(args.repeats)])})
+                print(json.dumps(results[-1]), flush=True)
     finally:
         server.close()
         shutil.rmtree(work, ignore_errors=True)

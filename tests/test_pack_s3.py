@@ -133,3 +133,17 @@ def test_parts_into_a_bucket_then_index(s3, src, tmp_path):
     rows, _ = remote_rows(s3, "parts/out")
     pack_dataset(src, tmp_path / "single", **OPTIONS)
     assert content_hash(rows) == content_hash(rows_of(tmp_path / "single"))
+
+
+def test_killed_mid_upload_no_shard_appears_under_its_name_and_the_rerun_finishes(s3, src, tmp_path):
+    from tests.test_pack_resume import run_pack
+
+    s3.filesystem().create_dir("killed")
+    args = ("--shard-size", "4", "--rows-per-batch", "2", "-q")
+    proc = run_pack(src, s3.url("killed/out"), *args, kill="upload:2", check=False)  # the 2nd shard's upload
+    assert proc.returncode == -9, proc.stderr
+    assert remote_names(s3, "killed/out") == ["_audioloader_pack.json", "shard-00000.arrow"]
+    run_pack(src, s3.url("killed/out"), *args)
+    rows, _ = remote_rows(s3, "killed/out")
+    pack_dataset(src, tmp_path / "local", shard_rows=4, rows_per_batch=2, progress=False)
+    assert content_hash(rows) == content_hash(rows_of(tmp_path / "local"))

@@ -29,7 +29,6 @@ import itertools
 import json
 import os
 import random
-import signal
 import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -57,15 +56,13 @@ from .pack_journal import (
     shard_part,
     unfinished_parts,
 )
-from .pack_store import LocalOut, RemoteOut, open_out
+from .pack_store import LocalOut, RemoteOut, crash_point, forget_crash_points, open_out
 from .remote_files import is_url
 
 __all__ = ["AUDIO_EXTENSIONS", "CODECS", "INPUT_FORMATS", "PackSummary", "add_arguments", "collect_inputs", "pack",
            "pack_dataset", "reencode", "run"]
 
 _EXTENSION = {"ipc_file": "arrow", "parquet": "parquet"}
-_KILL_VARIABLE = "AUDIOLOADER_PACK_TEST_KILL"
-_EVENTS: dict[str, int] = {}
 
 Loaded = Packed | Skipped
 
@@ -240,18 +237,6 @@ def _prepare_out(store: LocalOut | RemoteOut, part: Part | None, journal: Journa
     return earlier
 
 
-def _crash_point(event: str) -> None:
-    """Test hook: with ``AUDIOLOADER_PACK_TEST_KILL="EVENT:N"`` the process kills itself (SIGKILL) the N-th time
-    EVENT happens: ``row`` (a row written to an open shard), ``shard`` (a shard published, not yet listed in the
-    journal), ``journal`` (the journal lists it). tests/test_pack_resume.py uses it; nothing else sets it."""
-    spec = os.environ.get(_KILL_VARIABLE)
-    if not spec or not spec.startswith(f"{event}:"):
-        return
-    _EVENTS[event] = _EVENTS.get(event, 0) + 1
-    if _EVENTS[event] == int(spec.split(":", 1)[1]):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 def pack(src: str | os.PathLike[str], out: str | os.PathLike[str], **options) -> list[Path | str]:
     """`pack_dataset`, returning only the shard paths in order (its options are the same)."""
     return pack_dataset(src, out, **options).shards
@@ -322,7 +307,7 @@ def pack_dataset(src: str | os.PathLike[str], out: str | os.PathLike[str], *, fm
             random.Random(shuffle_seed).shuffle(entries)
         journal = _prepare_out(store, part, Journal(settings, {"rows": len(entries), "fingerprint": fingerprint}),
                                overwrite)
-        _EVENTS.clear()
+        forget_crash_points()
         return _pack_part(entries, inputs, store, journal, part, fmt=fmt, shard_rows=shard_rows,
                           max_bytes=None if shard_mb is None else int(shard_mb * 2**20),
                           rows_per_batch=rows_per_batch, workers=workers, progress=progress, on_progress=on_progress,
@@ -416,12 +401,12 @@ def _write_shards(entries: list[Entry], position: int, stop: int, inputs: Inputs
     def finish(end: int) -> None:
         """Publish the open shard (its rows end before input position ``end``), then list it in the journal."""
         location = store.publish(writer.close())
-        _crash_point("shard")
+        crash_point("shard")
         journal.shards.append({"name": writer.path.name, "end": end, **shard})
         journal.columns = list(writer.schema.names)
         journal.record_skips(skips)
         store.write_text(journal_name(part), journal.to_json())
-        _crash_point("journal")
+        crash_point("journal")
         summary.shards.append(location)
         summary.columns = journal.columns
 
@@ -446,7 +431,7 @@ def _write_shards(entries: list[Entry], position: int, stop: int, inputs: Inputs
                 writer.open()
                 shard = {"rows": 0, "seconds": 0.0, "audio_bytes": 0}
             writer.write(result.data, entry.label, path=entry.rel, duration=result.seconds, **entry.values)
-            _crash_point("row")
+            crash_point("row")
             shard["rows"] += 1
             shard["seconds"] += result.seconds
             shard["audio_bytes"] += len(result.data)

@@ -22,7 +22,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,10 +35,30 @@ from audioloader.errors import redacted
 from .pack_journal import unfinished_parts
 from .remote_files import is_url, open_url
 
-__all__ = ["LocalOut", "RemoteOut", "open_out", "require_finished"]
+__all__ = ["LocalOut", "RemoteOut", "crash_point", "forget_crash_points", "open_out", "require_finished"]
 
 #: Bytes sent to the store per write call when uploading a shard.
 UPLOAD_CHUNK = 8 * 2**20
+_KILL_VARIABLE = "AUDIOLOADER_PACK_TEST_KILL"
+_EVENTS: dict[str, int] = {}
+
+
+def crash_point(event: str) -> None:
+    """Test hook: with ``AUDIOLOADER_PACK_TEST_KILL="EVENT:N"`` the process kills itself (SIGKILL) the N-th time
+    EVENT happens: ``row`` (a row written to an open shard), ``upload`` (a part of a shard sent, the upload not
+    complete), ``shard`` (a shard published, not yet listed in the journal), ``journal`` (the journal lists it).
+    tests/test_pack_resume.py and tests/test_pack_s3.py use it; nothing else sets it."""
+    spec = os.environ.get(_KILL_VARIABLE)
+    if not spec or not spec.startswith(f"{event}:"):
+        return
+    _EVENTS[event] = _EVENTS.get(event, 0) + 1
+    if _EVENTS[event] == int(spec.split(":", 1)[1]):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def forget_crash_points() -> None:
+    """Count the test hook's events from zero (a new pack)."""
+    _EVENTS.clear()
 
 
 class LocalOut:
@@ -64,7 +86,7 @@ class LocalOut:
             return None
 
     def write_text(self, name: str, text: str) -> None:
-        tmp = self.folder / f".{name}.tmp"
+        tmp = self.folder / f".{name}.{uuid.uuid4().hex[:12]}.tmp"  # unique: parts may write labels.json at once
         with open(tmp, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
@@ -144,6 +166,7 @@ class RemoteOut:
             with self.fs.open_output_stream(key) as out, open(shard, "rb") as handle:
                 while chunk := handle.read(UPLOAD_CHUNK):
                     out.write(chunk)
+                    crash_point("upload")
             uploaded = self.fs.get_file_info(key).size
             if uploaded != size:
                 raise OSError(f"{self.location(shard.name)}: uploaded {uploaded} bytes of {size}")
