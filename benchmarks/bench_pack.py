@@ -41,10 +41,11 @@ _CHILD = r"""
 import json, resource, sys, time
 from audioloader.tools.pack import pack_dataset
 src, out, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-start, wall = time.perf_counter(), time.time()
+cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])  # user + system seconds, all threads
+start, wall, cpu_start = time.perf_counter(), time.time(), cpu()
 summary = pack_dataset(src, out, progress=False, **options)
 print(json.dumps({"seconds": time.perf_counter() - start, "rows": summary.rows, "audio_s": summary.seconds,
-                  "start": wall, "end": time.time(),
+                  "start": wall, "end": time.time(), "cpu_s": cpu() - cpu_start,
                   "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
@@ -145,7 +146,8 @@ def main() -> None:
             # From the first part's start to the last one's end (the imports before are not timed, as for the others).
             return {"seconds": max(o["end"] for o in outs) - min(o["start"] for o in outs),
                     "rows": sum(o["rows"] for o in outs),
-                    "audio_s": sum(o["audio_s"] for o in outs), "rss_mib": max(o["rss_mib"] for o in outs)}
+                    "audio_s": sum(o["audio_s"] for o in outs), "rss_mib": max(o["rss_mib"] for o in outs),
+                    "cpu_s": sum(o["cpu_s"] for o in outs)}
 
         contenders.append(("reencode 2 parts (2 processes, 1 thread each)", parts))
 
@@ -182,12 +184,13 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
     print(f"\n{args.files} files of {args.seconds:g} s, 44.1 kHz stereo WAV; {os.cpu_count()} cores\n")
-    print("| contender | s | files/s | audio h/s | peak RSS MiB |")
-    print("|---|---|---|---|---|")
+    print("| contender | s | files/s | audio h/s | CPU s per audio h | peak RSS MiB |")
+    print("|---|---|---|---|---|---|")
     for r in results:
         rss = "-" if r["rss_mib"] is None else f"{r['rss_mib']:.0f}"
+        cpu = "-" if r.get("cpu_s") is None else f"{r['cpu_s'] / (r['audio_s'] / 3600):.1f}"
         print(f"| {r['contender']} | {r['seconds']:.2f} | {r['rows'] / r['seconds']:.1f} | "
-              f"{r['audio_s'] / 3600 / r['seconds']:.3f} | {rss} |")
+              f"{r['audio_s'] / 3600 / r['seconds']:.3f} | {cpu} | {rss} |")
     w1, w2 = results[1]["seconds"], results[2]["seconds"]
     print(f"\nthreads: w2 / w1 speed-up {w1 / w2:.2f}x; 2 parts / w1 {w1 / results[3]['seconds']:.2f}x; "
           f"resumed rerun / full {results[4]['seconds'] / w2:.2f}")

@@ -13,6 +13,12 @@ audio, from its header, for batching by duration), then the input's own columns.
 Rows come in the input's order (manifests) or sorted path order (folders), or a
 seeded permutation of it, so the same inputs give the same shards, byte for byte.
 
+At scale (`audioloader.tools.pack_journal`, `pack_store`): a journal in OUT lists
+each finished shard, so a pack killed at any point continues where it stopped
+when run again; ``part="K/N"`` packs one of N contiguous parts of the rows (any
+scheduler can run the parts; `audioloader.integrations.ray` runs them on Ray);
+SRC and OUT may be URLs (``s3://...``): shards are uploaded once complete.
+
 By default the original encoded bytes are stored untouched. With a
 ``sample_rate`` and/or ``codec`` the audio is decoded (soundfile), mixed to
 mono, resampled (soxr) and re-encoded as FLAC or 16-bit PCM WAV, so loading
