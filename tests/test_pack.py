@@ -122,7 +122,8 @@ def test_overwrite(tmp_path, tree):
     out = tmp_path / "out"
     pack(src, out, shard_rows=1, progress=False)
     (out / "README.txt").write_text("mine")
-    with pytest.raises(ValueError, match=r"already holds shards of a pack made with shard_rows=1 \(--shard-size\)"):
+    with pytest.raises(ValueError, match=r"already holds shards of a pack made with shard_rows=1, this run has "
+                                         r"shard_rows=None"):
         pack(src, out, progress=False)
     shards = pack(src, out, overwrite=True, progress=False)
     # The five one-row shards of the first run are gone; other files are left alone.

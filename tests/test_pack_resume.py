@@ -138,7 +138,7 @@ def test_other_arguments_or_another_input_over_an_unfinished_pack_are_refused_by
     other = [a if a != "8000" else "16000" for a in ARGS]
     proc = run_pack(src, out, *other, check=False)
     assert proc.returncode == 1
-    assert "sample_rate=8000 (--sample-rate), this run has sample_rate=16000" in proc.stderr
+    assert "made with --sample-rate 8000, this run has --sample-rate 16000" in proc.stderr
     assert "--overwrite" in proc.stderr
     (src / "dog" / "99.wav").write_bytes(encode(tone(0.05, 8000), 8000))
     proc = run_pack(src, out, *ARGS, check=False)

@@ -19,6 +19,7 @@ from torchdata.nodes import BaseNode, Loader
 
 from audioloader.nodes.parallel_map import ParallelMap
 from audioloader.stats import LoaderStats
+from audioloader.workers import cuda as _cuda
 from audioloader.workers import pool as _pool
 from audioloader.workers.pool import ProcessPool, WorkerError
 
@@ -315,6 +316,8 @@ def test_shutdown_leaves_no_process_or_thread_behind():
 
 
 def test_forking_workers_frees_mkl_buffers_first(monkeypatch):
+    if _cuda.fork_unsafe_reason() is not None:
+        pytest.skip("CUDA is in use in this test process: workers are never forked from it")
     calls = []
     monkeypatch.setattr(_pool, "free_mkl_buffers", lambda: calls.append(os.getpid()) or True)
     assert drain(mapper(slow_square, 4, 2, "process", start_method="fork")) == [0, 1, 4, 9]
@@ -424,9 +427,10 @@ def test_every_start_method_gives_the_same_results(method):
     assert [r["i"] for r in got] == list(range(5)) and torch.equal(got[4]["data"], torch.full((300, 7), 4.0))
 
 
-def test_fork_only_while_this_is_the_only_python_thread():
+def test_fork_only_while_this_is_the_only_python_thread(monkeypatch):
     from audioloader.workers.pool import DEFAULT_START_METHOD, choose_start_method
 
+    monkeypatch.setattr(_cuda, "fork_unsafe_reason", lambda: None)  # CUDA's rule: tests/test_cuda_workers.py
     if not sys.platform.startswith("linux"):
         pytest.skip("fork is chosen on Linux only")
     assert choose_start_method() == ("fork" if threading.active_count() == 1 else DEFAULT_START_METHOD)

@@ -22,7 +22,7 @@ from ..dsp.config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, Segm
 from ..dsp.features import compute_features, prepare
 from ..errors import DecodeError, ErrorBudgetExceeded
 from ..samples import BadRow, BatchEnd, Key, RawSample, Sample, held_bytes
-from ..stats import MAX_REPORTED_BAD_ROWS, LoaderStats
+from ..stats import MAX_REPORTED_BAD_ROWS, LoaderStats, feature_stage
 from ..workers import memory
 from ..workers.threads import pin_worker_to_one_thread
 from .held import RowsHeld
@@ -94,7 +94,7 @@ class SampleDecoder:
         self.compute_features = compute_features
         policies = [length] if isinstance(length, LengthPolicy) else list(length)
         self._rules = [_LengthRule.of(policy, features, train) for policy in policies]
-        self._stage = {"spectrogram": "mel"}.get(features.batch_key, features.batch_key)  # stats' stage name
+        self._stage = feature_stage(features.batch_key)  # stats' stage name
 
     def _rule(self, key: Key) -> _LengthRule:
         if len(self._rules) == 1:

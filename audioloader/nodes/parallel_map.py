@@ -156,6 +156,8 @@ class ParallelMap(BaseNode):
         super().reset(initial_state)
         self._pool.cancel()
         self._pool.start()  # here, in the resetting thread; after shutdown() only a reset starts workers again
+        if self.stats is not None:
+            self.stats.describe_workers(self._workers_report())
         snapshot, steps = _position(initial_state)
         self.source.reset(snapshot)
         # Items already emitted before the checkpoint: read, not mapped.
@@ -195,6 +197,14 @@ class ParallelMap(BaseNode):
                 "saved by an audioloader without elastic resume), so it cannot be resumed exactly on another world "
                 "size; resume it with the world size it was saved with", {"decode_in_flight": (steps, None)})
         return RowsHeld(self.source, inner["snapshot"], emitted=as_keys(inner.get("emitted", ())))
+
+    def _workers_report(self) -> dict[str, Any]:
+        """``stats()["workers"]``: the kind and number of workers, and how processes were started and why."""
+        report: dict[str, Any] = {"kind": self.backend, "num_workers": self.num_workers}
+        method = getattr(self._pool, "method_used", None)
+        if method is not None:
+            report.update(start_method=method, start_method_reason=self._pool.start_reason)
+        return report
 
     # ------------------------------------------------------------------ the pipeline
 

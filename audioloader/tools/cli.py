@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from audioloader.errors import AudioLoaderError
+from audioloader.errors import AudioLoaderError, OptionError
 
 __all__ = ["build_parser", "main"]
 
@@ -74,7 +74,8 @@ def _index(p: argparse.ArgumentParser) -> None:
 
 #: name -> (one-line help, the function that fills in its sub-parser).
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
-    "pack": ("pack a class-folder tree or a CSV of audio files into shards", _pack),
+    "pack": ("pack audio into shards: class folders, CSV/TSV/JSONL manifests (segments too), a Hugging Face "
+             "audiofolder, LibriSpeech, Common Voice", _pack),
     "inspect": ("summarize shards: files, rows, schema, labels, audio formats", _inspect),
     "index": ("write a folder's metadata index (remote construction in a few requests)", _index),
 }
@@ -129,7 +130,8 @@ def _report_errors(command: str, fn: Callable[[], Any]) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 1
     except (ValueError, TypeError, OSError, AudioLoaderError) as e:
-        print(f"audioloader {command}: error: {e}", file=sys.stderr)
+        # An OptionError names options as the command line spells them (--overwrite, not overwrite=True).
+        print(f"audioloader {command}: error: {e.cli if isinstance(e, OptionError) else e}", file=sys.stderr)
         return 1
     return 0 if status is None else int(status)
 

@@ -19,6 +19,15 @@ Special columns:
   from each stored clip's header.
 - ``text`` empty: the row is skipped ("empty transcript").
 
+These names (and the path column's) are matched whatever their case: ``Start``,
+``END``, ``Text`` or ``Label`` are read as ``start``, ``end``, ``text``, ``label``
+and stored under those names. Two columns that differ only in case (``Start`` and
+``start``) are refused. A column that looks like a segment time but is not one
+of the names above (``begin``, ``stop``, ``onset``, ``start_time``, ...; ``offset``
+beside ``onset``) is refused by name, with the fix (rename it ``start``/``end``, or
+give it a name that does not look like a time to carry it as a plain column):
+it is never silently carried as a plain column when it was meant to cut segments.
+
 Everything here only reads the manifest and checks that the files exist;
 `audioloader.tools.pack` reads the audio.
 """
@@ -38,12 +47,22 @@ import pyarrow as pa
 
 from .remote_files import RemoteFile, is_url
 
-__all__ = ["PATH_COLUMNS", "Entry", "Inputs", "Skips", "Table", "build_inputs", "read_table"]
+__all__ = ["PATH_COLUMNS", "SEGMENT_LOOKALIKES", "SPECIAL_COLUMNS", "Entry", "Inputs", "Skips", "Table", "build_inputs",
+           "canonical_columns", "read_table"]
 
 #: Names of the column that holds each row's audio file, in order of preference.
 PATH_COLUMNS = ("path", "file_name", "audio_filepath", "audio", "file")
 #: Columns always stored as strings, even when every value looks like a number (a transcript "42").
 STRING_COLUMNS = frozenset({"text"})
+#: Columns with a meaning to pack (besides the path column); matched whatever their case.
+SPECIAL_COLUMNS = ("label", "text", "start", "end", "offset", "duration")
+#: Names (lower case) that look like a segment's start or end but are not the ones pack reads: refused by name.
+SEGMENT_LOOKALIKES = {
+    "begin": "start", "onset": "start", "start_time": "start", "starttime": "start",
+    "start_sec": "start", "start_s": "start", "start_seconds": "start", "tstart": "start",
+    "stop": "end", "end_time": "end", "endtime": "end", "end_sec": "end", "end_s": "end",
+    "end_seconds": "end", "tend": "end",
+}
 #: Skipped rows named per reason in a summary.
 EXAMPLES_PER_REASON = 3
 
@@ -194,6 +213,7 @@ def build_inputs(table: Table, fmt: str, base: Path | RemoteFile, *, rename: dic
     """
     skips = skips if skips is not None else Skips()
     rename = rename or {}
+    table = canonical_columns(table)
     if not table.rows:
         raise ValueError(f"{table.source}: no rows after the header")
     path_column = next((c for c in PATH_COLUMNS if c in table.columns), None)
@@ -249,18 +269,68 @@ def _nothing_left(table: Table, skips: Skips, base: Path) -> str:
     return f"{table.source}: no row left to pack ({reasons}){hint}"
 
 
+def canonical_columns(table: Table) -> Table:
+    """``table`` with the columns pack reads (`SPECIAL_COLUMNS`, the path column) renamed to lower case.
+
+    ``Start,End`` is ``start,end``: a column pack gives a meaning to is never carried as a plain column
+    because of its case. Of the path columns, only the one used is renamed (``Audio`` beside ``path``
+    stays a plain column). Raises ValueError when two columns differ only in case.
+    """
+    lower: dict[str, list[str]] = {}
+    for column in table.columns:
+        lower.setdefault(column.lower(), []).append(column)
+    for spellings in lower.values():
+        if len(spellings) > 1:
+            raise ValueError(f"{table.source}, line 1: columns {', '.join(map(repr, spellings))} differ only in "
+                             "case; pack matches column names whatever their case: keep one of them, or rename "
+                             "the others")
+    wanted = [*SPECIAL_COLUMNS]
+    if not any(c in table.columns for c in PATH_COLUMNS):
+        wanted += [next((c for c in PATH_COLUMNS if c in lower), "")]
+    renames = {lower[name][0]: name for name in wanted if name in lower and lower[name][0] != name}
+    if not renames:
+        return table
+    rows = [(where, {renames.get(k, k): v for k, v in row.items()}) for where, row in table.rows]
+    return Table(table.source, [renames.get(c, c) for c in table.columns], rows, table.typed)
+
+
 def _segment_columns(source: Path, names: list[str]) -> tuple[str, str] | None:
-    if "start" in names or "end" in names:
-        if not ("start" in names and "end" in names):
-            have, lacks = ("start", "end") if "start" in names else ("end", "start")
-            raise ValueError(f"{source}, line 1: a {have!r} column but no {lacks!r}: a segment of a recording needs "
-                             "both (seconds); add the column, or rename this one if it is not a segment time")
+    """The columns that make rows segments: ``("start", "end")``, NeMo's ``("offset", "duration")``, or None.
+
+    Raises ValueError naming the column when one is missing, or when a column looks like a segment time
+    that pack would not read (`SEGMENT_LOOKALIKES`; ``onset`` with ``offset``): never silently a plain column.
+    """
+    if "start" in names and "end" in names:
         return ("start", "end")
-    if "offset" in names:
-        if "duration" not in names:
-            raise ValueError(f"{source}, line 1: an 'offset' column but no 'duration': a segment of a recording "
-                             "needs both (seconds); add the column, or rename 'offset' if it is not a segment time")
+    lookalikes = [c for c in names if c.lower() in SEGMENT_LOOKALIKES]
+    if "offset" in names and "duration" in names and not lookalikes:
         return ("offset", "duration")
+    rename = "rename it 'start' or 'end'" if len(lookalikes) == 1 else "rename them 'start' and 'end'"
+    if "start" in names or "end" in names:
+        have, lacks = ("start", "end") if "start" in names else ("end", "start")
+        partner = [c for c in lookalikes if SEGMENT_LOOKALIKES[c.lower()] == lacks]
+        if partner:
+            fix = f"is {partner[0]!r} the {lacks}? Rename it {lacks!r}"
+        elif have == "start" and "duration" in names:
+            fix = ("if 'duration' is each segment's length, rename 'start' to 'offset' (NeMo's offset,duration); "
+                   "else add an 'end' column")
+        else:
+            fix = f"add the {lacks!r} column, or rename {have!r} if it is not a segment time"
+        article = "an" if have == "end" else "a"
+        raise ValueError(f"{source}, line 1: {article} {have!r} column but no {lacks!r}: a segment of a recording "
+                         f"needs both (seconds); {fix}")
+    if "offset" in names and any(c.lower() == "onset" for c in lookalikes):
+        raise ValueError(f"{source}, line 1: columns 'onset' and 'offset' look like each segment's start and end; "
+                         "pack reads segments from 'start' and 'end' (or NeMo's 'offset' and 'duration', the "
+                         "offset being the start): rename them 'start' and 'end'")
+    if lookalikes:
+        raise ValueError(f"{source}, line 1: column(s) {', '.join(map(repr, lookalikes))} look like segment times, "
+                         "which pack reads only from 'start' and 'end' (seconds; or NeMo's 'offset' and "
+                         f"'duration'): {rename} to store each row's segment, or give them names that do not "
+                         "look like times to carry them as plain columns")
+    if "offset" in names:
+        raise ValueError(f"{source}, line 1: an 'offset' column but no 'duration': a segment of a recording "
+                         "needs both (seconds); add the column, or rename 'offset' if it is not a segment time")
     return None
 
 

@@ -12,6 +12,8 @@ columns ``audio``, ``label`` (only when the input has labels; then also
 audio, from its header, for batching by duration), then the input's own columns.
 Rows come in the input's order (manifests) or sorted path order (folders), or a
 seeded permutation of it, so the same inputs give the same shards, byte for byte.
+Beside them, ``OUT/_audioloader_index.arrow`` is the folder's metadata index
+(`audioloader.shards.index`), not a shard.
 
 At scale (`audioloader.tools.pack_journal`, `pack_store`): a journal in OUT lists
 each finished shard, so a pack killed at any point continues where it stopped
@@ -44,6 +46,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from audioloader.errors import OptionError
 from audioloader.shards.writer import FORMATS, ShardWriter
 
 from .. import checks
@@ -69,6 +72,7 @@ __all__ = ["AUDIO_EXTENSIONS", "CODECS", "INPUT_FORMATS", "PackSummary", "add_ar
            "pack_dataset", "reencode", "run"]
 
 _EXTENSION = {"ipc_file": "arrow", "parquet": "parquet"}
+_OVERWRITE = ("overwrite=True", "--overwrite")
 
 Loaded = Packed | Skipped
 
@@ -170,19 +174,26 @@ def _check_args(fmt: str, shard_rows: int | None, shard_mb: float | None, rows_p
     def positive_int(value: object) -> bool:
         return checks.is_integer(value) and value > 0
 
+    def bad(name: str, flag: str, value: object, rule: str) -> OptionError:
+        # Named as the caller spelled it: the keyword from Python, the option on the command line.
+        return OptionError(f"{name}={value!r}: {rule}", f"{flag} {value}: {rule}")
+
     if fmt not in FORMATS:
-        raise ValueError(f"fmt={fmt!r}: must be one of {', '.join(FORMATS)}")
+        raise bad("fmt", "--format", fmt, f"must be one of {', '.join(FORMATS)}")
     if shard_rows is not None and not positive_int(shard_rows):
-        raise ValueError(f"shard_rows={shard_rows!r}: must be a positive number of rows, or None")
+        raise bad("shard_rows", "--shard-size", shard_rows, "must be a positive number of rows, or None")
     if shard_mb is not None and not (isinstance(shard_mb, (int, float)) and not isinstance(shard_mb, bool)
                                      and shard_mb > 0):
-        raise ValueError(f"shard_mb={shard_mb!r}: must be a positive size in MiB, or None")
-    checks.positive_integer("rows_per_batch", rows_per_batch)
+        raise bad("shard_mb", "--shard-mb", shard_mb, "must be a positive size in MiB, or None (0 on the command "
+                  "line)")
+    if not positive_int(rows_per_batch):
+        raise bad("rows_per_batch", "--rows-per-batch", rows_per_batch, "must be a positive integer")
     if sample_rate is not None and not positive_int(sample_rate):
-        raise ValueError(f"sample_rate={sample_rate!r}: must be a positive integer in Hz, or None")
+        raise bad("sample_rate", "--sample-rate", sample_rate, "must be a positive integer in Hz, or None")
     if codec is not None and codec not in CODECS:
-        raise ValueError(f"codec={codec!r}: must be one of {', '.join(CODECS)}, or None")
-    checks.positive_integer("workers", workers)
+        raise bad("codec", "--codec", codec, f"must be one of {', '.join(CODECS)}, or None")
+    if not positive_int(workers):
+        raise bad("workers", "--workers", workers, "must be a positive integer")
 
 
 def _check_out_not_in_src(src: str | os.PathLike[str], store: LocalOut | RemoteOut) -> None:
@@ -222,20 +233,22 @@ def _prepare_out(store: LocalOut | RemoteOut, part: Part | None, journal: Journa
         old = None
     elif foreign:
         split = "a whole pack" if part is None else f"a split into {part.count} parts"
-        raise ValueError(f"OUT {store.display!r} already holds shards of another pack than {split} ({foreign[0]}, "
-                         "...); pass overwrite=True (--overwrite) to replace them, or choose an empty folder")
+        raise OptionError.spelled(f"OUT {store.display!r} already holds shards of another pack than {split} "
+                                  f"({foreign[0]}, ...); pass {{overwrite}} to replace them, or choose an empty folder",
+                                  overwrite=_OVERWRITE)
     elif old is None and mine:
-        raise ValueError(f"OUT {store.display!r} already holds shards ({mine[0]}, ...) without a journal to continue "
-                         "from; pass overwrite=True (--overwrite) to replace them, or choose an empty folder")
+        raise OptionError.spelled(f"OUT {store.display!r} already holds shards ({mine[0]}, ...) without a journal to "
+                                  "continue from; pass {overwrite} to replace them, or choose an empty folder",
+                                  overwrite=_OVERWRITE)
     store.remove_temporaries(lambda name: shard_part(name) == part and shard_part(name) is not False)
     if old is None:
         return journal
     earlier = Journal.from_json(old, f"{store.display}/{own}")
     difference = earlier.difference(journal.settings, journal.input)
     if difference is not None:
-        raise ValueError(f"OUT {store.display!r} already holds shards of a pack made with {difference}: run again "
-                         "with the same arguments to continue it, or pass overwrite=True (--overwrite) to replace "
-                         "them")
+        raise OptionError.spelled(f"OUT {store.display!r} already holds shards of a pack made with {{difference}}: "
+                                  "run again with the same arguments to continue it, or pass {overwrite} to replace "
+                                  "them", difference=difference, overwrite=_OVERWRITE)
     listed = {shard["name"] for shard in earlier.shards}
     for name in mine:
         if name not in listed:
@@ -465,8 +478,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "manifest (CSV, TSV, JSONL, a Common Voice TSV); a URL (s3://...) for a manifest or "
                              "class folders in object storage")
     parser.add_argument("out", metavar="OUT",
-                        help="output folder or URL prefix (s3://bucket/data) for shard-NNNNN.arrow|parquet (and "
-                             "labels.json for labeled input); an unfinished pack there is continued")
+                        help="output folder or URL prefix (s3://bucket/data): shard-NNNNN.arrow|parquet, "
+                             "labels.json for labeled input, _audioloader_pack.json (the journal: an unfinished pack "
+                             "there is continued) and _audioloader_index.arrow, the folder's metadata index (not "
+                             "shards: the leading underscore keeps pyarrow.dataset and Spark from reading them as "
+                             "data; a glob of your own should name the shards, e.g. OUT/shard-*.arrow, not "
+                             "OUT/*.arrow)")
     parser.add_argument("--input-format", choices=("auto", *INPUT_FORMATS), default="auto",
                         help="how to read SRC (default: auto, detected from its extension, content or layout)")
     parser.add_argument("--format", dest="fmt", choices=FORMATS, default="ipc_file",

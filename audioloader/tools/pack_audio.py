@@ -30,7 +30,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from audioloader.dsp.audio import EXACT_SEEK_FORMATS, EXACT_SEEK_SUBTYPES, mixdown, probe_seconds
+from audioloader.dsp.audio import EXACT_SEEK_FORMATS, EXACT_SEEK_SUBTYPES, library_reason, mixdown, probe_seconds
 from audioloader.dsp.spans import span_frames
 from audioloader.errors import DecodeError
 
@@ -175,7 +175,15 @@ def _decode(file: Path) -> tuple[np.ndarray, int]:
     try:
         return sf.read(_opened(file), dtype="float32", always_2d=True)
     except Exception as error:  # libsndfile raises LibsndfileError/RuntimeError/TypeError by file type
-        raise _Unusable("undecodable", f"{file}: cannot decode: {error}") from error
+        raise _undecodable(file, "cannot decode", error) from error
+
+
+def _undecodable(file: Path, what: str, error: Exception) -> _Unusable:
+    """Why ``file`` could not be opened or read: the OS's reason when it is not there, else the decoder's (for a
+    corrupt MP3 libsndfile says "File does not exist or is not a regular file": `library_reason` says what it is)."""
+    if isinstance(file, Path) and not file.is_file():  # (a remote file's bytes are already read)
+        return _Unusable("unreadable file", f"{file}: {what}: the file is gone or not a regular file")
+    return _Unusable("undecodable", f"{file}: {what}: {library_reason(error)}")
 
 
 # -- segments ------------------------------------------------------------------------------------------
@@ -190,7 +198,7 @@ def cut_segment(entry: Entry, sample_rate: int | None, codec: str | None) -> byt
     try:
         info = sf.info(_opened(entry.file))
     except Exception as error:
-        raise _Unusable("undecodable", f"{entry.file}: cannot open: {error}") from error
+        raise _undecodable(entry.file, "cannot open", error) from error
     if info.format in EXACT_SEEK_FORMATS and info.subtype in EXACT_SEEK_SUBTYPES and info.frames > 0:
         first, stop = _frames(entry, info.samplerate, info.frames)
         try:
@@ -199,7 +207,7 @@ def cut_segment(entry: Entry, sample_rate: int | None, codec: str | None) -> byt
                 # float64 holds every PCM sample (up to 32 bit) and float exactly: written back unchanged.
                 frames = handle.read(stop - first, dtype="float64", always_2d=True)
         except Exception as error:
-            raise _Unusable("undecodable", f"{entry.file}: cannot read the segment: {error}") from error
+            raise _undecodable(entry.file, "cannot read the segment", error) from error
         if len(frames) != stop - first:
             raise _Unusable("undecodable", f"{entry.file}: truncated: the segment's frames do not all decode")
         container, subtype, rate = info.format, info.subtype, info.samplerate

@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from audioloader.errors import OptionError
+
 from .manifests import Entry, Skips
 
 __all__ = ["JOURNAL_PREFIX", "SHARD_PATTERN", "Journal", "Part", "entries_fingerprint", "journal_name",
@@ -75,8 +77,8 @@ def parse_part(value: Any) -> Part | None:
     except (TypeError, ValueError):
         k = n = -1
     if not 0 <= k < n:
-        raise ValueError(f"part={value!r}: must be K/N with 0 <= K < N, e.g. '3/16' for the 4th of 16 parts "
-                         "(parts are numbered from 0)")
+        rule = "must be K/N with 0 <= K < N, e.g. 3/16 for the 4th of 16 parts (parts are numbered from 0)"
+        raise OptionError(f"part={value!r}: {rule}", f"--part {value}: {rule}")
     return Part(k, n)
 
 
@@ -176,16 +178,27 @@ class Journal:
             examples = skips.examples.setdefault(reason, [])
             examples += self.skips["examples"].get(reason, [])[:max(0, 3 - len(examples))]
 
-    def difference(self, settings: dict[str, Any], input_: dict[str, Any]) -> str | None:
-        """The first setting (or the input) that differs from this run's, as a phrase; None when all agree."""
+    def difference(self, settings: dict[str, Any], input_: dict[str, Any]) -> tuple[str, str] | None:
+        """The first setting (or the input) that differs from this run's, as a phrase spelled for Python and for
+        the command line; None when all agree."""
         for name, flag in SETTINGS.items():
-            if self.settings.get(name) != settings.get(name):
-                return (f"{name}={self.settings.get(name)!r} ({flag}), this run has {name}={settings.get(name)!r}")
+            then, now = self.settings.get(name), settings.get(name)
+            if then != now:
+                return (f"{name}={then!r}, this run has {name}={now!r}",
+                        f"{_flag(flag, then)}, this run has {_flag(flag, now)}")
         if self.input != input_:
-            return (f"an input of {self.input.get('rows')} rows with fingerprint {self.input.get('fingerprint')}, "
-                    f"this run's input has {input_['rows']} rows with fingerprint {input_['fingerprint']} "
-                    "(SRC's files, their order or their columns changed)")
+            phrase = (f"an input of {self.input.get('rows')} rows with fingerprint {self.input.get('fingerprint')}, "
+                      f"this run's input has {input_['rows']} rows with fingerprint {input_['fingerprint']} "
+                      "(SRC's files, their order or their columns changed)")
+            return phrase, phrase
         return None
+
+
+def _flag(flag: str, value: Any) -> str:
+    """A setting as the command line gives it: ``--sample-rate 16000``, ``no --sample-rate``."""
+    if value is None:
+        return "--shard-mb 0" if flag == "--shard-mb" else f"no {flag}"
+    return f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
 
 
 def unfinished_parts(journals: dict[str, str]) -> tuple[int | None, list[str]]:

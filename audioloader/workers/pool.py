@@ -33,12 +33,13 @@ import pickle
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from multiprocessing import reduction
 from typing import Any
 
-from . import forks, wire
+from . import cuda, forks, wire
 from .process_worker import _RemoteFailure, run_chunk, worker_main
 from .threads import join_or_report
 
@@ -55,19 +56,38 @@ DEFAULT_START_METHOD = "forkserver" if sys.platform != "win32" else "spawn"
 
 
 def choose_start_method() -> str:
-    """``"fork"`` on Linux while this is the process's only Python thread, else `DEFAULT_START_METHOD`.
+    """The start method `ProcessPool` uses when none is given (see `start_method_and_reason`)."""
+    return start_method_and_reason(None)[0]
 
-    A fork is instant and shares the parent's imports, where a fork server
-    first spends ~1.3 s importing torch (once per process) and holds ~400 MB.
-    It is safe when no other Python thread can hold a lock at the moment of
-    the fork (native pools, torch's and Arrow's, are what DataLoader forks with
-    on Linux too; workers run torch on one thread). With other Python threads
-    running (another loader's, your own), the fork server.
+
+def start_method_and_reason(asked: str | None) -> tuple[str, str]:
+    """``(start method, why)`` for worker processes: ``asked`` unless it is ``"fork"`` in a process that uses CUDA.
+
+    None picks ``"fork"`` on Linux while this is the process's only Python thread
+    and CUDA is not in use here, else `DEFAULT_START_METHOD`. A fork is instant and
+    shares the parent's imports, where a fork server first spends ~1.3 s importing
+    torch (once per process) and holds ~400 MB. It is safe when no other Python
+    thread can hold a lock at the moment of the fork (native pools, torch's and
+    Arrow's, are what DataLoader forks with on Linux too; workers run torch on one
+    thread). With other Python threads running (another loader's, your own), the
+    fork server. With CUDA initialised (a model moved to the GPU first: the usual
+    order) a forked child can abort on its first CUDA call, even one made by its
+    garbage collector (see `audioloader.workers.cuda`): never a fork then, not even
+    when asked for.
     """
-    if sys.platform.startswith("linux") and threading.active_count() == 1:
-        return "fork"
-    return DEFAULT_START_METHOD
-
+    cuda_reason = cuda.fork_unsafe_reason() if asked in (None, "fork") else None
+    if asked == "fork" and cuda_reason is not None:
+        return DEFAULT_START_METHOD, f"Workers(start_method='fork') was asked for, but {cuda_reason}"
+    if asked is not None:
+        return asked, "Workers(start_method=...)"
+    if not sys.platform.startswith("linux"):
+        return DEFAULT_START_METHOD, f"fork is used on Linux only ({sys.platform})"
+    if cuda_reason is not None:
+        return DEFAULT_START_METHOD, cuda_reason
+    if threading.active_count() > 1:
+        threads = threading.active_count()
+        return DEFAULT_START_METHOD, f"{threads} Python threads are running (a fork could copy a held lock)"
+    return "fork", "the only Python thread and no CUDA in this process"
 
 
 def free_mkl_buffers() -> bool:
@@ -112,6 +132,10 @@ class PoolClosed(Exception):
 
 class WorkerError(RuntimeError):
     """A worker process could not start, or died while it held work."""
+
+
+class CudaInWorkerError(WorkerError):
+    """Code in a worker process tried to initialise CUDA (device work belongs in the main process)."""
 
 
 # ---------------------------------------------------------------------------------------- threads
@@ -227,6 +251,8 @@ class ProcessPool:
         self._closed = threading.Event()
         self._io_lock = threading.Lock()
         self._pid = os.getpid()
+        self.method_used: str | None = None  # set by start(), with the reason for it
+        self.start_reason = ""
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -236,7 +262,11 @@ class ProcessPool:
         import multiprocessing
 
         self._closed.clear()
-        method = self.start_method or choose_start_method()
+        method, self.start_reason = start_method_and_reason(self.start_method)
+        if self.start_method is not None and method != self.start_method:
+            warnings.warn(f"audioloader: {self.what} processes start with {method!r}: {self.start_reason}",
+                          RuntimeWarning, stacklevel=3)
+        self.method_used = method
         context = multiprocessing.get_context(method)
         if method == "forkserver":
             context.set_forkserver_preload(_PRELOAD)
@@ -255,7 +285,8 @@ class ProcessPool:
 
     def _launch(self, context: Any, index: int) -> _Worker:
         ours, theirs = context.Pipe(duplex=True)
-        process = context.Process(target=worker_main, args=(theirs, self._job_bytes, self.depth, os.getpid()),
+        process = context.Process(target=worker_main,
+                                  args=(theirs, self._job_bytes, self.depth, os.getpid(), self.what),
                                   name=f"audioloader-{self.what.replace(' ', '-')}-{index}", daemon=True)
         try:
             with _main_module_hidden(context.get_start_method() != "fork" and b"__main__" not in self._job_bytes):

@@ -24,7 +24,7 @@ from typing import Any
 import tblib
 
 from ..samples import Failure
-from . import wire
+from . import cuda, wire
 
 #: Seconds between a worker's checks that its consumer process is still alive.
 PARENT_CHECK_SECONDS = 1.0
@@ -162,11 +162,12 @@ def _exit_with_consumer(consumer: int) -> None:
     threading.Thread(target=watch, name="audioloader-consumer-watch", daemon=True).start()
 
 
-def worker_main(conn: Any, job_bytes: bytes, depth: int, consumer: int) -> None:
+def worker_main(conn: Any, job_bytes: bytes, depth: int, consumer: int, what: str = "worker") -> None:
     """A worker process: read chunks from ``conn``, answer with results, until told to stop, the socket
-    closes, or the ``consumer`` process exits."""
+    closes, or the ``consumer`` process exits. ``what`` names it in errors (e.g. "decode worker")."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the consumer; it stops us
     _exit_with_consumer(consumer)
+    cuda.refuse_cuda_here(what)  # before the job is unpickled: that runs user code too
     import torch
 
     torch.set_num_threads(1)
