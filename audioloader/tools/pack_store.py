@@ -208,6 +208,9 @@ def require_finished(out: str | os.PathLike[str]) -> None:
         count, missing = unfinished_parts(journals)
     finally:
         store.close()
+    if missing == ["the whole pack"]:
+        raise ValueError(f"{store.display!r}: the pack into it is not finished; run the same `audioloader pack SRC "
+                         "OUT ...` again to finish it (it writes the index itself)")
     if missing:
         listed = ", ".join(missing[:8]) + (f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
         raise ValueError(f"{store.display!r}: the pack into it is not finished ({listed} of {count} part(s)); "
