@@ -147,3 +147,25 @@ def test_killed_mid_upload_no_shard_appears_under_its_name_and_the_rerun_finishe
     rows, _ = remote_rows(s3, "killed/out")
     pack_dataset(src, tmp_path / "local", shard_rows=4, rows_per_batch=2, progress=False)
     assert content_hash(rows) == content_hash(rows_of(tmp_path / "local"))
+
+
+def test_a_multipart_upload_killed_half_way_leaves_nothing_and_the_rerun_uploads_it_whole(s3, tmp_path):
+    """A 14 MB shard goes up as a multipart upload (8 MiB a write): killed after its first part, no object."""
+    from tests.helpers import encode, tone
+    from tests.test_pack_resume import run_pack
+
+    src = tmp_path / "big"
+    (src / "loud").mkdir(parents=True)
+    for i in range(14):  # 14 clips of 1 MB: one shard of 14 MB
+        (src / "loud" / f"{i:02d}.wav").write_bytes(encode(tone(6.0, 44100, freq=200 + 10 * i, channels=2, seed=i),
+                                                            44100))
+    s3.filesystem().create_dir("multipart")
+    s3.proxy.clear()
+    proc = run_pack(src, s3.url("multipart/out"), "-q", kill="upload:1", check=False)
+    assert proc.returncode == -9, proc.stderr
+    assert s3.proxy.log("POST", "multipart/out/shard-00000.arrow")  # CreateMultipartUpload was sent
+    assert remote_names(s3, "multipart/out") == []  # the parts sent are not an object
+    run_pack(src, s3.url("multipart/out"), "-q")
+    rows, names = remote_rows(s3, "multipart/out")
+    assert names == ["shard-00000.arrow"] and len(rows) == 14
+    assert [r["audio"] for r in rows] == [(src / "loud" / f"{i:02d}.wav").read_bytes() for i in range(14)]
