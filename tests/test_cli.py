@@ -55,7 +55,8 @@ def test_help_lists_commands():
 
 
 def test_the_index_pack_writes_is_not_read_as_data(tmp_path, src):
-    """pyarrow.dataset (as Spark) skips `_`-prefixed files, and the glob docs/cli.md shows names only the shards."""
+    """pyarrow.dataset (as Spark) skips `_`-prefixed files (the index, pack's journal), and the glob docs/cli.md
+    shows names only the shards."""
     import glob
 
     import pyarrow.dataset as ds
@@ -64,7 +65,7 @@ def test_the_index_pack_writes_is_not_read_as_data(tmp_path, src):
     (tmp_path / "m.csv").write_text("path\n" + "".join(f"{f}\n" for f in files))  # unlabeled: no labels.json
     summary = pack_dataset(tmp_path / "m.csv", tmp_path / "out", shard_rows=4, progress=False)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "_audioloader_index.arrow", "shard-00000.arrow", "shard-00001.arrow"]
+        "_audioloader_index.arrow", "_audioloader_pack.json", "shard-00000.arrow", "shard-00001.arrow"]
     assert ds.dataset(str(tmp_path / "out"), format="ipc").count_rows() == summary.rows == 6
     shards = sorted(glob.glob(str(tmp_path / "out" / "shard-*.arrow")))
     assert [Path(p) for p in shards] == summary.shards
@@ -151,8 +152,8 @@ def test_pack_command(tmp_path, src):
     proc = run_cli("pack", src, out, "--shard-size", "4", "--rows-per-batch", "2", "--sample-rate", "8000",
                    "--codec", "pcm16", "--format", "parquet", "--workers", "3")
     assert "wrote 2 shard(s)" in proc.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["_audioloader_index.arrow", "labels.json", "shard-00000.parquet",
-                                                     "shard-00001.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == ["_audioloader_index.arrow", "_audioloader_pack.json",
+                                                     "labels.json", "shard-00000.parquet", "shard-00001.parquet"]
     assert json.loads((out / "labels.json").read_text()) == {"bird": 0, "cat": 1, "dog": 2}
     # Progress goes nowhere when stderr is not a terminal.
     assert proc.stderr == ""
@@ -174,7 +175,8 @@ def test_pack_quiet_and_errors(tmp_path, src):
 
 def test_main_in_process(tmp_path, src, capsys):
     assert cli.main(["pack", str(src), str(tmp_path / "out"), "-q"]) == 0
-    assert cli.main(["pack", str(src), str(tmp_path / "out"), "-q"]) == 1  # already holds shards
+    assert cli.main(["pack", str(src), str(tmp_path / "out"), "-q"]) == 0  # the same pack: finished, kept
+    assert cli.main(["pack", str(src), str(tmp_path / "out"), "-q", "--shard-size", "2"]) == 1  # another pack
     assert "--overwrite" in capsys.readouterr().err
     assert pa.ipc.open_file(str(tmp_path / "out" / "shard-00000.arrow")).read_all().num_rows == 6
 
@@ -183,7 +185,9 @@ def test_pack_errors_name_options_as_the_command_line_spells_them(tmp_path, src,
     """On the command line a fix says `--overwrite`, `--input-format tsv`, `--shard-size 0`, never the Python
     keyword (`overwrite=True`); from Python the same error says the keyword."""
     assert cli.main(["pack", str(src), str(tmp_path / "out"), "-q"]) == 0
-    cases = [(["pack", str(src), str(tmp_path / "out"), "-q"], "pass --overwrite to replace them", "overwrite="),
+    cases = [(["pack", str(src), str(tmp_path / "out"), "-q", "--shard-size", "2"],
+              "made with no --shard-size, this run has --shard-size 2: run again with the same arguments to continue "
+              "it, or pass --overwrite to replace them", "overwrite="),
              (["pack", str(src), str(tmp_path / "o2"), "--shard-size", "0"], "--shard-size 0: must be a positive",
               "shard_rows="),
              (["pack", str(src), str(tmp_path / "o3"), "--workers", "0"], "--workers 0: must be a positive",
@@ -195,8 +199,9 @@ def test_pack_errors_name_options_as_the_command_line_spells_them(tmp_path, src,
         assert cli.main(argv) == 1
         err = capsys.readouterr().err
         assert says in err and python_spelling not in err, err
-    with pytest.raises(ValueError, match=r"pass overwrite=True to replace them") as info:
-        pack_dataset(src, tmp_path / "out", progress=False)
+    with pytest.raises(ValueError, match=r"made with shard_rows=None, this run has shard_rows=2: .*pass "
+                                         r"overwrite=True to replace them") as info:
+        pack_dataset(src, tmp_path / "out", shard_rows=2, progress=False)
     assert "--overwrite" not in str(info.value)
     shards = str(tmp_path / "out")
     for argv, says, python_spelling in [

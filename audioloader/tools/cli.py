@@ -64,7 +64,8 @@ def _inspect(p: argparse.ArgumentParser) -> None:
 def _index(p: argparse.ArgumentParser) -> None:
     p.description = ("Write _audioloader_index.arrow into a folder of shards (local or a URL such as "
                      "s3://bucket/data): loaders then read every file's metadata from it, in one request, while "
-                     "the listing agrees with it. Run it again after adding or rewriting shards.")
+                     "the listing agrees with it. Run it again after adding or rewriting shards. A folder that "
+                     "`audioloader pack --part K/N` writes is indexed once every part has finished.")
     p.add_argument("folder", help="folder of shards (path or URL)")
     p.add_argument("--portable", action="store_true",
                    help="leave modification times out (local shards you will upload: copies change them)")
@@ -108,7 +109,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def _run_index(args: argparse.Namespace) -> int:
     from audioloader.shards.index import write_index
+    from audioloader.tools.pack_store import require_finished
 
+    require_finished(args.folder)  # a split pack still writing parts would be indexed half
     print(write_index(args.folder, portable=args.portable))
     return 0
 

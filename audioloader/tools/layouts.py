@@ -27,6 +27,7 @@ import pyarrow as pa
 from audioloader.errors import OptionError
 
 from .manifests import Entry, Inputs, Skips, Table, build_inputs, iter_lines, read_table
+from .remote_files import is_url
 
 __all__ = ["AUDIO_EXTENSIONS", "INPUT_FORMATS", "collect_inputs", "detect_format"]
 
@@ -106,7 +107,8 @@ def collect_inputs(src: str | os.PathLike[str], input_format: str | None = None)
     """Read the source's rows (`Inputs`): the files, their columns and labels, and what was left out.
 
     Args:
-        src: a folder or a manifest file.
+        src: a folder or a manifest file; a URL for a manifest or class folders in object storage
+            (`audioloader.tools.remote_inputs`).
         input_format: one of `INPUT_FORMATS`, or None / ``"auto"`` to detect it.
 
     Raises:
@@ -114,6 +116,10 @@ def collect_inputs(src: str | os.PathLike[str], input_format: str | None = None)
         ValueError: an unknown format, a format that does not fit ``src``, a malformed manifest (the
             message names the file and line), or no row left to pack.
     """
+    if is_url(os.fspath(src)):
+        from .remote_inputs import remote_inputs
+
+        return remote_inputs(os.fspath(src), input_format)
     path = Path(src)
     if not path.exists():
         raise FileNotFoundError(f"SRC {str(path)!r} does not exist; give a folder of audio files or a manifest "

@@ -45,6 +45,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from .remote_files import RemoteFile, is_url
+
 __all__ = ["PATH_COLUMNS", "SEGMENT_LOOKALIKES", "SPECIAL_COLUMNS", "Entry", "Inputs", "Skips", "Table", "build_inputs",
            "canonical_columns", "read_table"]
 
@@ -91,7 +93,7 @@ class Entry:
     """One row to pack.
 
     Attributes:
-        file: the audio file to read.
+        file: the audio file to read (a `RemoteFile` for a URL).
         rel: the value stored in the ``path`` column (as the manifest gives it, or relative to the source folder).
         where: where the row comes from, for messages (``"list.csv, line 7"``).
         label: class id, or None (unlabeled).
@@ -99,7 +101,7 @@ class Entry:
         span: ``(start, end)`` seconds when the row is a segment of its file, else None.
     """
 
-    file: Path
+    file: Path | RemoteFile
     rel: str
     where: str
     label: int | None = None
@@ -197,14 +199,14 @@ def _read_jsonl(path: Path) -> Table:
 # -- from a table to entries ------------------------------------------------------------------------------
 
 
-def build_inputs(table: Table, fmt: str, base: Path, *, rename: dict[str, str] | None = None,
+def build_inputs(table: Table, fmt: str, base: Path | RemoteFile, *, rename: dict[str, str] | None = None,
                  rel_base: Path | None = None, skips: Skips | None = None) -> Inputs:
     """Entries of a manifest table: files resolved against ``base``, columns typed, labels and segments read.
 
     Args:
         table: the manifest.
         fmt: the input format's name (reported).
-        base: the folder relative paths are resolved against.
+        base: the folder relative paths are resolved against (a `RemoteFile` for a manifest in object storage).
         rename: columns to rename (Common Voice: ``sentence`` -> ``text``).
         rel_base: store paths relative to this folder (default: as the manifest gives them).
         skips: where left-out rows are counted (a new `Skips` by default).
@@ -236,17 +238,27 @@ def build_inputs(table: Table, fmt: str, base: Path, *, rename: dict[str, str] |
         if "text" in values and (values["text"] is None or not str(values["text"]).strip()):
             skips.add("empty transcript", where)
             continue
-        file = Path(str(path)) if Path(str(path)).is_absolute() else base / str(path)
-        if not file.is_file():
+        file = locate(str(path), base)
+        if isinstance(file, Path) and not file.is_file():  # a remote file's absence shows when it is read
             skips.add("missing file", f"{where}: {file}")
             continue
-        rel = file.relative_to(rel_base).as_posix() if rel_base is not None else Path(str(path)).as_posix()
+        rel = (file.relative_to(rel_base).as_posix() if rel_base is not None else
+               str(RemoteFile(str(path))) if is_url(str(path)) else Path(str(path)).as_posix())
         span = _span(table.source, where, values, segments)
         values.pop("duration", None)
         entries.append(Entry(file, rel, where, None if labels is None else labels[i], values, span))
     if not entries:
         raise ValueError(_nothing_left(table, skips, base))
     return Inputs(fmt, entries, columns, label_names, skips, segments)
+
+
+def locate(path: str, base: Path | RemoteFile) -> Path | RemoteFile:
+    """The file a manifest's ``path`` names: a URL as it is, else relative to ``base`` (unless absolute)."""
+    if is_url(path):
+        return RemoteFile(path)
+    if isinstance(base, RemoteFile):
+        return base.join(path)
+    return Path(path) if Path(path).is_absolute() else base / path
 
 
 def _nothing_left(table: Table, skips: Skips, base: Path) -> str:
