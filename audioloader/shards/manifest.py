@@ -304,6 +304,7 @@ def mismatch(expected: _FileMeta, found: _FileMeta) -> str | None:
                        ("footer digest", expected.digest, found.digest)):
         if a != b:
             differences.append(f"{what} {a} -> {b}")
-    if expected.etag is not None and found.etag is not None and expected.etag != found.etag:
+    if (expected.etag is not None and found.etag is not None and expected.etag != found.etag
+            and expected.etag.split(":", 1)[0] == found.etag.split(":", 1)[0]):  # of one kind (ETag, version...)
         differences.append(f"identity {expected.etag} -> {found.etag}")
     return "; ".join(differences) or None
