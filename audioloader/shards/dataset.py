@@ -4,10 +4,14 @@ in `audioloader.shards.row_reads` (rows) and `audioloader.shards.unit_reads` (un
 from __future__ import annotations
 
 import bisect
+import contextlib
 import copy
+import gc
+import itertools
 import operator
+import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,31 +128,33 @@ class ShardDataset(RowReads, UnitReads):
         self._locating: dict[int, threading.Lock] = {}
         self._locating_lock = threading.Lock()
         self.cache = None
-        if isinstance(source, IcebergTable):
-            self.table, self._locations = resolve_iceberg(source, filesystem, self.retry, guarantees=filter is not None)
-        else:
-            if self.remote_reads.index == "auto":
-                self.manifest = open_manifest(source, filesystem, self.retry,
-                                              lambda: self._listed_and_scanned(source, filesystem))
-            self._locations = (self.manifest.locations if self.manifest is not None else
-                               resolve_source(source, filesystem, self.retry, self._index_locations))
-        self._pruned = self._pruned_by_table(filter)
-        self.cache = self.cache or self._open_cache()
-        metas = self.manifest.metas if self.manifest is not None else self._scan()
-        if self.cache is not None:
-            self.cache.check_holds([(m.size, loc.path) for loc, m in zip(self._locations, metas, strict=True)
-                                    if loc.fs is not None])
-        self._unified = self._unify_schemas(metas)
-        self._metas = metas
-        self.files = self._make_files(metas)
-        self.num_rows = sum(f.num_rows for f in self.files)
-        if self.num_rows == 0:
-            raise ValueError(f"the source has no rows: {len(self.files)} file(s), all empty "
-                             f"(first: {self.files[0].path}); write rows into the shards or pass another source")
-        self._offsets = [f.index_offset for f in self.files]
-        self._unit_starts = [tuple(np.cumsum((0, *f.batch_rows)).tolist()) for f in self.files]
-        self.splits = _numbered([s for i, f in enumerate(self.files) for s in
-                                 _file_splits(i, f.batch_rows, split_rows, f.format in ("ipc_file", "ipc_stream"))])
+        with _gc_paused():  # a million files make millions of objects: no collections while they are made
+            if isinstance(source, IcebergTable):
+                self.table, self._locations = resolve_iceberg(source, filesystem, self.retry,
+                                                              guarantees=filter is not None)
+            else:
+                if self.remote_reads.index == "auto":
+                    self.manifest = open_manifest(source, filesystem, self.retry,
+                                                  lambda: self._listed_and_scanned(source, filesystem))
+                self._locations = (self.manifest.locations if self.manifest is not None else
+                                   resolve_source(source, filesystem, self.retry, self._index_locations))
+            self._pruned = self._pruned_by_table(filter)
+            self.cache = self.cache or self._open_cache()
+            metas = self.manifest.metas if self.manifest is not None else self._scan()
+            if self.cache is not None:
+                self.cache.check_holds([(m.size, loc.path) for loc, m in zip(self._locations, metas, strict=True)
+                                        if loc.fs is not None])
+            self._unified = self._unify_schemas(metas)
+            self._metas = metas
+            self.files = self._make_files(metas)
+            self.num_rows = sum(f.num_rows for f in self.files)
+            if self.num_rows == 0:
+                raise ValueError(f"the source has no rows: {len(self.files)} file(s), all empty "
+                                 f"(first: {self.files[0].path}); write rows into the shards or pass another source")
+            self._offsets = [f.index_offset for f in self.files]
+            self._unit_starts = [tuple(itertools.accumulate(f.batch_rows, initial=0)) for f in self.files]
+            self.splits = _numbered([s for i, f in enumerate(self.files) for s in
+                                     _file_splits(i, f.batch_rows, split_rows, f.format in ("ipc_file", "ipc_stream"))])
         self.schema = self._unified.schema
         self.label_names = _label_names(self.schema, label_column)
         self._tls = threading.local()
@@ -277,10 +283,13 @@ class ShardDataset(RowReads, UnitReads):
     def _unify_schemas(self, metas: list[_FileMeta]) -> Any:
         """The scanned files' `schema.Unified` schema, after checking each file's audio and label types."""
         paths = [loc.path for loc, meta in zip(self._locations, metas, strict=True) if meta.schema is not None]
-        schemas = [meta.schema for meta in metas if meta.schema is not None]
-        for path, schema in zip(paths, schemas, strict=True):
+        distinct: dict[int, tuple[str, pa.Schema]] = {}  # files from a manifest share their schema objects
+        for loc, meta in zip(self._locations, metas, strict=True):
+            if meta.schema is not None and id(meta.schema) not in distinct:
+                distinct[id(meta.schema)] = (loc.path, meta.schema)
+        for path, schema in distinct.values():
             _check_schema(path, schema, self.audio_column, self.label_column)
-        unified = unify(paths, schemas)
+        unified = unify([p for p, _ in distinct.values()], [s for _, s in distinct.values()])
         check_columns(unified, paths, self.audio_column, self.label_column, self.columns)
         return unified
 
@@ -403,6 +412,26 @@ class ShardDataset(RowReads, UnitReads):
             identity["etags"] = [m.etag for m in self._metas]
         return identity
 
+    def metadata_memory(self) -> dict[str, int]:
+        """What this dataset's metadata costs this process, in bytes: ``manifest_mapped_bytes`` (the manifest,
+        memory-mapped: page cache, shared by the machine's processes) and ``metadata_bytes`` (the Python objects
+        a file and a split: `ShardFile`, location, `_FileMeta` with any footer kept, `Split`), estimated from
+        the first 64 files and splits (``sys.getsizeof`` of each object and its own fields)."""
+        def size(obj: Any) -> int:
+            fields = obj.__dict__.values() if hasattr(obj, "__dict__") else ()
+            return sys.getsizeof(obj) + sum(sys.getsizeof(v) for v in fields
+                                            if isinstance(v, (str, bytes, tuple, int)) and v is not None)
+
+        def scaled(items: Sequence[Any]) -> int:
+            sample = items[:64]
+            return 0 if not sample else sum(size(x) for x in sample) * len(items) // len(sample)
+
+        objects = (scaled(self.files) + scaled(self._locations) + scaled(self._metas) + scaled(self.splits)
+                   + sys.getsizeof(self.files) + sys.getsizeof(self._locations) + sys.getsizeof(self._metas)
+                   + sys.getsizeof(self.splits) + 8 * len(self._offsets) + 64 * len(self._unit_starts))
+        mapped = self.manifest.manifest.nbytes if self.manifest is not None else 0
+        return {"metadata_bytes": objects, "manifest_mapped_bytes": mapped}
+
     def is_remote(self, file_id: int) -> bool:
         """Whether a file is read through a remote filesystem (its rows are copies, not memory-map views)."""
         return self._locations[file_id].fs is not None
@@ -459,6 +488,19 @@ class ShardDataset(RowReads, UnitReads):
         formats = sorted({f.format for f in self.files})
         return (f"ShardDataset({len(self.files)} files ({', '.join(formats)}), {self.num_rows} rows, "
                 f"{len(self.splits)} splits, audio={self.audio_column!r}, label={self.label_column!r})")
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off (as it was after): it would scan the growing per-file objects again and
+    again (measured: 300,000 files from a manifest constructed in 7.7 s instead of 20 s)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _check_remote_reads(remote_reads: Any) -> RemoteReads:
