@@ -11,6 +11,7 @@ import itertools
 import operator
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,11 @@ from .sources import IcebergTable, TableSnapshot, resolve_iceberg, resolve_sourc
 from .splits import Split, _file_splits, _numbered
 from .storage import DEFAULT_REMOTE_READS, RemoteReads
 from .unit_reads import UnitReads
+
+#: Bytes of small remote files a dataset keeps after their first read fetched them whole with their footer (files
+#: known from a manifest), so that their units cost no second request: 64 files of 256 KiB, what the read-ahead
+#: locates at once.
+WHOLE_FILES_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -127,6 +133,8 @@ class ShardDataset(RowReads, UnitReads):
         self.manifest: FromManifest | None = None  # the folder's manifest, when it was read through one
         self._locating: dict[int, threading.Lock] = {}
         self._locating_lock = threading.Lock()
+        self._whole: OrderedDict[int, pa.Buffer] = OrderedDict()  # small files fetched whole with their footer
+        self._whole_bytes, self._whole_lock = 0, threading.Lock()
         self.cache = None
         with _gc_paused():  # a million files make millions of objects: no collections while they are made
             if isinstance(source, IcebergTable):
@@ -250,7 +258,7 @@ class ShardDataset(RowReads, UnitReads):
             meta = self._metas[file_id]
             if not meta.located:
                 self._metas[file_id] = meta = self._checked(file_id, _scan_file(self._locations[file_id], self.remote,
-                                                                                self.cache))
+                                                                                self.cache, keep_whole=True))
         return meta
 
     def locate_files(self, file_ids: Sequence[int]) -> None:
@@ -260,7 +268,7 @@ class ShardDataset(RowReads, UnitReads):
             for file_id in wanted:
                 self.located(file_id)
             return
-        found = _scan_all([self._locations[i] for i in wanted], self.retry, self.remote, self.cache)
+        found = _scan_all([self._locations[i] for i in wanted], self.retry, self.remote, self.cache, keep_whole=True)
         for file_id, meta in zip(wanted, found, strict=True):
             with self._locating_lock:
                 if not self._metas[file_id].located:
@@ -278,7 +286,24 @@ class ShardDataset(RowReads, UnitReads):
                                     "index FOLDER`) or restore the file, then build the loader again")
         found.etag = found.etag or expected.etag
         found.mtime_ns = found.mtime_ns if found.mtime_ns is not None else expected.mtime_ns
+        if found.whole is not None:  # the footer came with the whole file: its first data is served from it
+            self._keep_whole(file_id, found.whole)
+            found.whole = None
         return found
+
+    def _keep_whole(self, file_id: int, data: pa.Buffer) -> None:
+        """Keep a small file's bytes, fetched whole by its first read, for its units (at most `WHOLE_FILES_BYTES`
+        a dataset, least recently kept dropped first: a dropped file's units are fetched again)."""
+        with self._whole_lock:
+            self._whole[file_id] = data
+            self._whole_bytes += data.size
+            while self._whole_bytes > WHOLE_FILES_BYTES and len(self._whole) > 1:
+                self._whole_bytes -= self._whole.popitem(last=False)[1].size
+
+    def _whole_file(self, file_id: int) -> pa.Buffer | None:
+        """The bytes of a file its first read fetched whole, while kept (see `_keep_whole`)."""
+        with self._whole_lock:
+            return self._whole.get(file_id)
 
     def _unify_schemas(self, metas: list[_FileMeta]) -> Any:
         """The scanned files' `schema.Unified` schema, after checking each file's audio and label types."""
@@ -474,7 +499,8 @@ class ShardDataset(RowReads, UnitReads):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_tls"]  # open handles stay with the process that opened them
-        del state["_locating"], state["_locating_lock"]
+        for name in ("_locating", "_locating_lock", "_whole", "_whole_bytes", "_whole_lock"):
+            del state[name]
         if self.manifest is not None:  # a worker needs the metadata, not the manifest's map
             state["manifest"] = None
         return state
@@ -483,6 +509,7 @@ class ShardDataset(RowReads, UnitReads):
         self.__dict__.update(state)
         self._tls = threading.local()
         self._locating, self._locating_lock = {}, threading.Lock()
+        self._whole, self._whole_bytes, self._whole_lock = OrderedDict(), 0, threading.Lock()
 
     def __repr__(self) -> str:
         formats = sorted({f.format for f in self.files})
