@@ -261,18 +261,20 @@ class ShardDataset(RowReads, UnitReads):
                                                                                 self.cache, keep_whole=True))
         return meta
 
-    def locate_files(self, file_ids: Sequence[int]) -> None:
-        """Read the footers of files known from a manifest, concurrently (`located` for each; no-op for the rest)."""
+    def locate_files(self, file_ids: Sequence[int]) -> int:
+        """Read the footers of files known from a manifest, concurrently (`located` for each; no-op for the rest);
+        returns how many were read."""
         wanted = sorted({i for i in file_ids if not self._metas[i].located})
         if len(wanted) < 2:
             for file_id in wanted:
                 self.located(file_id)
-            return
+            return len(wanted)
         found = _scan_all([self._locations[i] for i in wanted], self.retry, self.remote, self.cache, keep_whole=True)
         for file_id, meta in zip(wanted, found, strict=True):
             with self._locating_lock:
                 if not self._metas[file_id].located:
                     self._metas[file_id] = self._checked(file_id, meta)
+        return len(wanted)
 
     def _checked(self, file_id: int, found: _FileMeta) -> _FileMeta:
         """``found`` (a file's scan) when it is what the manifest says, with what the manifest knows and the scan

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import pyarrow as pa
@@ -13,7 +14,7 @@ import pyarrow as pa
 from ..errors import ShardReadError
 from .formats import _cheapest_column, _open_local, cache_identity
 from .readers import _ConformedHandle, _IpcFileHandle, _IpcStreamHandle, _OrcHandle, _ParquetHandle
-from .remote import SparseFile
+from .remote import Parts, SparseFile
 from .units import coalesce, unit_ranges
 
 #: Bytes of remote units a random-access read (`ShardDataset.read_rows`) fetches at once.
@@ -144,8 +145,18 @@ class UnitReads:
             return None
         meta = self.located(file_id)
         if self._whole_file(file_id) is not None:
-            return []  # fetched whole with its footer: nothing more to fetch
+            return [(0, meta.size)]  # fetched whole with its footer: `fetch` serves it from memory
         return unit_ranges(meta, unit, self._present_columns(file_id))
+
+    def fetch(self, file_id: int, offset: int, length: int) -> Parts:
+        """Bytes ``[offset, offset + length)`` of a remote file: from its first read's bytes while they are kept
+        (a small file read whole with its footer), else requested (`RemoteFiles.fetch`)."""
+        whole = self._whole_file(file_id)
+        if whole is not None and offset + length <= whole.size:
+            done: Future = Future()
+            done.set_result(whole.slice(offset, length))
+            return Parts([done])
+        return self.remote.fetch(self._locations[file_id], offset, length)
 
     def _present_columns(self, file_id: int) -> list[str]:
         schema = self._metas[file_id].schema
@@ -181,7 +192,7 @@ class UnitReads:
             if ranges is not None:
                 wanted.setdefault(file_id, []).extend(ranges)
                 known.append((file_id, unit))
-        futures = [(file_id, offset, self.remote.fetch(self._locations[file_id], offset, length))
+        futures = [(file_id, offset, self.fetch(file_id, offset, length))
                    for file_id, ranges in wanted.items() for offset, length in coalesce(ranges)]
         fetched: dict[int, list[tuple[int, pa.Buffer]]] = {}
         for file_id, offset, future in futures:
