@@ -329,7 +329,9 @@ def prepare(bench: Bench) -> tuple[dict[str, Path], Path | None, Path | None, di
         remote_data.upload_tree(bench.fs, many / "ipc", f"{BUCKET}/many{args.construct_files}/ipc")
         if args.construct_manifest:  # the same files and their manifest, written by this checkout
             from audioloader.shards.manifest_source import write_folder_manifest
+            from tests.s3_server import S3_ENVIRONMENT
 
+            os.environ.update(S3_ENVIRONMENT)  # the server's keys (unsigned: moto keeps the aws-chunked framing)
             prefix = f"{BUCKET}/many{args.construct_files}/manifest"
             remote_data.upload_tree(bench.fs, many / "ipc", prefix)
             endpoint = bench.server.direct_endpoint

@@ -208,7 +208,9 @@ class Manifest:
             reader = pa.ipc.open_file(buffer)
             batch = reader.get_batch(0) if reader.num_record_batches else None
         except (OSError, pa.ArrowException, ValueError) as error:
-            raise ShardReadError(f"{where} is not an audioloader manifest ({error}); write it again with "
+            head = ("" if isinstance(source, (str, os.PathLike)) else
+                    f"; {source.size:,} bytes: {source[:12].to_pybytes()!r}...")
+            raise ShardReadError(f"{where} is not an audioloader manifest ({error}{head}); write it again with "
                                  "`audioloader index FOLDER`") from error
         metadata = reader.schema.metadata or {}
         version = metadata.get(b"audioloader_manifest")
