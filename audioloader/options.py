@@ -197,9 +197,10 @@ class Storage:
             latency x a few (docs/storage.md, "Read-ahead"). Local shards are memory-mapped.
         max_requests: remote requests in flight at once per source (construction, read-ahead,
             random access).
-        index: ``"auto"``: a remote folder's metadata index (``_audioloader_index.arrow``, or this
-            machine's cached one) replaces reading every file's footer while the listing agrees
-            with it; ``"off"``: always read them (docs/storage.md, "The metadata index").
+        index: ``"auto"``: the folder's dataset manifest (``_audioloader_manifest.arrow``) when there
+            is one (no listing, no request per file), else a 0.3 metadata index
+            (``_audioloader_index.arrow``, or this machine's cached one) while the listing agrees with
+            it; ``"off"``: ignore both and read every file's footer (docs/storage.md).
         cache_dir: a folder on a local disk where whole remote shard files are kept after their
             first read, so later passes (and restarts) read them from disk, memory-mapped, instead
             of the network. Shared safely by every rank and process of the machine (one download

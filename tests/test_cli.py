@@ -51,7 +51,7 @@ def test_help_lists_commands():
         assert option in proc.stdout
     # What pack writes besides the shards, and why a glob must name the shards (issue 29).
     text = " ".join(proc.stdout.split())
-    assert "_audioloader_index.arrow" in text and "pyarrow.dataset and Spark" in text and "shard-*.arrow" in text
+    assert "_audioloader_manifest.arrow" in text and "pyarrow.dataset and Spark" in text and "shard-*.arrow" in text
 
 
 def test_the_index_pack_writes_is_not_read_as_data(tmp_path, src):
@@ -65,7 +65,7 @@ def test_the_index_pack_writes_is_not_read_as_data(tmp_path, src):
     (tmp_path / "m.csv").write_text("path\n" + "".join(f"{f}\n" for f in files))  # unlabeled: no labels.json
     summary = pack_dataset(tmp_path / "m.csv", tmp_path / "out", shard_rows=4, progress=False)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "_audioloader_index.arrow", "_audioloader_pack.json", "shard-00000.arrow", "shard-00001.arrow"]
+        "_audioloader_manifest.arrow", "_audioloader_pack.json", "shard-00000.arrow", "shard-00001.arrow"]
     assert ds.dataset(str(tmp_path / "out"), format="ipc").count_rows() == summary.rows == 6
     shards = sorted(glob.glob(str(tmp_path / "out" / "shard-*.arrow")))
     assert [Path(p) for p in shards] == summary.shards
@@ -78,7 +78,7 @@ def test_the_cli_page_documents_every_command_and_the_index_file():
         assert f"| [`{command}`](#audioloader-{command}) |" in table, command
         assert f"\n## audioloader {command}\n" in page, command
     pack_section = page[page.index("## audioloader pack"):page.index("## audioloader inspect")]
-    assert "_audioloader_index.arrow" in pack_section and "shard-*.arrow" in pack_section
+    assert "_audioloader_manifest.arrow" in pack_section and "shard-*.arrow" in pack_section
     assert "pyarrow.dataset" in pack_section and "Spark" in pack_section
 
 
@@ -152,7 +152,7 @@ def test_pack_command(tmp_path, src):
     proc = run_cli("pack", src, out, "--shard-size", "4", "--rows-per-batch", "2", "--sample-rate", "8000",
                    "--codec", "pcm16", "--format", "parquet", "--workers", "3")
     assert "wrote 2 shard(s)" in proc.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["_audioloader_index.arrow", "_audioloader_pack.json",
+    assert sorted(p.name for p in out.iterdir()) == ["_audioloader_manifest.arrow", "_audioloader_pack.json",
                                                      "labels.json", "shard-00000.parquet", "shard-00001.parquet"]
     assert json.loads((out / "labels.json").read_text()) == {"bird": 0, "cat": 1, "dog": 2}
     # Progress goes nowhere when stderr is not a terminal.

@@ -37,7 +37,7 @@ def test_ray_pack_gives_the_single_packs_rows(cluster, src, tmp_path):
     assert content_hash(rows_of(tmp_path / "ray")) == content_hash(rows_of(tmp_path / "single"))
     assert summary.shards == shard_paths(tmp_path / "ray") and summary.indexed
     assert (summary.rows, summary.skipped, summary.columns) == (single.rows, single.skipped, single.columns)
-    assert (tmp_path / "ray" / "_audioloader_index.arrow").exists()
+    assert (tmp_path / "ray" / "_audioloader_manifest.arrow").exists()
     assert summary.text().startswith(f"wrote {len(summary.shards)} shard(s), {single.rows} rows")
 
 

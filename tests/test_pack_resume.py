@@ -87,14 +87,14 @@ def test_killed_at_any_point_the_rerun_gives_the_clean_runs_shards(src, tmp_path
     out = tmp_path / "out"
     proc = run_pack(src, out, *ARGS, kill=kill, check=False)
     assert proc.returncode == -signal.SIGKILL
-    assert not (out / "_audioloader_index.arrow").exists()  # not finished: no index yet
+    assert not (out / "_audioloader_manifest.arrow").exists()  # not finished: no index yet
     if kill == "journal:2":
         assert cli.main(["index", str(out)]) == 1  # nor does `audioloader index` write one
     run_pack(src, out, *ARGS)
     assert {p.name: p.read_bytes() for p in shard_paths(out)} == clean  # same shards, byte for byte
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]  # the killed writer's file is gone
     assert json.loads((out / "_audioloader_pack.json").read_text())["done"]
-    assert (out / "_audioloader_index.arrow").exists()
+    assert (out / "_audioloader_manifest.arrow").exists()
 
 
 def test_an_interrupted_pack_keeps_its_finished_shards_and_the_rerun_reads_only_the_rest(src, tmp_path, monkeypatch):
@@ -184,10 +184,10 @@ def test_index_waits_for_every_part_and_names_the_missing_ones(src, tmp_path, ca
         pack_dataset(src, out, shard_rows=3, part=f"{k}/4", progress=False)
     assert cli.main(["index", str(out)]) == 1
     assert "not finished (1/4, 3/4 of 4 part(s))" in capsys.readouterr().err
-    assert not (out / "_audioloader_index.arrow").exists()
+    assert not (out / "_audioloader_manifest.arrow").exists()
     for k in (3, 1):
         pack_dataset(src, out, shard_rows=3, part=f"{k}/4", progress=False)
-    assert (out / "_audioloader_index.arrow").exists()
+    assert (out / "_audioloader_manifest.arrow").exists()
     assert cli.main(["index", str(out)]) == 0
 
 

@@ -79,7 +79,7 @@ def test_s3_class_folders_to_s3_give_the_rows_of_local_to_local(s3, src, tmp_pat
     assert remote.shards == [f"s3://{prefix}/out/{n}" for n in names]  # no query string, no credentials
     assert (remote.rows, remote.skipped) == (local.rows, local.skipped)
     assert "cat/00.wav" in remote.examples["undecodable"][0]
-    assert remote_names(s3, f"{prefix}/out") == sorted([*names, "_audioloader_index.arrow", "_audioloader_pack.json",
+    assert remote_names(s3, f"{prefix}/out") == sorted([*names, "_audioloader_manifest.arrow", "_audioloader_pack.json",
                                                         "labels.json"])
     fs = s3.filesystem()
     with fs.open_input_stream(f"{prefix}/out/labels.json") as handle:
@@ -129,7 +129,7 @@ def test_parts_into_a_bucket_then_index(s3, src, tmp_path):
     url = s3.url("parts/out")
     for k in (1, 0, 2):
         pack_dataset(src, url, part=f"{k}/3", **OPTIONS)
-    assert "_audioloader_index.arrow" in remote_names(s3, "parts/out")
+    assert "_audioloader_manifest.arrow" in remote_names(s3, "parts/out")
     rows, _ = remote_rows(s3, "parts/out")
     pack_dataset(src, tmp_path / "single", **OPTIONS)
     assert content_hash(rows) == content_hash(rows_of(tmp_path / "single"))

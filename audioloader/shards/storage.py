@@ -24,9 +24,10 @@ class RemoteReads:
             default also rides out slow requests and covers ``Shuffle(interleave=k)``'s k splits.
         max_requests: requests in flight at once per dataset (construction, read-ahead,
             random access).
-        index: ``"auto"``: use the metadata index of the shards' folder (``_audioloader_index.arrow``,
-            written by ``audioloader pack`` / `ShardWriter` / ``audioloader index``) when it matches the
-            listing, else scan the files; ``"off"``: always scan.
+        index: ``"auto"``: start from the folder's dataset manifest (``_audioloader_manifest.arrow``,
+            written by ``audioloader pack`` / ``audioloader index``) when there is one, else from a 0.3
+            metadata index (``_audioloader_index.arrow``) while it matches the listing, else scan the
+            files; ``"off"``: ignore both and always scan.
     """
 
     readahead_bytes: int = DEFAULT_READAHEAD_BYTES

@@ -12,8 +12,8 @@ columns ``audio``, ``label`` (only when the input has labels; then also
 audio, from its header, for batching by duration), then the input's own columns.
 Rows come in the input's order (manifests) or sorted path order (folders), or a
 seeded permutation of it, so the same inputs give the same shards, byte for byte.
-Beside them, ``OUT/_audioloader_index.arrow`` is the folder's metadata index
-(`audioloader.shards.index`), not a shard.
+Beside them, ``OUT/_audioloader_manifest.arrow`` is the folder's dataset manifest
+(`audioloader.shards.manifest`), not a shard.
 
 At scale (`audioloader.tools.pack_journal`, `pack_store`): a journal in OUT lists
 each finished shard, so a pack killed at any point continues where it stopped
@@ -372,7 +372,7 @@ def _pack_part(entries: list[Entry], inputs: Inputs, store: LocalOut | RemoteOut
             store.write_text("labels.json", json.dumps({name: i for i, name in enumerate(inputs.label_names)},
                                                        indent=2, ensure_ascii=False) + "\n")
         if part is None:
-            store.write_index()  # the metadata index: a remote copy is constructed in a few requests
+            store.write_index()  # the dataset manifest: a start with no listing and no request per file
         journal.done = True
         store.write_text(journal_name(part), journal.to_json())
         if part is not None and not _unfinished(store):
@@ -480,7 +480,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out", metavar="OUT",
                         help="output folder or URL prefix (s3://bucket/data): shard-NNNNN.arrow|parquet, "
                              "labels.json for labeled input, _audioloader_pack.json (the journal: an unfinished pack "
-                             "there is continued) and _audioloader_index.arrow, the folder's metadata index (not "
+                             "there is continued) and _audioloader_manifest.arrow, the folder's dataset manifest (not "
                              "shards: the leading underscore keeps pyarrow.dataset and Spark from reading them as "
                              "data; a glob of your own should name the shards, e.g. OUT/shard-*.arrow, not "
                              "OUT/*.arrow)")

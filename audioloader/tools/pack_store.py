@@ -111,9 +111,9 @@ class LocalOut:
         return self.folder / name
 
     def write_index(self) -> None:
-        from audioloader.shards.index import write_index
+        from audioloader.shards.manifest_source import write_folder_manifest
 
-        write_index(self.folder, portable=True)
+        write_folder_manifest(self.folder)
 
     def close(self) -> None:
         pass
@@ -181,9 +181,9 @@ class RemoteOut:
         return f"{self.display}/{name}"
 
     def write_index(self) -> None:
-        from audioloader.shards.index import write_index
+        from audioloader.shards.manifest_source import write_folder_manifest
 
-        write_index(self.url, portable=True)
+        write_folder_manifest(self.url)
 
     def close(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
