@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import audioloader as al
 from audioloader.workers.pool import WorkerError
 from tests.helpers import assert_same_batches, loader_for, roundtrip, take
 
@@ -187,10 +188,11 @@ def take_after(shards, n):
 def test_a_forked_child_exiting_leaves_the_parents_workers_alone(ipc_shards):
     script = textwrap.dedent(f"""
         import os, sys
+        import audioloader as al
         from tests.helpers import assert_same_batches, loader_for, take
-        with loader_for({str(ipc_shards)!r}, worker_type="process") as reference:
+        with loader_for({str(ipc_shards)!r}, workers=al.Workers(kind="process")) as reference:
             expected = take(reference, 12)
-        loader = loader_for({str(ipc_shards)!r}, worker_type="process")
+        loader = loader_for({str(ipc_shards)!r}, workers=al.Workers(kind="process"))
         it = iter(loader)
         first = next(it)
         pid = os.fork()
@@ -220,7 +222,7 @@ def _decode_workers():
 
 
 def test_shutdown_after_a_killed_worker_shows_the_worker_error(ipc_shards):
-    loader = loader_for(ipc_shards, worker_type="process")
+    loader = loader_for(ipc_shards, workers=al.Workers(kind="process"))
     with pytest.raises(WorkerError, match="SIGKILL") as info, loader:
         it = iter(loader)
         next(it)

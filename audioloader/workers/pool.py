@@ -428,10 +428,10 @@ def _pickle_job(job: Any, what: str) -> bytes:
         raise TypeError(
             f"the {what} job cannot be sent to worker processes: {error}. Functions you pass (augment=...) must "
             "be importable: define them at the top level of a module (not inside a function, not a lambda), or "
-            "use threads (worker_type='thread')") from error
+            "use threads (workers=al.Workers(kind='thread'))") from error
 
 
 def _start_failed_message(what: str, error: BaseException) -> str:
     return (f"cannot start {what} processes: {error}. When a script starts worker processes, its own code must "
             "be guarded with `if __name__ == '__main__':` (worker processes import the script); or use threads "
-            "(worker_type='thread')")
+            "(workers=al.Workers(kind='thread'))")
