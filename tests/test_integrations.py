@@ -156,3 +156,15 @@ def test_accelerate_example_on_two_processes():
         assert f"rank {rank}: resumed after step 2; 4 batches identical to the uninterrupted run: True" in out, out
     assert "2 processes read disjoint rows: True" in out, out
     assert "accelerator.prepare(loader) hands it back unwrapped: True" in out, out
+
+
+def test_accelerate_example_with_cpu_launch_checks_nothing_about_ranks():
+    # `accelerate launch --cpu` starts one process whatever --num_processes says: the example must not claim that
+    # "1 processes read disjoint rows", it says that it checked nothing and how to start two.
+    pytest.importorskip("accelerate")
+    out = run([sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes=2", "--num_machines=1",
+               "--mixed_precision=no", "--dynamo_backend=no", "examples/accelerate_train.py", "--quick"])
+    assert "rank 0: resumed after step 2; 4 batches identical to the uninterrupted run: True" in out, out
+    assert "rank 1" not in out, out
+    assert "disjoint rows:" not in out, out
+    assert "1 process: disjoint rows NOT checked" in out and "--multi_gpu --num_processes=2" in out, out
