@@ -330,7 +330,14 @@ class ProcessPool:
         return [r.to_failure() if isinstance(r, _RemoteFailure) else r for r in results], stats
 
     def cancel(self) -> None:
-        """Abandon every chunk in flight: workers stop them early and their answers are read and dropped."""
+        """Abandon every chunk in flight: workers stop them early and their answers are read and dropped.
+
+        A pool with a dead worker (killed, crashed: the error its consumer saw) is shut down instead, so that
+        the `start` that follows a reset starts every worker afresh rather than meeting the dead one again.
+        """
+        if any(worker.process.exitcode is not None for worker in self._workers):
+            self.shutdown()
+            return
         self._generation += 1
         for worker in self._workers:
             _set_generation(worker.control, self._generation)
