@@ -21,7 +21,8 @@ from .cache import ObjectCache, parse_bytes
 from .changes import _check_local, _LocalFileGuard
 from .filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
 from .formats import _FileMeta, _scan_all, listed_meta
-from .remote import RemoteFiles
+from .identity import ETagCheck, md5_etag
+from .remote import PART_BYTES, RemoteFiles
 from .retry import DEFAULT_RETRY, Retry
 from .row_reads import RowReads
 from .schema import _check_schema, _label_names, check_columns, unify
@@ -337,6 +338,19 @@ class ShardDataset(RowReads, UnitReads):
         if any(m.etag is not None for m in self._metas):  # local datasets' checkpoints stay as they were
             identity["etags"] = [m.etag for m in self._metas]
         return identity
+
+    def holds_etag_content(self, file_id: int, etag: str) -> bool:
+        """Whether a remote file's bytes now are the content an earlier ETag of it (``etag``, an identity as in
+        `identity`) was computed from: the same bytes uploaded another way (one PUT, or another part size) have
+        another ETag. Reads the whole file once (`identity.ETagCheck`); False where ``etag`` is no MD5-based
+        ETag (a version id, an encrypted object's ETag: nothing to compare the bytes with)."""
+        loc, size = self._locations[file_id], self._metas[file_id].size
+        if loc.fs is None or md5_etag(etag) is None:
+            return False
+        check = ETagCheck(etag, size)
+        for offset in range(0, size, PART_BYTES):
+            check.update(self.remote.read(loc, offset, min(PART_BYTES, size - offset)))
+        return check.matches()
 
     def is_remote(self, file_id: int) -> bool:
         """Whether a file is read through a remote filesystem (its rows are copies, not memory-map views)."""
