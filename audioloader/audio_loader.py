@@ -272,8 +272,9 @@ class AudioLoader:
         self._warned_prefetch = True
         warnings.warn(
             "PyTorch Lightning took this AudioLoader's state for a checkpoint, but how many batches its fetcher "
-            "took ahead of training cannot be read here (a fetcher or a CombinedLoader mode audioloader does not "
-            "know): a run resumed from this checkpoint may skip the batch(es) taken ahead, never trained on. Add "
+            "took ahead of training cannot be read here (no fetcher is running, as in a save after fit() returned; "
+            "or a fetcher or CombinedLoader mode audioloader does not know, such as mode='max_size'): a run "
+            "resumed from this checkpoint may skip the batch(es) taken ahead, never trained on. Add "
             "audioloader.integrations.lightning.ExactResume() to the Trainer's callbacks: it marks each batch "
             "trained, and the state follows the marks (docs/integrations.md)", UserWarning, stacklevel=3)
 

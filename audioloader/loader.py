@@ -385,7 +385,8 @@ def batches_ahead_of_framework(depth: int = 8) -> int | None:
     infinite training loader): the batches it holds (``fetcher.batches``, one per loader in the default
     ``max_size_cycle`` mode) were handed out and not trained on. Returns their number; 0 for a fetcher
     that takes nothing ahead; None where Lightning takes the state but how far ahead it is cannot be
-    read (another fetcher, ``CombinedLoader(mode="sequential")``): the caller warns then.
+    read (no fetcher running, as in a save after ``fit()`` returned; another fetcher;
+    ``CombinedLoader(mode="max_size")``): the caller warns then.
     """
     frame = sys._getframe(2)
     for _ in range(depth):

@@ -119,6 +119,10 @@ def test_lightning_taking_the_state_where_its_look_ahead_is_unknown_warns_once_n
         warnings.filterwarnings("error", message=OURS)  # with the callback: its marks say what was trained
         module = fit(ipc_shards, tmp_path / "marked", 4, exact=True, mode="max_size")
     assert len(module.trained) == 4
+    # A save after fit() returned: Lightning's fetcher is gone with the batch it took ahead; only marks could tell.
+    plain = fit(ipc_shards, tmp_path / "plain", 4, exact=False)
+    with pytest.warns(UserWarning, match="no fetcher is running"):
+        plain.trainer.save_checkpoint(tmp_path / "after.ckpt")
 
 
 def test_all_ranks_state_in_one_process_resumes_exactly(ipc_shards):
