@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from . import budget, checkpoint, elastic
 from .chain import build_chain, count_batches, duration_buckets, open_sources, pinned_source, resumed_batches
 from .dsp.config import FeatureConfig, LengthPolicy
 from .errors import CheckpointMismatchError
-from .loader import Loader, Stream, StreamIterator, shutdown_keeping_error
+from .loader import Loader, Stream, StreamIterator, batches_ahead_of_framework, shutdown_keeping_error
 from .mix import Mix, Source
 from .options import Bucketing, OnError, Shuffle, Storage, Workers, fold_moved_keywords, resolve
 from .shards import IcebergTable
@@ -136,6 +137,7 @@ class AudioLoader:
         self._stream = Stream(self._loader, continues=self.settings.infinite)
         self._fingerprint = checkpoint.fingerprint(self.settings, self.sources, self._chain.buckets)
         self._pid = os.getpid()
+        self._warned_prefetch = False  # the warning that a framework's look-ahead is unknown, given once
 
     # ------------------------------------------------------------- the resolved options, as attributes
 
@@ -254,9 +256,28 @@ class AudioLoader:
         """A small plain dict (no tensors) to resume from; call between batches, in the iterating thread.
 
         It is the position after the last batch handed out, or, once `mark_trained` is in use,
-        after the last batch marked trained.
+        after the last batch marked trained. Taken by PyTorch Lightning for a checkpoint, it is the
+        position after the last batch trained on without `mark_trained` too: Lightning's fetcher takes
+        a batch ahead of training, and the loader leaves out the batches that fetcher holds
+        (`audioloader.loader.batches_ahead_of_framework`; docs/integrations.md).
         """
-        return {"format": STATE_FORMAT, "fingerprint": self._fingerprint, "loader": self._stream.state_dict()}
+        ahead = batches_ahead_of_framework()
+        if ahead is None:
+            ahead = 0
+            self._warn_unknown_prefetch()
+        return {"format": STATE_FORMAT, "fingerprint": self._fingerprint, "loader": self._stream.state_dict(ahead)}
+
+    def _warn_unknown_prefetch(self) -> None:
+        if self._warned_prefetch or self._stream.marking:
+            return
+        self._warned_prefetch = True
+        warnings.warn(
+            "PyTorch Lightning took this AudioLoader's state for a checkpoint, but how many batches its fetcher "
+            "took ahead of training cannot be read here (no fetcher is running, as in a save after fit() returned; "
+            "or a fetcher or CombinedLoader mode audioloader does not know, such as mode='max_size'): a run "
+            "resumed from this checkpoint may skip the batch(es) taken ahead, never trained on. Add "
+            "audioloader.integrations.lightning.ExactResume() to the Trainer's callbacks: it marks each batch "
+            "trained, and the state follows the marks (docs/integrations.md)", UserWarning, stacklevel=3)
 
     def load_state_dict(self, state_dict: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
         """The next iteration continues exactly where ``state_dict`` was taken.

@@ -196,8 +196,9 @@ def resolve(shuffle: Shuffle, *, train: bool, bucketing: bool, mixed: bool) -> S
     if shuffle.min_size is None:
         values["min_size"] = min(preset.min_size, values["buffer_size"])
     if values["min_size"] > values["buffer_size"]:
-        raise ValueError(f"shuffle_min_size={values['min_size']} must be <= "
-                         f"shuffle_buffer_size={values['buffer_size']}")
+        raise ValueError(f"Shuffle.min_size={values['min_size']} must be <= "
+                         f"Shuffle.buffer_size={values['buffer_size']}: the first batch waits for min_size rows, "
+                         "which the buffer must be able to hold")
     values["interleave"] = values["interleave"] or 1
     return ShuffleSettings(**values, one_pass=train and not mixed, bucketing=bucketing, preset_fields=preset_fields,
                            before_decode=shuffle.before_decode)

@@ -172,21 +172,25 @@ def _changed_files(dataset: ShardDataset, theirs: dict[str, Any], ours: dict[str
     copied elsewhere, which resets modification times and may change ETags) so must the
     object's ETag where both sides know it, else the modification time (S3's has 1 s
     resolution: a rewrite in the second of the upload keeps it; the ETag does not).
-    Checkpoints from before ETags have none: their modification times are compared.
+    Checkpoints from before ETags have none: their modification times are compared. Another ETag with the
+    same bytes (uploaded again another way: one PUT instead of a multipart upload) is no change: the file is
+    read once and its bytes checked against the checkpoint's ETag, an MD5 of them
+    (`ShardDataset.holds_etag_content`); pyarrow's S3 client does not ask for the full-object checksums S3
+    keeps (its HEAD's metadata has none), so the ETag is the content checksum there is.
     """
     in_place = theirs.get("location") == ours["location"]
     no_etags = [None] * len(dataset.files)
     changed = []
-    for f, digest, mtime, etag, their_digest, their_mtime, their_etag in zip(
+    for file_id, (f, digest, mtime, etag, their_digest, their_mtime, their_etag) in enumerate(zip(
             dataset.files, ours["digests"], ours["mtimes"], ours.get("etags", no_etags), theirs["digests"],
-            theirs["mtimes"], theirs.get("etags", no_etags), strict=True):
+            theirs["mtimes"], theirs.get("etags", no_etags), strict=True)):
         if digest != their_digest:
             changed.append(f"  {f.path}: its metadata differs (footer / schema / batch layout digest "
                            f"{their_digest} -> {digest}) with the same name, size and rows")
         elif not in_place:
             continue
         elif None not in (etag, their_etag):
-            if etag != their_etag:
+            if etag != their_etag and not dataset.holds_etag_content(file_id, their_etag):
                 changed.append(f"  {f.path}: rewritten in place ({their_etag} -> {etag}; modification time "
                                f"{_when(their_mtime)} -> {_when(mtime)}) with the same name, size and rows")
         elif mtime != their_mtime and None not in (mtime, their_mtime):

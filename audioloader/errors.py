@@ -115,3 +115,9 @@ class OptionError(ValueError):
 
     def __reduce__(self):
         return (type(self), (str(self), self.cli))
+
+
+class DeprecatedKeywordWarning(FutureWarning):
+    """A keyword of 0.2 that still works for one release (``AudioLoader(num_workers=...)``, ...): the message names
+    its option group. A class of its own, so that a test suite or an application can make these warnings errors
+    wherever the warning's stack level points (pytest: ``"error::audioloader.errors.DeprecatedKeywordWarning"``)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import sys
 import threading
 import weakref
 from collections import deque
@@ -302,6 +303,11 @@ class Stream(Generic[T]):
     def _lagging(self) -> bool:
         return self._marking and self._trained < self._handed
 
+    @property
+    def marking(self) -> bool:
+        """`mark_trained` is in use: `state_dict` reports the position after the last item marked trained."""
+        return self._marking
+
     # ------------------------------------------------------------------ position
 
     def mark_trained(self, items: int = 1) -> None:
@@ -320,17 +326,22 @@ class Stream(Generic[T]):
         self._trained += items - old
         self._marking = True
 
-    def state_dict(self) -> dict[str, Any]:
-        """The `Loader`'s state after the last item handed out, or after the last one marked trained."""
+    def state_dict(self, ahead: int = 0) -> dict[str, Any]:
+        """The `Loader`'s state after the last item handed out, or after the last one marked trained.
+
+        ``ahead``: items the consumer taking this state holds untrained (a prefetching framework's, see
+        `batches_ahead_of_framework`); the state is then the one before them. Marks, once in use, win.
+        """
         if self._old_state is not None:
             return self._old_state
-        if not self._lagging():
+        trained = self._trained if self._marking else max(0, self._handed - ahead)
+        if trained >= self._handed:
             return self.loader.state_dict()
         for handed, state in self._trail:
-            if handed == self._trained:
+            if handed == trained:
                 return state
         raise RuntimeError(
-            f"the loader's state after the last batch marked trained is no longer kept: {self._handed - self._trained} "
+            f"the loader's state after the last batch marked trained is no longer kept: {self._handed - trained} "
             f"batches were handed out after it, and the states after the last {TRAIL_LENGTH} only are kept. Call "
             "mark_trained() after each batch trained on (a consumer that prefetches is a batch or two ahead)")
 
@@ -353,3 +364,50 @@ class Stream(Generic[T]):
         self._handed = self._trained = self._old_untrained = 0
         self._old_state = None
         self._trail.clear()
+
+
+# ------------------------------------------------------------------------------ consumers that take items ahead
+
+#: Where PyTorch Lightning takes the training loaders' states for a checkpoint (``_FitLoop.on_save_checkpoint``,
+#: Lightning 2.x), and the fetchers it iterates them with (checked with Lightning 2.6).
+_LIGHTNING_MODULES = ("lightning.pytorch.", "pytorch_lightning.")
+_LIGHTNING_SAVE = "on_save_checkpoint"
+_PREFETCHING_FETCHER = "_PrefetchDataFetcher"
+_SELF_FETCHING_FETCHER = "_DataLoaderIterDataFetcher"  # training_step(dataloader_iter): nothing taken ahead
+
+
+def batches_ahead_of_framework(depth: int = 8) -> int | None:
+    """Items a training framework holds untrained while it takes a loader's state: 0 outside one.
+
+    Called from a loader's ``state_dict()``; looks at the callers. Inside PyTorch Lightning's checkpoint
+    save (``_FitLoop.on_save_checkpoint``), Lightning's fetcher (``_PrefetchDataFetcher``) has taken batch
+    k+1 from the loader before the model trained on batch k, whenever the loader has no length (an
+    infinite training loader): the batches it holds (``fetcher.batches``, one per loader in the default
+    ``max_size_cycle`` mode) were handed out and not trained on. Returns their number; 0 for a fetcher
+    that takes nothing ahead; None where Lightning takes the state but how far ahead it is cannot be
+    read (no fetcher running, as in a save after ``fit()`` returned; another fetcher;
+    ``CombinedLoader(mode="max_size")``): the caller warns then.
+    """
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return 0
+        if (frame.f_code.co_name == _LIGHTNING_SAVE
+                and frame.f_globals.get("__name__", "").startswith(_LIGHTNING_MODULES)):
+            return _lightning_fetcher_ahead(frame.f_locals.get("self"))
+        frame = frame.f_back
+    return 0
+
+
+def _lightning_fetcher_ahead(fit_loop: Any) -> int | None:
+    fetcher = getattr(fit_loop, "_data_fetcher", None)
+    kinds = {cls.__name__ for cls in type(fetcher).__mro__}
+    if _SELF_FETCHING_FETCHER in kinds:
+        return 0
+    combined = getattr(fetcher, "_combined_loader", None)
+    held = getattr(fetcher, "batches", None)
+    # Modes in which every training loader gives a batch to every step (a held step holds one batch of each).
+    if _PREFETCHING_FETCHER not in kinds or not isinstance(held, list) or getattr(combined, "_mode", None) not in (
+            "max_size_cycle", "min_size"):
+        return None
+    return len(held)

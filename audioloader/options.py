@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from . import checks
+from .errors import DeprecatedKeywordWarning
 from .shards.cache import parse_bytes
 from .shards.splits import resolve_rank
 from .shards.storage import DEFAULT_REMOTE_READS, RemoteReads
@@ -307,7 +308,7 @@ def fold_moved_keywords(groups: dict[str, Any], moved: dict[str, Any]) -> dict[s
         argument, field = MOVED_KEYWORDS[name]
         cls = _GROUP_CLASS_NAMES[argument]
         warnings.warn(f"AudioLoader({name}=...) is deprecated and will be removed in 0.4: pass "
-                      f"{argument}=al.{cls}({field}={value!r}) instead (see CHANGELOG.md)", FutureWarning,
+                      f"{argument}=al.{cls}({field}={value!r}) instead (see CHANGELOG.md)", DeprecatedKeywordWarning,
                       stacklevel=4)
         by_group.setdefault(argument, {})[field] = value
     out = dict(groups)
@@ -491,7 +492,7 @@ def resolve(*, batch_size: Any, train: Any, seed: Any, infinite: Any, features: 
                              "leave Mixup out")
     shuffle = checks.instance("shuffle", shuffle, Shuffle, default=Shuffle())
     if batching is not None and shuffle.before_decode is False:
-        raise ValueError("shuffle_before_decode=False with batching=Bucketing(...): the bucketer groups rows by "
+        raise ValueError("Shuffle(before_decode=False) with batching=Bucketing(...): the bucketer groups rows by "
                          "duration before they are decoded, so the buffer before it holds raw rows; leave "
                          "Shuffle(before_decode=...) out")
     from .mix import Mix

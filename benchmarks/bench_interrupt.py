@@ -38,11 +38,12 @@ CHILD = textwrap.dedent("""
     workers = int(workers)
     features = al.MelSpectrogramConfig(sample_rate=16000, clip_seconds=2.0, n_fft=512, hop_length=160, n_mels=64)
     train = phase != "eval"
-    sizes = dict(shuffle_buffer_size=400, shuffle_min_size=400, shuffle_before_decode=False) \\
-        if phase in ("fill", "restore") else dict(shuffle_buffer_size=64, shuffle_min_size=16)
+    shuffle = al.Shuffle(buffer_size=400, min_size=400, before_decode=False) \\
+        if phase in ("fill", "restore") else al.Shuffle(buffer_size=64, min_size=16)
     def build():
         return al.AudioLoader(source, batch_size=16, train=train, seed=0, features=features,
-                              num_workers=workers, worker_type=worker_type, **(sizes if train else {}))
+                              workers=al.Workers(num_workers=workers, kind=worker_type),
+                              shuffle=shuffle if train else None)
     if phase == "restore" and not os.path.exists(checkpoint):
         import torch
         with build() as loader:

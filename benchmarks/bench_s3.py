@@ -60,8 +60,8 @@ def child(args: argparse.Namespace) -> dict:
     import audioloader as al
 
     features = al.MelSpectrogramConfig(**FEATURES[args.features])
-    options = dict(batch_size=64, features=features, seed=0, num_workers=2, worker_type="process",
-                   shuffle_buffer_size=1000, shuffle_min_size=500, shuffle_before_decode=args.before_decode)
+    options = dict(batch_size=64, features=features, seed=0, workers=al.Workers(num_workers=2, kind="process"),
+                   shuffle=al.Shuffle(buffer_size=1000, min_size=500, before_decode=args.before_decode))
     out: dict = {}
     if args.variant == "reader":
         reader = al.nodes.ArrowShardReader(args.source, shuffle=True)

@@ -5,8 +5,8 @@ packed at 32 kHz PCM16) and each N, every contender runs in a fresh process
 (`audioloader.tools.bench.runner.run_contender`) and produces the same batches (64
 log-mel spectrograms [128, 501]):
 
-- ``threads-N``: ``AudioLoader(worker_type="thread", num_workers=N)``;
-- ``processes-N``: ``AudioLoader(worker_type="process", num_workers=N)``;
+- ``threads-N``: ``AudioLoader(workers=Workers(kind="thread", num_workers=N))``;
+- ``processes-N``: ``AudioLoader(workers=Workers(kind="process", num_workers=N))``;
 - ``dataloader-N``: the user baseline (`audioloader.tools.bench.baseline`) under
   ``torch.utils.data.DataLoader(num_workers=N)`` (needs torchaudio);
 - ``decode-threads-N``: the library's per-sample function in N plain threads;

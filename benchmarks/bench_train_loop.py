@@ -71,7 +71,7 @@ def run_one(spec: dict) -> dict:
     """One configuration, in this process."""
     import torch
 
-    from audioloader import AudioLoader
+    from audioloader import AudioLoader, Shuffle, Workers
     from audioloader.tools.bench.baseline import make_loader
     from audioloader.tools.bench.contenders import _features
 
@@ -85,9 +85,9 @@ def run_one(spec: dict) -> dict:
         warm = max(5, 2 * spec["workers"])
     else:
         loader = AudioLoader(spec["source"], batch_size=64, train=True, seed=0, features=_features(),
-                             num_workers=spec["workers"], worker_type=spec["worker_type"], pin_memory=pin,
+                             workers=Workers(num_workers=spec["workers"], kind=spec["worker_type"], pin_memory=pin),
                              device="cuda" if spec["loader"] == "gpu-features" else None,
-                             shuffle_buffer_size=1000, shuffle_min_size=64)
+                             shuffle=Shuffle(buffer_size=1000, min_size=64))
         batches = iter(loader)
         unpack = lambda b: (b["spectrogram"], b["label"])  # noqa: E731
         warm = 5

@@ -3,7 +3,12 @@
     pip install accelerate
     torchrun --standalone --nproc_per_node=2 examples/accelerate_train.py           # CPU (gloo) or GPUs
     torchrun --standalone --nproc_per_node=2 examples/accelerate_train.py --quick   # seconds, as the tests run it
-    accelerate launch --multi_gpu --num_processes=2 examples/accelerate_train.py   # on 2 GPUs
+    accelerate launch --multi_gpu --num_processes=2 examples/accelerate_train.py   # 2 GPUs, or 2 CPU processes
+
+On a machine without a GPU, ``--multi_gpu`` starts the processes all the same and the script
+asks for the CPU itself (``Accelerator(cpu=True)``, gloo); ``accelerate launch --cpu`` starts ONE
+process whatever ``--num_processes`` says (then nothing about the ranks is checked, and the
+script says so).
 
 The documented way (docs/integrations.md):
 
@@ -102,6 +107,17 @@ def train(args: argparse.Namespace, train_dir: Path, steps: range, checkpoint: P
     return trained
 
 
+def disjointness(reports: list[tuple[int, bool, list[int]]], processes: int) -> str:
+    """Whether the ranks' first batches share a row; with one process there is nothing to compare, and it says so."""
+    if processes < 2:
+        return (f"{processes} process: disjoint rows NOT checked (it takes 2 or more processes; the launcher started "
+                "one; `accelerate launch --cpu` always starts one: on a CPU use `accelerate launch --multi_gpu "
+                "--num_processes=2 examples/accelerate_train.py` or `torchrun --standalone --nproc_per_node=2 "
+                "examples/accelerate_train.py`)")
+    rows = [i for _, _, indices in reports for i in indices]
+    return f"{processes} processes read disjoint rows: {len(rows) == len(set(rows))}"
+
+
 def main(argv: list[str] | None = None) -> bool:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, help="folder of training shards (default: a synthetic dataset)")
@@ -141,8 +157,7 @@ def main(argv: list[str] | None = None) -> bool:
         for rank, ok, _ in reports:
             print(f"rank {rank}: resumed after step {args.save_at}; {args.steps - args.save_at} batches identical "
                   f"to the uninterrupted run: {ok}")
-        rows = [i for _, _, indices in reports for i in indices]
-        print(f"{accelerator.num_processes} processes read disjoint rows: {len(rows) == len(set(rows))}")
+        print(disjointness(reports, accelerator.num_processes))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         shutil.rmtree(root, ignore_errors=True)

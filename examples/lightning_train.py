@@ -8,7 +8,8 @@ What to do (docs/integrations.md):
 
 * return an `AudioLoader` from ``train_dataloader()`` and ``val_dataloader()``, as it is: no
   ``torch.utils.data.DataLoader`` around it (it batches and decodes in its own workers);
-* add ``audioloader.integrations.lightning.ExactResume()`` to the Trainer's callbacks;
+* optionally add ``audioloader.integrations.lightning.ExactResume()`` to the Trainer's callbacks (the
+  resume is exact without it too: the loader leaves out the batch Lightning took ahead);
 * a training loader is infinite (``train=True``): give the Trainer ``max_steps``, and
   ``val_check_interval=<steps>`` with ``check_val_every_n_epoch=None``.
 
@@ -16,8 +17,7 @@ Lightning saves the loader's state in its checkpoints and restores it on ``fit(c
 by itself. This script runs ``--steps`` steps uninterrupted (checkpointing every
 ``--checkpoint-every`` steps, validating every ``--val-every``), then a new Trainer, a new
 module and a new loader resume from the first checkpoint, and it compares the digests of the
-batches each run trained on. ``--without-exact-resume`` leaves the callback out, to see the
-batch that Lightning's prefetching would skip.
+batches each run trained on. ``--without-exact-resume`` leaves the callback out (the same batches).
 """
 
 from __future__ import annotations
@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> bool:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--without-exact-resume", action="store_true",
-                        help="leave ExactResume out (the resumed run then skips the batch Lightning prefetched)")
+                        help="leave ExactResume out (the loader then leaves the batch Lightning took ahead out of the "
+                        "checkpoint by itself)")
     parser.add_argument("--quick", action="store_true", help="a tiny run: 8 steps of 4 short clips")
     args = parser.parse_args(argv)
     args.features = FEATURES

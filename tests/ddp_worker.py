@@ -18,7 +18,8 @@ SMALL = al.MelSpectrogramConfig(sample_rate=8000, clip_seconds=0.25, n_fft=256, 
 
 
 def make(shards: str, **kwargs) -> al.AudioLoader:
-    options = {"batch_size": 4, "features": SMALL, "seed": 3, "split_rows": 4, "num_workers": 1}
+    options = {"batch_size": 4, "features": SMALL, "seed": 3, "storage": al.Storage(split_rows=4),
+               "workers": al.Workers(num_workers=1)}
     options.update(kwargs)
     return al.AudioLoader(shards, **options)
 
@@ -36,7 +37,7 @@ def eval_report(shards: str) -> dict:
 def train_first_pass(shards: str) -> list[int]:
     # A pass-through buffer keeps pass boundaries visible: the first rows this
     # rank yields are exactly its share of pass 0.
-    with make(shards, shuffle_buffer_size=1, shuffle_min_size=0) as loader:
+    with make(shards, shuffle=al.Shuffle(buffer_size=1, min_size=0)) as loader:
         rows = sum(split.num_rows for split in loader.reader.splits_for_pass(0))
         seen: list[int] = []
         for batch in loader:
@@ -47,7 +48,7 @@ def train_first_pass(shards: str) -> list[int]:
 
 
 def resume_report(shards: str) -> tuple[bool, dict]:
-    options = {"shuffle_buffer_size": 10, "shuffle_min_size": 5}
+    options = {"shuffle": al.Shuffle(buffer_size=10, min_size=5)}
     with make(shards, **options) as loader:
         it = iter(loader)
         for _ in range(2):
@@ -72,7 +73,7 @@ def main() -> None:
     # Loading another rank's checkpoint must be refused, naming the rank.
     other = states[(rank + 1) % world_size]
     try:
-        with make(shards, shuffle_buffer_size=10, shuffle_min_size=5) as loader:
+        with make(shards, shuffle=al.Shuffle(buffer_size=10, min_size=5)) as loader:
             loader.load_state_dict(other)
         report["foreign_state"] = "loaded"
     except al.CheckpointMismatchError as error:

@@ -3,6 +3,7 @@ that compare batches and resume runs. (Fixtures are in conftest.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import struct
 from collections.abc import Callable
@@ -223,24 +224,43 @@ def write_filter_shards(folder: Path, fmt: str) -> Path:
 # -- loaders and the checks on their batches -------------------------------------------------------------------
 
 
+#: The option groups `overlay` merges field by field (others, features or a length policy, are replaced whole).
+GROUPS = (al.Workers, al.Shuffle, al.Storage, al.OnError)
+
+
+def overlay(options: dict, more: dict) -> dict:
+    """``options`` updated with ``more``, where an option group (`al.Workers`, `al.Shuffle`, `al.Storage`,
+    `al.OnError`) given in both is merged field by field: the fields ``more``'s group sets away from their default
+    replace those of the earlier group, the others keep its values."""
+    merged = dict(options)
+    for name, value in more.items():
+        earlier = merged.get(name)
+        if isinstance(value, GROUPS) and type(earlier) is type(value):
+            changed = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)
+                       if getattr(value, f.name) != f.default}
+            value = dataclasses.replace(earlier, **changed)
+        merged[name] = value
+    return merged
+
+
 def loader_factory(*, train_options: dict | None = None, eval_options: dict | None = None,
                    **options) -> Callable[..., al.AudioLoader]:
     """``loader_for(source, **kwargs)``: an AudioLoader with `SMALL` features and 4-row splits, then ``options``,
-    then ``train_options`` or ``eval_options`` (by ``train=``, default True), then ``kwargs``."""
-    base = {"features": SMALL, "split_rows": 4, **options}
+    then ``train_options`` or ``eval_options`` (by ``train=``, default True), then ``kwargs``; option groups given
+    at several of these levels are merged field by field (`overlay`), so ``loader_for(x, storage=al.Storage(rank=1,
+    world_size=2))`` keeps the 4-row splits."""
+    base = overlay({"features": SMALL, "storage": al.Storage(split_rows=4)}, options)
 
     def loader_for(source, **kwargs) -> al.AudioLoader:
-        merged = dict(base)
-        merged.update((train_options if kwargs.get("train", True) else eval_options) or {})
-        merged.update(kwargs)
-        return al.AudioLoader(source, **merged)
+        merged = overlay(base, (train_options if kwargs.get("train", True) else eval_options) or {})
+        return al.AudioLoader(source, **overlay(merged, kwargs))
 
     return loader_for
 
 
 #: The common test loader: batches of 8, seed 1, two workers, a 12-row shuffle buffer (min 6) in training.
-loader_for = loader_factory(batch_size=8, seed=1, num_workers=2,
-                            train_options={"shuffle_buffer_size": 12, "shuffle_min_size": 6})
+loader_for = loader_factory(batch_size=8, seed=1, workers=al.Workers(num_workers=2),
+                            train_options={"shuffle": al.Shuffle(buffer_size=12, min_size=6)})
 
 
 def take(loader, n):

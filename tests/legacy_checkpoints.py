@@ -21,7 +21,6 @@ import gzip
 import json
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -64,16 +63,17 @@ def corpus(folder: Path, case: dict) -> Path:
 
 def loader(folder: Path, case: dict) -> al.AudioLoader:
     options = dict(case["options"])
-    kwargs = {"features": FEATURES, "seed": 5, "split_rows": 5, "num_workers": 0}
+    kwargs = {"features": FEATURES, "seed": 5, "storage": al.Storage(split_rows=5),
+              "workers": al.Workers(num_workers=0)}
+    source = al.Source(folder)
     if "bucketing" in options:
         kwargs.update(length=al.LengthPolicy(crop=None), batching=al.Bucketing(max_duration=options.pop("bucketing")),
-                      label_column=None, columns=["text"])
+                      columns=["text"])
+        source = al.Source(folder, label_column=None)
     else:
         kwargs.update(length=al.LengthPolicy(clip_seconds=0.25))
     kwargs.update(options)
-    with warnings.catch_warnings():  # 0.2's flat keywords: the code that wrote the fixture has no groups
-        warnings.simplefilter("ignore", FutureWarning)
-        return al.AudioLoader(folder, **kwargs)
+    return al.AudioLoader(source, **kwargs)
 
 
 def indices(batch: dict) -> list[int]:

@@ -60,7 +60,7 @@ def test_train_is_infinite_and_len_is_a_type_error(ipc_shards):
 
 def test_train_passes_cover_each_row_once_per_pass(ipc_shards):
     # min_size = capacity = 1 with the buffer disabled makes pass boundaries visible.
-    with loader_for(ipc_shards, shuffle_buffer_size=1, shuffle_min_size=0, batch_size=10) as loader:
+    with loader_for(ipc_shards, shuffle=al.Shuffle(buffer_size=1, min_size=0), batch_size=10) as loader:
         seen = torch.cat([b["index"] for b in take(loader, 8)]).tolist()
     assert sorted(seen[:40]) == list(range(40))
     assert sorted(seen[40:]) == list(range(40))
@@ -69,7 +69,8 @@ def test_train_passes_cover_each_row_once_per_pass(ipc_shards):
 
 @pytest.mark.parametrize("num_workers", [1, 8])
 def test_same_batches_for_any_num_workers(ipc_shards, num_workers):
-    with loader_for(ipc_shards, num_workers=2) as reference, loader_for(ipc_shards, num_workers=num_workers) as other:
+    with loader_for(ipc_shards, workers=al.Workers(num_workers=2)) as reference, \
+            loader_for(ipc_shards, workers=al.Workers(num_workers=num_workers)) as other:
         assert_same_batches(take(reference, 8), take(other, 8))
 
 
@@ -83,14 +84,14 @@ def test_seed_changes_crops_and_order(ipc_shards):
 @pytest.mark.parametrize("train", [True, False])
 def test_resume_is_exact_at_random_cut_points(ipc_shards, train, shuffle_before_decode):
     total = 14 if train else 5
-    with loader_for(ipc_shards, train=train, shuffle_before_decode=shuffle_before_decode) as loader:
+    with loader_for(ipc_shards, train=train, shuffle=al.Shuffle(before_decode=shuffle_before_decode)) as loader:
         reference = take(loader, total)
     cuts = sorted(random.Random(0).sample(range(total), 4))
     for cut in cuts:
-        with loader_for(ipc_shards, train=train, shuffle_before_decode=shuffle_before_decode) as first:
+        with loader_for(ipc_shards, train=train, shuffle=al.Shuffle(before_decode=shuffle_before_decode)) as first:
             head = take(first, cut)
             state = roundtrip(first.state_dict())
-        with loader_for(ipc_shards, train=train, shuffle_before_decode=shuffle_before_decode) as resumed:
+        with loader_for(ipc_shards, train=train, shuffle=al.Shuffle(before_decode=shuffle_before_decode)) as resumed:
             resumed.load_state_dict(state)
             tail = take(resumed, total - cut)
         assert_same_batches(head + tail, reference)
@@ -154,9 +155,9 @@ def test_state_dict_is_small_and_plain(ipc_shards):
         ("batch_size", {"batch_size": 4}),
         ("features", {"features": al.MelSpectrogramConfig(sample_rate=8000, clip_seconds=0.25, n_fft=256,
                                                           hop_length=128, n_mels=24)}),
-        ("shuffle_buffer_size", {"shuffle_buffer_size": 20}),
-        ("shuffle_min_size", {"shuffle_min_size": 3}),
-        ("world_size", {"rank": 0, "world_size": 2}),
+        ("shuffle_buffer_size", {"shuffle": al.Shuffle(buffer_size=20)}),
+        ("shuffle_min_size", {"shuffle": al.Shuffle(min_size=3)}),
+        ("world_size", {"storage": al.Storage(rank=0, world_size=2)}),
         ("train", {"train": False}),
     ],
 )
@@ -207,7 +208,7 @@ def test_checkpoint_mismatch_names_the_nested_field_that_differs_with_both_value
 
 
 def test_unlabeled_data_and_extra_columns(ipc_shards):
-    with loader_for(ipc_shards, train=False, label_column=None, columns=("uid", "name")) as loader:
+    with loader_for(al.Source(ipc_shards, label_column=None), train=False, columns=("uid", "name")) as loader:
         batch = next(iter(loader))
     assert "label" not in batch
     assert batch["uid"].tolist() == batch["index"].tolist()
@@ -226,7 +227,7 @@ def shards_with_bad_rows(tmp_path) -> Path:
 
 
 def test_bad_rows_are_skipped_counted_and_reported(shards_with_bad_rows):
-    with loader_for(shards_with_bad_rows, train=False, max_error_fraction=0.5) as loader:
+    with loader_for(shards_with_bad_rows, train=False, on_error=al.OnError(max_fraction=0.5)) as loader:
         batches = list(loader)
         stats = loader.stats()
     valid = torch.cat([b["index"][b["valid"]] for b in batches]).tolist()
@@ -314,8 +315,9 @@ def test_torch_thread_setting_is_untouched(ipc_shards):
 def test_ctrl_c_reaches_the_training_loop_promptly(ipc_shards, tmp_path):
     script = textwrap.dedent(f"""
         import sys, time
+        import audioloader as al
         from tests.helpers import loader_for
-        loader = loader_for({str(ipc_shards)!r}, shuffle_buffer_size=20, shuffle_min_size=10)
+        loader = loader_for({str(ipc_shards)!r}, shuffle=al.Shuffle(buffer_size=20, min_size=10))
         try:
             for i, batch in enumerate(loader):
                 if i == 2:
@@ -344,8 +346,8 @@ def test_ctrl_c_reaches_the_training_loop_promptly(ipc_shards, tmp_path):
 @pytest.mark.parametrize("shuffle_before_decode", [False, True])
 def test_checkpoint_at_buffer_10000_is_under_256_kb(tmp_path, shuffle_before_decode):
     make_shards(tmp_path, [4000] * 3, "ipc_file", batch_rows=256, seconds=0.3)
-    with loader_for(tmp_path, shuffle_buffer_size=10000, shuffle_min_size=10000, batch_size=64,
-                    shuffle_before_decode=shuffle_before_decode) as loader:
+    shuffle = al.Shuffle(buffer_size=10000, min_size=10000, before_decode=shuffle_before_decode)
+    with loader_for(tmp_path, shuffle=shuffle, batch_size=64) as loader:
         it = iter(loader)
         next(it)
         state = loader.state_dict()
@@ -353,20 +355,20 @@ def test_checkpoint_at_buffer_10000_is_under_256_kb(tmp_path, shuffle_before_dec
     buffer = io.BytesIO()
     torch.save(state, buffer)
     assert buffer.tell() <= 256 * 1024
-    with loader_for(tmp_path, shuffle_buffer_size=10000, shuffle_min_size=10000, batch_size=64,
-                    shuffle_before_decode=shuffle_before_decode) as resumed:
+    shuffle = al.Shuffle(buffer_size=10000, min_size=10000, before_decode=shuffle_before_decode)
+    with loader_for(tmp_path, shuffle=shuffle, batch_size=64) as resumed:
         resumed.load_state_dict(roundtrip(state))
         assert_same_batches(take(resumed, 2), expected)
 
 
 @pytest.mark.parametrize(("saved_with", "resumed_with"), [(2, 0), (0, 3), (1, 2)])
 def test_checkpoint_resumes_with_another_num_workers(ipc_shards, saved_with, resumed_with):
-    with loader_for(ipc_shards, num_workers=saved_with) as loader:
+    with loader_for(ipc_shards, workers=al.Workers(num_workers=saved_with)) as loader:
         it = iter(loader)
         next(it)
         next(it)
         state = loader.state_dict()
         expected = [next(it) for _ in range(3)]
-    with loader_for(ipc_shards, num_workers=resumed_with) as resumed:
+    with loader_for(ipc_shards, workers=al.Workers(num_workers=resumed_with)) as resumed:
         resumed.load_state_dict(roundtrip(state))
         assert_same_batches(take(resumed, 3), expected)

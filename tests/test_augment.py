@@ -290,10 +290,10 @@ def on_cpu(batch: dict) -> dict:
 def test_masks_per_batch_on_a_device_equal_the_per_sample_path(tmp_path, train, device):
     make_shards(tmp_path, [10, 7], batch_rows=4, seconds=0.6)
     spec = [al.SpecAugment(max_freq_width=10, max_time_width=12)] + ([al.Mixup()] if train else [])
-    kwargs = {"batch_size": 4, "features": MEL, "seed": 2, "split_rows": 4, "num_workers": 2, "train": train,
-              "augment": spec}
+    kwargs = {"batch_size": 4, "features": MEL, "seed": 2, "storage": al.Storage(split_rows=4),
+              "workers": al.Workers(num_workers=2), "train": train, "augment": spec}
     if train:
-        kwargs.update(shuffle_buffer_size=8, shuffle_min_size=4)
+        kwargs.update(shuffle=al.Shuffle(buffer_size=8, min_size=4))
     unmasked = {**kwargs, "augment": None}
     loaders = [al.AudioLoader(tmp_path, **kwargs), al.AudioLoader(tmp_path, device=device, **kwargs),
                al.AudioLoader(tmp_path, **unmasked), al.AudioLoader(tmp_path, device=device, **unmasked)]
@@ -316,10 +316,11 @@ def test_masks_per_batch_on_a_device_equal_the_per_sample_path(tmp_path, train, 
 
 def test_masks_on_whole_utterances_per_batch_equal_the_per_sample_path(tmp_path):
     write_ipc_file(tmp_path / "speech.arrow", corpus_table(durations(12)), batch_rows=4)
-    kwargs = {"batch_size": 4, "features": FBANK, "seed": 2, "split_rows": 4, "num_workers": 2, "train": False,
-              "label_column": None, "length": al.LengthPolicy(crop=None),
+    kwargs = {"batch_size": 4, "features": FBANK, "seed": 2, "storage": al.Storage(split_rows=4),
+              "workers": al.Workers(num_workers=2), "train": False, "length": al.LengthPolicy(crop=None),
               "augment": [al.SpeedPerturb(), al.SpecAugment(max_time_width=30)]}
-    with al.AudioLoader(tmp_path, **kwargs) as per_sample, al.AudioLoader(tmp_path, device="cpu", **kwargs) as batched:
+    source = al.Source(tmp_path, label_column=None)
+    with al.AudioLoader(source, **kwargs) as per_sample, al.AudioLoader(source, device="cpu", **kwargs) as batched:
         for x, y in zip(per_sample, batched, strict=True):
             assert torch.equal(x["lengths"], y["lengths"])
             assert torch.allclose(x["fbank"], y["fbank"], rtol=1e-4, atol=1e-3)
@@ -336,8 +337,9 @@ def shards(tmp_path_factory) -> Path:
 
 
 def mixup_loader(shards, augment, **kwargs) -> al.AudioLoader:
-    options = {"batch_size": 6, "features": MEL, "seed": 4, "split_rows": 4, "num_workers": 2,
-               "shuffle_buffer_size": 8, "shuffle_min_size": 4, "augment": augment}
+    options = {"batch_size": 6, "features": MEL, "seed": 4, "storage": al.Storage(split_rows=4),
+               "workers": al.Workers(num_workers=2), "shuffle": al.Shuffle(buffer_size=8, min_size=4),
+               "augment": augment}
     options.update(kwargs)
     return al.AudioLoader(shards, **options)
 
@@ -366,7 +368,7 @@ def test_mixup_pairs_follow_the_pairing_numbers():
 
 def test_mixup_is_refused_where_it_makes_no_sense(shards):
     with pytest.raises(ValueError, match="evaluation"):
-        mixup_loader(shards, [al.Mixup()], train=False, shuffle_buffer_size=None, shuffle_min_size=None)
+        mixup_loader(shards, [al.Mixup()], train=False, shuffle=al.Shuffle())
     with pytest.raises(ValueError, match="whole utterances"):
         mixup_loader(shards, [al.Mixup()], length=al.LengthPolicy(crop=None), batch_size=2)
 
@@ -378,7 +380,7 @@ def test_every_augmentation_resumes_exactly(shards, noise, rirs):
     with mixup_loader(shards, augment) as first:
         head = take(first, 3)
         state = first.state_dict()
-    with mixup_loader(shards, augment, num_workers=0) as resumed:
+    with mixup_loader(shards, augment, workers=al.Workers(num_workers=0)) as resumed:
         resumed.load_state_dict(state)
         assert_same_batches(head + take(resumed, 4), reference)
 

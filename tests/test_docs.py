@@ -177,7 +177,7 @@ def test_a_deprecated_keyword_fails_its_page(docs_data, tmp_path, monkeypatch):
                     'al.AudioLoader("shards/", train=False, num_workers=0).shutdown()\n```\n', encoding="utf-8")
     shutil.copytree(docs_data / "shards", tmp_path / "shards")
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(AssertionError, match=r"page.md, the python block at line 1 failed \(FutureWarning: "
+    with pytest.raises(AssertionError, match=r"page.md, the python block at line 1 failed \(DeprecatedKeywordWarning: "
                                              r"AudioLoader\(num_workers=\.\.\.\) is deprecated"):
         run_page(page)
 

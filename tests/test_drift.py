@@ -13,7 +13,8 @@ from tests.helpers import audio_table, loader_factory, make_shards, write_ipc_fi
 ROWS = [12, 12, 12]
 
 
-loader_for = loader_factory(batch_size=4, seed=5, num_workers=1, shuffle_buffer_size=10, shuffle_min_size=8)
+loader_for = loader_factory(batch_size=4, seed=5, workers=al.Workers(num_workers=1),
+                            shuffle=al.Shuffle(buffer_size=10, min_size=8))
 
 
 def checkpoint(source, batches: int = 4, **kwargs) -> dict:
@@ -46,9 +47,9 @@ def shards(tmp_path):
 
 @pytest.mark.parametrize("before_decode", [True, False])
 def test_same_size_rewrite_in_place_names_the_file(shards, before_decode):
-    state = checkpoint(shards, shuffle_before_decode=before_decode)
+    state = checkpoint(shards, shuffle=al.Shuffle(before_decode=before_decode))
     rewrite_same_size(shards / "part-00001.arrow", ROWS[0], keep_mtime=False)
-    with loader_for(shards, shuffle_before_decode=before_decode) as resumed, \
+    with loader_for(shards, shuffle=al.Shuffle(before_decode=before_decode)) as resumed, \
             pytest.raises(al.CheckpointMismatchError) as info:
         resumed.load_state_dict(state)
     message = str(info.value)
@@ -59,10 +60,10 @@ def test_same_size_rewrite_in_place_names_the_file(shards, before_decode):
 @pytest.mark.parametrize("before_decode", [True, False])
 def test_rows_read_back_on_restore_are_verified(shards, before_decode):
     # Same name, size, rows, footer and even modification time: only the buffered rows' checksums can tell.
-    state = checkpoint(shards, shuffle_before_decode=before_decode)
+    state = checkpoint(shards, shuffle=al.Shuffle(before_decode=before_decode))
     for i in range(len(ROWS)):
         rewrite_same_size(shards / f"part-{i:05d}.arrow", sum(ROWS[:i]), keep_mtime=True)
-    with loader_for(shards, shuffle_before_decode=before_decode) as resumed:
+    with loader_for(shards, shuffle=al.Shuffle(before_decode=before_decode)) as resumed:
         resumed.load_state_dict(state)  # the fingerprint cannot see it
         with pytest.raises(al.CheckpointMismatchError) as info:
             next(iter(resumed))
@@ -97,7 +98,7 @@ def test_rows_held_by_the_duration_bucketer_are_verified(shards):
     # Whole utterances batched by duration: rows wait in the bucketer's buckets, and its checkpoint
     # holds their checksums (taken when each row was read).
     options = dict(length=al.LengthPolicy(crop=None), batching=al.Bucketing(max_duration=2.0, num_buckets=2),
-                   shuffle_buffer_size=1, shuffle_min_size=0)
+                   shuffle=al.Shuffle(buffer_size=1, min_size=0))
     state = checkpoint(shards, batches=2, **options)
     for i in range(len(ROWS)):
         rewrite_same_size(shards / f"part-{i:05d}.arrow", sum(ROWS[:i]), keep_mtime=True)

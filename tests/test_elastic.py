@@ -26,12 +26,12 @@ def shards(tmp_path_factory):
     return folder
 
 
-_loader = loader_factory(batch_size=4, seed=7, num_workers=1, worker_type="thread",
-                         train_options={"shuffle_buffer_size": 10, "shuffle_min_size": 5, "infinite": False})
+_loader = loader_factory(batch_size=4, seed=7, workers=al.Workers(num_workers=1, kind="thread"),
+                         train_options={"shuffle": al.Shuffle(buffer_size=10, min_size=5), "infinite": False})
 
 
 def loader_for(source, rank, world_size, **kwargs) -> al.AudioLoader:
-    return _loader(source, rank=rank, world_size=world_size, **kwargs)
+    return _loader(source, storage=al.Storage(rank=rank, world_size=world_size), **kwargs)
 
 
 def delivered(batch) -> list[int]:
@@ -65,9 +65,9 @@ def resumed_run(source, world_size, states, **kwargs) -> tuple[list[int], list[l
 
 CHAINS = {
     "eval": dict(train=False),
-    "train, decoded buffer": dict(shuffle_before_decode=False),
-    "train, raw buffer": dict(shuffle_before_decode=True),
-    "train, processes": dict(worker_type="process", num_workers=2),
+    "train, decoded buffer": dict(shuffle=al.Shuffle(before_decode=False)),
+    "train, raw buffer": dict(shuffle=al.Shuffle(before_decode=True)),
+    "train, processes": dict(workers=al.Workers(kind="process", num_workers=2)),
     "eval, bucketing": dict(train=False, length=al.LengthPolicy(crop=None),
                             batching=al.Bucketing(max_duration=1.0, num_buckets=3)),
     "train, bucketing": dict(length=al.LengthPolicy(crop=None), batching=al.Bucketing(max_duration=1.0, num_buckets=3)),
@@ -129,7 +129,7 @@ def test_resumed_batches_are_deterministic_and_resume_again_exactly(shards):
 def test_infinite_training_continues_with_the_next_pass_in_the_new_layout(shards):
     # A pass-through buffer reading one split at a time keeps passes visible: rank r's rows are its share of
     # pass 0, then of pass 1...
-    options = dict(shuffle_buffer_size=1, shuffle_min_size=0, shuffle=al.Shuffle(interleave=1), infinite=True)
+    options = dict(shuffle=al.Shuffle(buffer_size=1, min_size=0, interleave=1), infinite=True)
     readers = [loader_for(shards, r, 2, **options) for r in range(2)]
     shares = [[s.num_rows for s in loader.reader.splits_for_pass(0)] for loader in readers]
     for loader in readers:

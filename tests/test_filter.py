@@ -42,9 +42,10 @@ SHORT = pc.field("duration") < 1.0  # rows 0-3 of each file: its first Parquet r
 TRAIN_SPLIT = pc.field("split") == "train"
 
 
-loader_for = loader_factory(batch_size=4, seed=3, split_rows=8, num_workers=1, worker_type="thread",
+loader_for = loader_factory(batch_size=4, seed=3, workers=al.Workers(num_workers=1, kind="thread"),
+                            storage=al.Storage(split_rows=8),
                             columns=("duration",),
-                            train_options={"shuffle_buffer_size": 8, "shuffle_min_size": 4, "infinite": False})
+                            train_options={"shuffle": al.Shuffle(buffer_size=8, min_size=4), "infinite": False})
 
 
 def rows_of(batches) -> list[int]:
@@ -57,7 +58,8 @@ def rows_of(batches) -> list[int]:
 def test_eval_yields_each_kept_row_once_with_its_original_index(shards, world_size, expression, keep):
     seen, counts = [], []
     for rank in range(world_size):
-        with loader_for(shards, train=False, filter=expression, rank=rank, world_size=world_size) as loader:
+        with loader_for(al.Source(shards, filter=expression), train=False,
+                        storage=al.Storage(rank=rank, world_size=world_size)) as loader:
             batches = list(loader)
             counts.append(len(batches))
             assert len(batches) == len(loader)
@@ -78,7 +80,7 @@ def test_parquet_row_groups_are_pruned_and_dropped_rows_audio_never_read(parquet
         return original(self, i)
 
     monkeypatch.setattr(readers._ParquetHandle, "unit", spy)
-    with loader_for(parquet_shards, train=False, filter=SHORT) as loader:
+    with loader_for(al.Source(parquet_shards, filter=SHORT), train=False) as loader:
         stats = loader.reader.dataset.filter_stats
         construction = list(reads)
         reads.clear()
@@ -92,7 +94,7 @@ def test_parquet_row_groups_are_pruned_and_dropped_rows_audio_never_read(parquet
 
 
 def test_units_without_kept_rows_are_never_read(shards, monkeypatch):
-    with loader_for(shards, train=False, filter=SHORT) as loader:
+    with loader_for(al.Source(shards, filter=SHORT), train=False) as loader:
         dataset = loader.reader.dataset
         read = []
         original = dataset._read_unit
@@ -103,15 +105,15 @@ def test_units_without_kept_rows_are_never_read(shards, monkeypatch):
 
 def test_train_pass_covers_kept_rows_once_and_resumes_exactly(shards):
     keep = expected(lambda r: r["split"] == "train")
-    with loader_for(shards, filter=TRAIN_SPLIT) as loader:
+    with loader_for(al.Source(shards, filter=TRAIN_SPLIT)) as loader:
         reference = list(loader)
     assert Counter(rows_of(reference)) == Counter(keep)
     for cut in (1, 4, 7):
-        with loader_for(shards, filter=TRAIN_SPLIT) as first:
+        with loader_for(al.Source(shards, filter=TRAIN_SPLIT)) as first:
             it = iter(first)
             head = [next(it) for _ in range(cut)]
             state = first.state_dict()
-        with loader_for(shards, filter=TRAIN_SPLIT) as resumed:
+        with loader_for(al.Source(shards, filter=TRAIN_SPLIT)) as resumed:
             resumed.load_state_dict(state)
             tail = list(resumed)
         assert [b["index"].tolist() for b in head + tail] == [b["index"].tolist() for b in reference]
@@ -121,36 +123,36 @@ def test_elastic_resume_with_a_filter(shards):
     keep = expected(lambda r: r["split"] == "train")
     before, states = [], []
     for rank in range(2):
-        with loader_for(shards, filter=TRAIN_SPLIT, rank=rank, world_size=2) as loader:
+        with loader_for(al.Source(shards, filter=TRAIN_SPLIT), storage=al.Storage(rank=rank, world_size=2)) as loader:
             it = iter(loader)
             before += [i for _ in range(2) for i in next(it)["index"].tolist()]
             states.append(loader.state_dict())
     after = []
     for rank in range(3):
-        with loader_for(shards, filter=TRAIN_SPLIT, rank=rank, world_size=3) as loader:
+        with loader_for(al.Source(shards, filter=TRAIN_SPLIT), storage=al.Storage(rank=rank, world_size=3)) as loader:
             loader.load_state_dict(states)
             after += rows_of(list(loader))
     assert Counter(before + after) == Counter(keep)
 
 
 def test_the_filter_is_part_of_the_fingerprint(shards):
-    with loader_for(shards, filter=TRAIN_SPLIT) as loader:
+    with loader_for(al.Source(shards, filter=TRAIN_SPLIT)) as loader:
         next(iter(loader))
         state = loader.state_dict()
     for other in (SHORT, None):
-        with loader_for(shards, filter=other) as changed, pytest.raises(al.CheckpointMismatchError) as info:
+        with loader_for(al.Source(shards, filter=other)) as changed, pytest.raises(al.CheckpointMismatchError) as info:
             changed.load_state_dict(state)
         assert "filter" in info.value.fields and "split" in str(info.value)
 
 
 def test_bad_filters_are_refused_clearly(shards):
     with pytest.raises(ValueError, match="reads the audio column 'audio'"):
-        loader_for(shards, filter=pc.field("audio") == b"")
+        loader_for(al.Source(shards, filter=pc.field("audio") == b""))
     with pytest.raises(ValueError, match=r"do not have \('speaker'\); available: 'label'"):
-        loader_for(shards, filter=pc.field("speaker") == "a")
+        loader_for(al.Source(shards, filter=pc.field("speaker") == "a"))
     with pytest.raises(TypeError, match="boolean expression"):
-        loader_for(shards, filter=pc.field("duration") + 1.0)
+        loader_for(al.Source(shards, filter=pc.field("duration") + 1.0))
     with pytest.raises(TypeError, match=r"pyarrow\.compute\.Expression"):
-        loader_for(shards, filter="duration < 1")
+        loader_for(al.Source(shards, filter="duration < 1"))
     with pytest.raises(ValueError, match="keeps none of the 60 rows"):
-        loader_for(shards, filter=pc.field("duration") > 100.0)
+        loader_for(al.Source(shards, filter=pc.field("duration") > 100.0))

@@ -10,6 +10,7 @@ import pyarrow.compute as pc
 import pytest
 
 import audioloader as al
+from audioloader.errors import DeprecatedKeywordWarning
 from tests.helpers import SMALL, assert_same_batches, take
 
 
@@ -33,6 +34,16 @@ COMMON = {"batch_size": 8, "features": SMALL, "seed": 1}
 GROUPS = {"storage": al.Storage(split_rows=4), "workers": al.Workers(num_workers=2, kind="thread"),
           "shuffle": al.Shuffle(buffer_size=12, min_size=6)}
 FLAT = {"split_rows": 4, "num_workers": 2, "worker_type": "thread", "shuffle_buffer_size": 12, "shuffle_min_size": 6}
+
+
+def test_the_suite_fails_on_a_deprecated_keyword_although_its_warning_points_at_the_caller(ipc_shards):
+    # pyproject's filterwarnings turn audioloader's deprecation warnings into errors by their class: the warning's
+    # stack level points at this line (a test module), which a filter on the module "audioloader" would miss.
+    with pytest.raises(DeprecatedKeywordWarning, match=r"AudioLoader\(num_workers=\.\.\.\) is deprecated") as info:
+        al.AudioLoader(ipc_shards, num_workers=0)
+    assert isinstance(info.value, FutureWarning)
+    with pytest.warns(FutureWarning, match="num_workers"):  # recorded, not raised, under pytest.warns
+        al.AudioLoader(ipc_shards, num_workers=0).shutdown()
 
 
 @pytest.mark.parametrize("rank", [None, 1])

@@ -80,8 +80,9 @@ def warehouse(tmp_path_factory) -> Warehouse:
     return Warehouse(catalog, [first, table.current_snapshot().snapshot_id])
 
 
-loader_for = loader_factory(batch_size=4, seed=4, num_workers=2, worker_type="thread", columns=("uid", "split"),
-                            train_options={"shuffle_buffer_size": 8, "shuffle_min_size": 4})
+loader_for = loader_factory(batch_size=4, seed=4, workers=al.Workers(num_workers=2, kind="thread"),
+                            columns=("uid", "split"),
+                            train_options={"shuffle": al.Shuffle(buffer_size=8, min_size=4)})
 
 
 def valid_uids(batches) -> list[int]:
@@ -99,7 +100,8 @@ def test_eval_reads_each_row_of_the_snapshot_that_passes_the_filter_once(warehou
     monkeypatch.setattr(pa, "memory_map", lambda path, mode="r": opened.append(path) or memory_map(path, mode))
     seen, counts = [], []
     for rank in range(world_size):
-        with loader_for(source, train=False, filter=TEST_SPLIT, rank=rank, world_size=world_size) as loader:
+        with loader_for(al.Source(source, filter=TEST_SPLIT), train=False,
+                        storage=al.Storage(rank=rank, world_size=world_size)) as loader:
             batches = list(loader)
             counts.append(len(batches))
             dataset = loader.reader.dataset
@@ -132,18 +134,19 @@ def test_train_resumes_exactly_on_a_table(warehouse):
 
 def test_a_resume_against_a_newer_snapshot_is_refused_by_name(warehouse):
     first, second = warehouse.snapshots
-    with loader_for(warehouse.table(snapshot_id=first), filter=TEST_SPLIT) as loader:
+    with loader_for(al.Source(warehouse.table(snapshot_id=first), filter=TEST_SPLIT)) as loader:
         reference = take(loader, 4)
-    with loader_for(warehouse.table(snapshot_id=first), filter=TEST_SPLIT) as loader:
+    with loader_for(al.Source(warehouse.table(snapshot_id=first), filter=TEST_SPLIT)) as loader:
         head = take(loader, 2)
         state = roundtrip(loader.state_dict())
     assert state["fingerprint"]["iceberg"] == [["audio.clips", first]]
-    with loader_for(warehouse.table(), filter=TEST_SPLIT) as newer, pytest.raises(al.CheckpointMismatchError) as info:
+    with loader_for(al.Source(warehouse.table(), filter=TEST_SPLIT)) as newer, \
+            pytest.raises(al.CheckpointMismatchError) as info:
         newer.load_state_dict(state)
     message = str(info.value)
     assert "'audio.clips'" in message and str(first) in message and str(second) in message, message
     assert f"snapshot_id={first}" in message and "iceberg" in info.value.fields
-    with loader_for(warehouse.table(snapshot_id=first), filter=TEST_SPLIT) as pinned:
+    with loader_for(al.Source(warehouse.table(snapshot_id=first), filter=TEST_SPLIT)) as pinned:
         pinned.load_state_dict(state)
         assert_same_batches(head + take(pinned, 2), reference)
 
@@ -180,7 +183,8 @@ def test_orc_data_files_listed_by_the_table_are_read(tmp_path):
                                    spec_id=table.spec().spec_id)
     with table.transaction() as transaction, transaction.update_snapshot().fast_append() as append:
         append.append_data_file(data_file)
-    with loader_for(al.IcebergTable("audio.clips", catalog=catalog), train=False, filter=TEST_SPLIT) as loader:
+    table = al.IcebergTable("audio.clips", catalog=catalog)
+    with loader_for(al.Source(table, filter=TEST_SPLIT), train=False) as loader:
         assert sorted(f.format for f in loader.reader.dataset.files) == ["orc", "parquet", "parquet"]
         uids = valid_uids(list(loader))
     assert Counter(uids) == Counter([u for u in FIRST if u % 3 == 0] + list(range(36, 42)))
@@ -191,7 +195,7 @@ def test_an_iceberg_table_in_a_mix_reads_every_row_of_both_sources_once(warehous
     mix = al.Mix({"table": (warehouse.table(snapshot_id=warehouse.snapshots[0]), 1.0), "files": (tmp_path, 1.0)})
     seen = []
     for rank in range(2):
-        with loader_for(mix, train=False, columns=("uid",), rank=rank, world_size=2) as loader:
+        with loader_for(mix, train=False, columns=("uid",), storage=al.Storage(rank=rank, world_size=2)) as loader:
             seen += [(s, u) for b in loader for s, u, ok in zip(b["source"].tolist(), b["uid"].tolist(),
                                                                 b["valid"].tolist(), strict=True) if ok]
     assert Counter(seen) == Counter([(0, u) for u in FIRST] + [(1, u) for u in range(12)])

@@ -82,7 +82,7 @@ def test_resume_from_any_row_is_exact(dataset, interleave, shuffle):
         assert head + keys(resumed, len(reference) - cut) == reference, cut
 
 
-loader_for = loader_factory(batch_size=4, seed=6, num_workers=2, worker_type="thread", columns=("uid",),
+loader_for = loader_factory(batch_size=4, seed=6, workers=al.Workers(num_workers=2, kind="thread"), columns=("uid",),
                             train_options={"shuffle": al.Shuffle(buffer_size=6, min_size=3, interleave=4)},
                             eval_options={"shuffle": al.Shuffle(interleave=4)})
 
@@ -90,12 +90,14 @@ loader_for = loader_factory(batch_size=4, seed=6, num_workers=2, worker_type="th
 @pytest.mark.parametrize("shuffle_before_decode", [False, True])
 def test_train_resumes_bit_exactly_at_random_cut_points(shards, shuffle_before_decode):
     total = 34  # more than two passes of 58 rows
-    assert_resumes_exactly(functools.partial(loader_for, shards, shuffle_before_decode=shuffle_before_decode),
-                           total, sorted(random.Random(2).sample(range(1, total), 4)), num_workers=0)
+    build = functools.partial(loader_for, shards, shuffle=al.Shuffle(before_decode=shuffle_before_decode))
+    assert_resumes_exactly(build, total, sorted(random.Random(2).sample(range(1, total), 4)),
+                           workers=al.Workers(num_workers=0))
 
 
 def test_batches_do_not_depend_on_workers(shards):
-    with loader_for(shards, num_workers=0) as a, loader_for(shards, worker_type="process", num_workers=2) as b:
+    with loader_for(shards, workers=al.Workers(num_workers=0)) as a, \
+            loader_for(shards, workers=al.Workers(kind="process", num_workers=2)) as b:
         assert_same_batches(take(a, 10), take(b, 10))
 
 
@@ -106,7 +108,7 @@ def test_eval_reads_every_row_exactly_once(shards, world_size, chain):
                                          "batching": al.Bucketing(max_duration=1.0, num_buckets=3)}
     seen, counts = [], []
     for rank in range(world_size):
-        with loader_for(shards, train=False, rank=rank, world_size=world_size, **extra) as loader:
+        with loader_for(shards, train=False, storage=al.Storage(rank=rank, world_size=world_size), **extra) as loader:
             batches = list(loader)
             assert len(batches) == len(loader)
             counts.append(len(batches))
@@ -119,7 +121,7 @@ def test_elastic_resume_delivers_the_rest_of_the_pass_once(shards, train):
     options = {"train": train, "infinite": False} if train else {"train": False}
     before, states = [], []
     for rank in range(2):
-        with loader_for(shards, rank=rank, world_size=2, **options) as loader:
+        with loader_for(shards, storage=al.Storage(rank=rank, world_size=2), **options) as loader:
             it = iter(loader)
             for _ in range(3):
                 batch = next(it)
@@ -127,7 +129,7 @@ def test_elastic_resume_delivers_the_rest_of_the_pass_once(shards, train):
             states.append(roundtrip(loader.state_dict()))
     after = []
     for rank in range(3):
-        with loader_for(shards, rank=rank, world_size=3, **options) as loader:
+        with loader_for(shards, storage=al.Storage(rank=rank, world_size=3), **options) as loader:
             loader.load_state_dict(states)
             after += [i for b in loader for i in (b["index"][b["valid"]] if "valid" in b else b["index"]).tolist()]
     assert Counter(before + after) == Counter(range(TOTAL))
@@ -136,8 +138,9 @@ def test_elastic_resume_delivers_the_rest_of_the_pass_once(shards, train):
 def test_a_small_buffer_mixes_more_splits_into_each_batch(shards):
     figures = {}
     for interleave in (1, 4):
-        with loader_for(shards, shuffle=al.Shuffle(buffer_size=4, min_size=4, interleave=interleave),
-                        batch_size=8, split_rows=16, infinite=False) as loader:  # 6 splits of 7-16 rows
+        shuffle = al.Shuffle(buffer_size=4, min_size=4, interleave=interleave)
+        with loader_for(shards, shuffle=shuffle, batch_size=8, storage=al.Storage(split_rows=16),
+                        infinite=False) as loader:  # 6 splits of 7-16 rows
             for _ in range(2):  # two whole passes: every batch counted, whatever the prefetcher did
                 list(loader)
             figures[interleave] = loader.stats()["shuffle"]
@@ -151,7 +154,7 @@ def test_interleave_is_in_the_fingerprint_and_checked(shards):
     with loader_for(shards) as loader:
         take(loader, 2)
         state = loader.state_dict()
-    with loader_for(shards, shuffle=al.Shuffle(buffer_size=6, min_size=3)) as plain, \
+    with loader_for(shards, shuffle=al.Shuffle(buffer_size=6, min_size=3, interleave=1)) as plain, \
             pytest.raises(al.CheckpointMismatchError) as info:
         plain.load_state_dict(state)
     assert "interleave" in info.value.fields
@@ -166,7 +169,7 @@ def test_a_mix_of_interleaved_sources_reads_every_row_of_each_once(shards, tmp_p
     mix = al.Mix({"a": (shards, 2.0), "b": (tmp_path, 1.0)})
     seen = []
     for rank in range(2):
-        with loader_for(mix, train=False, rank=rank, world_size=2) as loader:
+        with loader_for(mix, train=False, storage=al.Storage(rank=rank, world_size=2)) as loader:
             seen += [(s, i) for b in loader for s, i, ok in zip(b["source"].tolist(), b["index"].tolist(),
                                                                 b["valid"].tolist(), strict=True) if ok]
     assert Counter(seen) == Counter([(0, i) for i in range(TOTAL)] + [(1, i) for i in range(16)])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import audioloader as al
 from audioloader.workers.pool import WorkerError
 from tests.helpers import assert_same_batches, loader_for, roundtrip, take
 
@@ -187,10 +188,11 @@ def take_after(shards, n):
 def test_a_forked_child_exiting_leaves_the_parents_workers_alone(ipc_shards):
     script = textwrap.dedent(f"""
         import os, sys
+        import audioloader as al
         from tests.helpers import assert_same_batches, loader_for, take
-        with loader_for({str(ipc_shards)!r}, worker_type="process") as reference:
+        with loader_for({str(ipc_shards)!r}, workers=al.Workers(kind="process")) as reference:
             expected = take(reference, 12)
-        loader = loader_for({str(ipc_shards)!r}, worker_type="process")
+        loader = loader_for({str(ipc_shards)!r}, workers=al.Workers(kind="process"))
         it = iter(loader)
         first = next(it)
         pid = os.fork()
@@ -220,7 +222,7 @@ def _decode_workers():
 
 
 def test_shutdown_after_a_killed_worker_shows_the_worker_error(ipc_shards):
-    loader = loader_for(ipc_shards, worker_type="process")
+    loader = loader_for(ipc_shards, workers=al.Workers(kind="process"))
     with pytest.raises(WorkerError, match="SIGKILL") as info, loader:
         it = iter(loader)
         next(it)
@@ -228,11 +230,35 @@ def test_shutdown_after_a_killed_worker_shows_the_worker_error(ipc_shards):
         assert workers
         for worker in workers:
             os.kill(worker.pid, signal.SIGKILL)
-        with pytest.raises(WorkerError, match="SIGKILL"):
-            for _ in range(100):  # the batches already decoded come first
-                next(it)
-        # A new iterator restarts the chain, which meets the dead worker again; shutdown() then
-        # raised AttributeError ('Prefetcher' object has no attribute '_it') in place of this error.
-        next(iter(loader))
+        # shutdown() on leaving the block once raised AttributeError ('Prefetcher' object has no attribute
+        # '_it') in place of this error.
+        for _ in range(100):  # the batches already decoded come first
+            next(it)
     assert not getattr(info.value, "__notes__", None)  # the with block's shutdown() went through
     loader.shutdown()  # and again, outside
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_a_new_iterator_after_a_killed_worker_restarts_with_fresh_workers(ipc_shards, train):
+    # A new iter() after the error starts new workers (it raised the old WorkerError again until shutdown()): in
+    # training right after the last batch handed out, nothing lost or repeated; in evaluation the pass anew.
+    workers = al.Workers(kind="process", num_workers=2)
+    with loader_for(ipc_shards, train=train, workers=workers) as reference:
+        expected = take(reference, 12) if train else list(reference)
+    with loader_for(ipc_shards, train=train, workers=workers) as loader:
+        it = iter(loader)
+        got = [next(it), next(it)]
+        killed = {worker.pid for worker in _decode_workers()}
+        assert len(killed) == 2
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerError, match="SIGKILL"):
+            for _ in range(100):
+                got.append(next(it))  # the batches decoded before the kill, then the error
+        again = iter(loader)
+        if train:
+            assert_same_batches(got + [next(again) for _ in range(12 - len(got))], expected)
+        else:
+            assert_same_batches(list(again), expected)
+        fresh = {worker.pid for worker in _decode_workers()}
+        assert len(fresh) == 2 and not fresh & killed

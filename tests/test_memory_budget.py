@@ -245,7 +245,7 @@ def test_interleave_of_the_preset_fits_the_budget(tmp_path, parquet_speech):
 
 
 def test_bucketing_refuses_decoded_buffers(parquet_speech):
-    with pytest.raises(ValueError, match="shuffle_before_decode=False with batching"):
+    with pytest.raises(ValueError, match=r"Shuffle\(before_decode=False\) with batching"):
         speech_loader(parquet_speech, shuffle=al.Shuffle(before_decode=False))
 
 
@@ -373,7 +373,7 @@ def test_a_legacy_checkpoint_does_not_override_what_the_user_gave(tmp_path):
     case = legacy_checkpoints.CASES["classification_ipc"]
     saved = json.loads(gzip.decompress(FIXTURE.read_bytes()))["classification_ipc"]
     folder = legacy_checkpoints.corpus(tmp_path / "c", case)
-    given = {**case, "options": {**case["options"], "shuffle_buffer_size": 500}}
+    given = {**case, "options": {**case["options"], "shuffle": al.Shuffle(buffer_size=500)}}
     with legacy_checkpoints.loader(folder, given) as ours:
         state = saved["state"]
         state["fingerprint"].update({k: ours._fingerprint[k] for k in legacy_checkpoints.FILE_FIELDS})

@@ -24,10 +24,12 @@ def kept_uids(folder, expression) -> set[int]:
     return kept
 
 
-def test_a_filter_applies_to_every_source_of_a_mix(mix_root):
+def test_a_flat_filter_of_0_2_applies_to_every_source_of_a_mix(mix_root):
     expression = pc.field("label") != 1
-    with mix_loader(mix_root, mix_of(mix_root, stop="all_exhausted"), train=False, filter=expression,
-                    columns=["uid"]) as loader:
+    with pytest.warns(FutureWarning, match="filter"):
+        loader = mix_loader(mix_root, mix_of(mix_root, stop="all_exhausted"), train=False, filter=expression,
+                            columns=["uid"])
+    with loader:
         seen = Counter((int(s), int(u)) for b in loader
                        for s, u, ok in zip(b["source"], b["uid"], b["valid"], strict=True) if ok)
     expected = {(s, uid) for s, name in enumerate(ROWS) for uid in kept_uids(mix_root / name, expression)}
@@ -52,10 +54,10 @@ def test_a_changed_file_of_one_source_is_named(mix_root, tmp_path):
 def test_elastic_resume_of_a_mix_is_refused_naming_the_world_size(mix_root):
     states = []
     for rank in range(2):
-        with mix_loader(mix_root, rank=rank, world_size=2) as loader:
+        with mix_loader(mix_root, storage=al.Storage(rank=rank, world_size=2)) as loader:
             take(loader, 1)
             states.append(loader.state_dict())
-    with mix_loader(mix_root, rank=0, world_size=3) as resumed, \
+    with mix_loader(mix_root, storage=al.Storage(rank=0, world_size=3)) as resumed, \
             pytest.raises(al.CheckpointMismatchError, match="world_size=2") as info:
         resumed.load_state_dict(states)
     assert "world_size" in info.value.fields

@@ -106,7 +106,7 @@ def test_mix_node_resumes_exactly_after_an_exhaustion(mix_root):
 def test_eval_reads_every_row_of_every_source_exactly_once_across_ranks(mix_root, world_size):
     seen, lengths = [], set()
     for rank in range(world_size):
-        with mix_loader(mix_root, train=False, rank=rank, world_size=world_size) as loader:
+        with mix_loader(mix_root, train=False, storage=al.Storage(rank=rank, world_size=world_size)) as loader:
             batches = list(loader)
             lengths.add((len(batches), len(loader)))
             for b in batches:
@@ -146,7 +146,7 @@ RESUME_CASES = [("cycle", True), ("cycle", False), ("all_exhausted", True), ("fi
 
 @pytest.mark.parametrize(("stop", "shuffle_before_decode"), RESUME_CASES)
 def test_resume_is_exact_at_random_cut_points_with_one_source_exhausting(mix_root, stop, shuffle_before_decode):
-    kwargs = {"shuffle_before_decode": shuffle_before_decode,
+    kwargs = {"shuffle": al.Shuffle(before_decode=shuffle_before_decode),
               "augment": [al.Gain(), al.AddNoise(str(mix_root / "noise")), al.SpecAugment(max_time_width=4)]}
     total = 10
     with mix_loader(mix_root, mix_of(mix_root, stop), **kwargs) as loader:
@@ -168,8 +168,9 @@ WORKERS = [(0, "thread"), (1, "thread"), (4, "thread"), (1, "process"), (4, "pro
 def test_same_batches_for_any_workers_with_a_mix_and_every_augmentation(mix_root, shuffle_before_decode):
     results = []
     for num_workers, kind in WORKERS:
-        with mix_loader(mix_root, augment=every_augmentation(mix_root), num_workers=num_workers, worker_type=kind,
-                        shuffle_before_decode=shuffle_before_decode) as loader:
+        workers = al.Workers(num_workers=num_workers, kind=kind)
+        with mix_loader(mix_root, augment=every_augmentation(mix_root), workers=workers,
+                        shuffle=al.Shuffle(before_decode=shuffle_before_decode)) as loader:
             results.append(take(loader, 5))
     for other in results[1:]:
         assert_same_batches(other, results[0])
@@ -177,10 +178,11 @@ def test_same_batches_for_any_workers_with_a_mix_and_every_augmentation(mix_root
 
 
 def test_a_mix_checkpoint_refuses_another_world_size(mix_root):
-    with mix_loader(mix_root, rank=0, world_size=2) as loader:
+    with mix_loader(mix_root, storage=al.Storage(rank=0, world_size=2)) as loader:
         take(loader, 1)
         state = loader.state_dict()
-    with mix_loader(mix_root, rank=0, world_size=3) as other, pytest.raises(al.CheckpointMismatchError) as info:
+    with mix_loader(mix_root, storage=al.Storage(rank=0, world_size=3)) as other, \
+            pytest.raises(al.CheckpointMismatchError) as info:
         other.load_state_dict(state)
     assert "world_size" in info.value.fields and "mix" in info.value.fields
     assert "world_size" in str(info.value)
@@ -218,7 +220,7 @@ def test_single_source_checkpoints_have_exactly_the_old_fields(mix_root):
                        "shuffle_min_size", "train", "infinite", "drop_last", "shuffle_before_decode", "split_rows",
                        "audio_column", "label_column", "columns", "file_identity", "memory", "interleave"}
     for shuffle_before_decode in (True, False):
-        with mix_loader(mix_root, str(mix_root / "a"), shuffle_before_decode=shuffle_before_decode,
+        with mix_loader(mix_root, str(mix_root / "a"), shuffle=al.Shuffle(before_decode=shuffle_before_decode),
                         augment=flip) as loader:
             take(loader, 2)
             state = loader.state_dict()

@@ -23,8 +23,8 @@ def shards(tmp_path_factory):
     return folder
 
 
-loader_for = loader_factory(batch_size=4, seed=5, num_workers=2, worker_type="thread", columns=("uid",),
-                            train_options={"shuffle_buffer_size": 10, "shuffle_min_size": 5})
+loader_for = loader_factory(batch_size=4, seed=5, workers=al.Workers(num_workers=2, kind="thread"), columns=("uid",),
+                            train_options={"shuffle": al.Shuffle(buffer_size=10, min_size=5)})
 
 
 def test_stripes_are_the_units(shards):
@@ -61,7 +61,7 @@ def test_stripe_rows_are_counted_once_from_the_cheapest_column(tmp_path, monkeyp
 def test_eval_reads_every_row_exactly_once_across_ranks(shards, world_size):
     seen, counts = [], []
     for rank in range(world_size):
-        with loader_for(shards, train=False, rank=rank, world_size=world_size) as loader:
+        with loader_for(shards, train=False, storage=al.Storage(rank=rank, world_size=world_size)) as loader:
             batches = list(loader)
             assert len(batches) == len(loader)
             counts.append(len(batches))
@@ -77,5 +77,6 @@ def test_eval_reads_every_row_exactly_once_across_ranks(shards, world_size):
 @pytest.mark.parametrize("shuffle_before_decode", [False, True])
 def test_train_resumes_exactly_at_random_cut_points(shards, shuffle_before_decode):
     total = 30  # more than two passes
-    assert_resumes_exactly(functools.partial(loader_for, shards, shuffle_before_decode=shuffle_before_decode),
-                           total, sorted(random.Random(14).sample(range(1, total), 3)), num_workers=1)
+    build = functools.partial(loader_for, shards, shuffle=al.Shuffle(before_decode=shuffle_before_decode))
+    assert_resumes_exactly(build, total, sorted(random.Random(14).sample(range(1, total), 3)),
+                           workers=al.Workers(num_workers=1))

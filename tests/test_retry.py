@@ -58,7 +58,7 @@ def test_retry_arguments_are_checked():
     with pytest.raises(ValueError, match="timeout"):
         al.Retry(timeout=0)
     with pytest.raises(TypeError, match="Retry"):
-        al.AudioLoader("unused", retry=3)
+        al.AudioLoader("unused", storage=al.Storage(retry=3))
 
 
 # What storage clients write when a request is refused: pyarrow's S3 filesystem (the AWS SDK's enum names, or

@@ -41,8 +41,9 @@ def shards(s3, tmp_path_factory) -> dict[str, tuple]:
     return out
 
 
-loader_for = loader_factory(batch_size=8, seed=1, num_workers=2, worker_type="thread", retry=FAST,
-                            train_options={"shuffle_buffer_size": 12, "shuffle_min_size": 6})
+loader_for = loader_factory(batch_size=8, seed=1, workers=al.Workers(num_workers=2, kind="thread"),
+                            storage=al.Storage(retry=FAST),
+                            train_options={"shuffle": al.Shuffle(buffer_size=12, min_size=6)})
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -89,7 +90,7 @@ def test_eval_reads_every_row_exactly_once_despite_faults(s3, shards, fmt):
     local, prefix = shards[fmt]
     expected = {}
     for rank in range(2):
-        with loader_for(local, train=False, rank=rank, world_size=2) as loader:
+        with loader_for(local, train=False, storage=al.Storage(rank=rank, world_size=2)) as loader:
             expected[rank] = list(loader)
     s3.proxy.clear()
     s3.proxy.inject("503", 2, method="GET", path=f"/{prefix}/part-00001")  # while scanning (its tail)
@@ -97,8 +98,8 @@ def test_eval_reads_every_row_exactly_once_despite_faults(s3, shards, fmt):
     patient = al.Retry(attempts=8, initial_delay=0.01, max_delay=0.05, timeout=1.0)  # 6 faults may hit one read
     for rank in range(2):
         # index="off": construction scans every file (the faults hit its tail read), as without an index
-        with loader_for(s3.url(prefix), train=False, rank=rank, world_size=2, retry=patient,
-                        storage=al.Storage(index="off")) as loader:
+        with loader_for(s3.url(prefix), train=False,
+                        storage=al.Storage(rank=rank, world_size=2, retry=patient, index="off")) as loader:
             faults += [r for r in s3.proxy.requests if r.fault]
             s3.proxy.clear()
             for kind, times in (("503", 2), ("500", 1), ("reset", 2), ("stall", 1)):
@@ -116,7 +117,8 @@ def test_eval_reads_every_row_exactly_once_despite_faults(s3, shards, fmt):
 
 def test_persistent_fault_names_the_object_and_the_attempts(s3, shards):
     _, prefix = shards["parquet"]
-    with loader_for(s3.url(prefix), train=False, retry=al.Retry(attempts=3, initial_delay=0.01)) as loader:
+    retry = al.Retry(attempts=3, initial_delay=0.01)
+    with loader_for(s3.url(prefix), train=False, storage=al.Storage(retry=retry)) as loader:
         s3.proxy.clear()
         s3.proxy.inject("503", 100, path=f"/{prefix}/part-00000")
         try:
@@ -154,8 +156,8 @@ def test_filter_on_s3_never_requests_pruned_row_groups(s3, tmp_path):
     write_filter_shards(tmp_path, "parquet")
     s3.upload(tmp_path, "shards/filtered")
     s3.proxy.clear()
-    with loader_for(s3.url("shards/filtered"), train=False, filter=pc.field("duration") < 1.0,
-                    columns=("duration",)) as loader:
+    source = al.Source(s3.url("shards/filtered"), filter=pc.field("duration") < 1.0)
+    with loader_for(source, train=False, columns=("duration",)) as loader:
         assert loader.reader.dataset.filter_stats["row_groups_pruned"] == 12
         rows = [i for b in loader for i in b["index"][b["valid"]].tolist()]
     assert sorted(rows) == [0, 1, 2, 3, 24, 25, 26, 27, 40, 41, 42, 43]

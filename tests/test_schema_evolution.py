@@ -49,8 +49,9 @@ def evolved(tmp_path_factory):
     return folder
 
 
-loader_for = loader_factory(batch_size=4, seed=2, num_workers=2, worker_type="thread", columns=("uid", "speaker"),
-                            train_options={"shuffle_buffer_size": 6, "shuffle_min_size": 3})
+loader_for = loader_factory(batch_size=4, seed=2, workers=al.Workers(num_workers=2, kind="thread"),
+                            columns=("uid", "speaker"),
+                            train_options={"shuffle": al.Shuffle(buffer_size=6, min_size=3)})
 
 
 def test_the_unified_schema_widens_and_adds_columns(evolved):
@@ -75,10 +76,10 @@ def test_eval_reads_every_row_once_with_nulls_for_missing_columns(evolved):
 
 
 def test_a_filter_on_an_added_column_treats_missing_values_as_null(evolved):
-    with loader_for(evolved, train=False, filter=pc.field("speaker") == "s1") as loader:
+    with loader_for(al.Source(evolved, filter=pc.field("speaker") == "s1"), train=False) as loader:
         indices = sorted(i for b in loader for i in b["index"][b["valid"]].tolist())
     assert indices == [i for i in range(ROWS[0], TOTAL) if i % 2]
-    with loader_for(evolved, train=False, filter=pc.field("speaker").is_null()) as loader:
+    with loader_for(al.Source(evolved, filter=pc.field("speaker").is_null()), train=False) as loader:
         indices = sorted(i for b in loader for i in b["index"][b["valid"]].tolist())
     assert indices == list(range(ROWS[0]))
 
@@ -98,7 +99,7 @@ def test_train_resumes_exactly_across_evolved_files(evolved):
 def test_a_label_column_added_later_makes_older_rows_bad_rows(tmp_path):
     write_ipc_file(tmp_path / "a.arrow", audio_table(0, 4, seconds=0.3).drop_columns(["label"]))
     write_ipc_file(tmp_path / "b.arrow", audio_table(4, 4, seconds=0.3))
-    with loader_for(tmp_path, train=False, columns=("uid",), max_error_fraction=0.6) as loader:
+    with loader_for(tmp_path, train=False, columns=("uid",), on_error=al.OnError(max_fraction=0.6)) as loader:
         indices = sorted(i for b in loader for i in b["index"][b["valid"]].tolist())
         stats = loader.stats()
     assert indices == [4, 5, 6, 7]

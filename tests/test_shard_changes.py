@@ -36,9 +36,10 @@ SCRIPT = textwrap.dedent("""
             os.truncate(shard, os.path.getsize(shard) // 2)
         return clip
 
-    options = dict(shuffle_buffer_size=24, shuffle_min_size=16) if train else {}
-    with al.AudioLoader(folder, batch_size=4, train=train, features=SMALL, split_rows=4, num_workers=0,
-                        worker_type="thread", augment=truncate_after_first_batch, **options) as loader:
+    options = {"shuffle": al.Shuffle(buffer_size=24, min_size=16)} if train else {}
+    with al.AudioLoader(folder, batch_size=4, train=train, features=SMALL, storage=al.Storage(split_rows=4),
+                        workers=al.Workers(num_workers=0, kind="thread"), augment=truncate_after_first_batch,
+                        **options) as loader:
         delivered = 0
         try:
             for batch in loader:

@@ -334,9 +334,10 @@ def test_truncated_files_name_the_file(tmp_path, fmt):
 
 @pytest.mark.parametrize(("kwargs", "pattern"), [
     ({"audio_column": "wav"}, r"a\.arrow: audio column 'wav' not found; available columns: 'audio', 'label', "
-                              r"'uid', 'name'\. Pass audio_column= with one of them"),
+                              r"'uid', 'name'\. Name one of them with al\.Source\(\.\.\., audio_column=\.\.\.\)"),
     ({"label_column": "genre"}, r"label column 'genre' not found; available columns: .*"
-                                r"Pass label_column= with one of them, or label_column=None for unlabeled data"),
+                                r"Name one of them with al\.Source\(\.\.\., label_column=\.\.\.\), or read unlabeled "
+                                r"data with al\.Source\(\.\.\., label_column=None\)"),
     ({"columns": ["speaker"]}, r"a\.arrow: extra column 'speaker' not found; available columns:.*Fix columns="),
     ({"audio_column": "name"}, r"a\.arrow: audio column 'name' has type string; expected binary or large_binary"
                                r".*struct<bytes: binary, path: string>"),

@@ -42,9 +42,14 @@ def corpus(tmp_path_factory) -> Path:
     return folder
 
 
-speech_loader = loader_factory(batch_size=6, features=FBANK, seed=3, label_column=None, columns=["text"], split_rows=6,
-                               length=WHOLE, num_workers=2,
-                               train_options={"shuffle_buffer_size": 16, "shuffle_min_size": 8})
+SPEECH_OPTIONS = {"batch_size": 6, "features": FBANK, "seed": 3, "columns": ["text"], "length": WHOLE}
+_speech_loader = loader_factory(**SPEECH_OPTIONS, storage=al.Storage(split_rows=6), workers=al.Workers(num_workers=2),
+                                train_options={"shuffle": al.Shuffle(buffer_size=16, min_size=8)})
+
+
+def speech_loader(source, **kwargs) -> al.AudioLoader:
+    """A whole-utterance fbank loader over ``source`` read without labels (6-row splits, 2 workers)."""
+    return _speech_loader(al.Source(source, label_column=None), **kwargs)
 
 
 def efficiency(batches) -> float:
@@ -117,7 +122,7 @@ def test_random_window_of_long_utterances_depends_on_key_not_workers(corpus):
     length = al.LengthPolicy(crop=None, max_seconds=1.0)
     runs = []
     for workers, kind in ((0, "thread"), (3, "thread"), (2, "process")):
-        with speech_loader(corpus, length=length, num_workers=workers, worker_type=kind) as loader:
+        with speech_loader(corpus, length=length, workers=al.Workers(num_workers=workers, kind=kind)) as loader:
             runs.append([next(iter(loader)) for _ in range(1)])
     for run in runs[1:]:
         assert_same_batches(run, runs[0])
@@ -246,14 +251,14 @@ def test_bucketed_resume_is_exact_at_random_cut_points(corpus, train):
     rng = random.Random(int(train))
     for cut in sorted(rng.sample(range(1, len(reference) - 1), 3)):
         saved_with = rng.choice([(0, "thread"), (2, "thread"), (2, "process")])
-        with speech_loader(corpus, train=train, batching=bucketing, num_workers=saved_with[0],
-                           worker_type=saved_with[1]) as loader:
+        with speech_loader(corpus, train=train, batching=bucketing,
+                           workers=al.Workers(num_workers=saved_with[0], kind=saved_with[1])) as loader:
             it = iter(loader)
             head = [next(it) for _ in range(cut)]
             state = loader.state_dict()
         resumed_with = rng.choice([(1, "thread"), (3, "process")])
-        with speech_loader(corpus, train=train, batching=bucketing, num_workers=resumed_with[0],
-                           worker_type=resumed_with[1]) as again:
+        with speech_loader(corpus, train=train, batching=bucketing,
+                           workers=al.Workers(num_workers=resumed_with[0], kind=resumed_with[1])) as again:
             again.load_state_dict(roundtrip(state))
             it = iter(again)
             tail = [next(it) for _ in range(len(reference) - cut)]
@@ -265,7 +270,8 @@ def test_bucketed_eval_yields_each_utterance_once_across_ranks(corpus, world_siz
     bucketing = al.Bucketing(max_duration=5.0, num_buckets=4)
     seen, counts = [], []
     for rank in range(world_size):
-        with speech_loader(corpus, train=False, batching=bucketing, rank=rank, world_size=world_size) as loader:
+        with speech_loader(corpus, train=False, batching=bucketing,
+                           storage=al.Storage(rank=rank, world_size=world_size)) as loader:
             batches = list(loader)
             assert len(batches) == len(loader)
         counts.append(len(batches))
@@ -305,18 +311,19 @@ def test_transcripts_reach_the_batch_as_lists_of_strings_from_a_hugging_face_cor
 
 def test_old_keywords_and_option_groups_build_the_same_loader(corpus):
     grouped = speech_loader(corpus, workers=al.Workers(num_workers=1, kind="thread", prefetch_batches=3),
-                            shuffle=al.Shuffle(buffer_size=16, min_size=8, before_decode=True),
-                            shuffle_buffer_size=None, shuffle_min_size=None, num_workers=None)
-    flat = speech_loader(corpus, num_workers=1, worker_type="thread", prefetch_batches=3,
-                         shuffle_before_decode=True)
+                            shuffle=al.Shuffle(buffer_size=16, min_size=8, before_decode=True))
+    with pytest.warns(FutureWarning, match="deprecated"):
+        flat = al.AudioLoader(al.Source(corpus, label_column=None), **SPEECH_OPTIONS, split_rows=6, num_workers=1,
+                              worker_type="thread", prefetch_batches=3, shuffle_buffer_size=16, shuffle_min_size=8,
+                              shuffle_before_decode=True)
     for name in ("num_workers", "worker_type", "prefetch_batches", "shuffle_buffer_size", "shuffle_min_size",
                  "shuffle_before_decode"):
         assert getattr(grouped, name) == getattr(flat, name), name
     assert_same_batches([next(iter(grouped))], [next(iter(flat))])
     grouped.shutdown()
     flat.shutdown()
-    with pytest.raises(ValueError, match="num_workers=2 conflicts with Workers"):
-        speech_loader(corpus, num_workers=2, workers=al.Workers(num_workers=1))
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="num_workers=2 conflicts with Workers"):
+        al.AudioLoader(corpus, num_workers=2, workers=al.Workers(num_workers=1))
     with pytest.raises(TypeError, match=r"batching must be an audioloader\.Bucketing"):
         speech_loader(corpus, batching={"max_duration": 5})
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+import audioloader as al
 from tests.helpers import IPC_ROWS as ROWS
 from tests.helpers import assert_same_batches, loader_for, make_shards, roundtrip, take
 
@@ -53,18 +54,18 @@ def children() -> set[int]:
 @pytest.mark.parametrize("train", [True, False])
 @pytest.mark.parametrize("shuffle_before_decode", [True, False])
 def test_processes_give_the_batches_threads_give(ipc_shards, train, shuffle_before_decode):
-    kwargs = {"train": train, "shuffle_before_decode": shuffle_before_decode, "augment": flip}
-    with loader_for(ipc_shards, worker_type="thread", num_workers=2, **kwargs) as threads:
+    kwargs = {"train": train, "shuffle": al.Shuffle(before_decode=shuffle_before_decode), "augment": flip}
+    with loader_for(ipc_shards, workers=al.Workers(kind="thread", num_workers=2), **kwargs) as threads:
         expected = take(threads, 6) if train else list(threads)
     for workers in (1, 3):
-        with loader_for(ipc_shards, worker_type="process", num_workers=workers, **kwargs) as processes:
+        with loader_for(ipc_shards, workers=al.Workers(kind="process", num_workers=workers), **kwargs) as processes:
             assert_same_batches(take(processes, 6) if train else list(processes), expected)
 
 
 def test_processes_on_parquet_receive_the_audio_through_shared_memory(parquet):
-    with loader_for(parquet, train=False, worker_type="thread") as threads:
+    with loader_for(parquet, train=False, workers=al.Workers(kind="thread")) as threads:
         expected = list(threads)
-    with loader_for(parquet, train=False, worker_type="process") as processes:
+    with loader_for(parquet, train=False, workers=al.Workers(kind="process")) as processes:
         assert processes.decoder._decoder.fetch is None  # not memory-mapped: the audio itself travels
         assert_same_batches(list(processes), expected)
 
@@ -73,26 +74,27 @@ def test_processes_on_parquet_receive_the_audio_through_shared_memory(parquet):
                                                 ("process", "process")])
 def test_resume_is_exact_across_worker_types(ipc_shards, saved, resumed):
     for shuffle_before_decode in (True, False):
-        kwargs = {"shuffle_before_decode": shuffle_before_decode}
-        with loader_for(ipc_shards, worker_type=saved, num_workers=2, **kwargs) as loader:
+        kwargs = {"shuffle": al.Shuffle(before_decode=shuffle_before_decode)}
+        with loader_for(ipc_shards, workers=al.Workers(kind=saved, num_workers=2), **kwargs) as loader:
             it = iter(loader)
             [next(it) for _ in range(3)]
             state = loader.state_dict()
             expected = [next(it) for _ in range(4)]
-        with loader_for(ipc_shards, worker_type=resumed, num_workers=3, **kwargs) as again:
+        with loader_for(ipc_shards, workers=al.Workers(kind=resumed, num_workers=3), **kwargs) as again:
             again.load_state_dict(roundtrip(state))
             assert_same_batches(take(again, 4), expected)
 
 
 def test_worker_processes_report_stage_times(ipc_shards):
-    with loader_for(ipc_shards, train=False, worker_type="process") as loader:
+    with loader_for(ipc_shards, train=False, workers=al.Workers(kind="process")) as loader:
         list(loader)
         seconds = loader.stats()["seconds"]
     assert seconds["decode"] > 0 and seconds["mel"] > 0
 
 
 def test_user_exception_from_a_process_keeps_type_attributes_and_worker_traceback(ipc_shards):
-    with loader_for(ipc_shards, augment=broken, worker_type="process") as loader, pytest.raises(Broke) as info:
+    with loader_for(ipc_shards, augment=broken, workers=al.Workers(kind="process")) as loader, \
+            pytest.raises(Broke) as info:
         take(loader, 1)
     assert info.value.detail == "kept"
     assert "broken" in [entry.name for entry in info.traceback]  # the worker's frames, rebuilt here
@@ -100,7 +102,7 @@ def test_user_exception_from_a_process_keeps_type_attributes_and_worker_tracebac
 
 def test_lambda_augment_with_processes_is_refused_with_the_fix(ipc_shards):
     with pytest.raises(TypeError, match="top level of a module"):
-        loader_for(ipc_shards, augment=lambda wave, rng: wave, worker_type="process")
+        loader_for(ipc_shards, augment=lambda wave, rng: wave, workers=al.Workers(kind="process"))
 
 
 def test_auto_uses_threads_on_small_machines_and_for_unpicklable_augments(ipc_shards, monkeypatch):
@@ -108,7 +110,7 @@ def test_auto_uses_threads_on_small_machines_and_for_unpicklable_augments(ipc_sh
     assert loader_for(ipc_shards).worker_type == "thread"
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     assert loader_for(ipc_shards).worker_type == "process"
-    assert loader_for(ipc_shards, num_workers=0).worker_type == "thread"
+    assert loader_for(ipc_shards, workers=al.Workers(num_workers=0)).worker_type == "thread"
     with pytest.warns(UserWarning, match="decoding runs in threads"):
         assert loader_for(ipc_shards, augment=lambda wave, rng: wave).worker_type == "thread"
 
@@ -139,7 +141,7 @@ def test_batched_features_match_per_sample_features(ipc_shards, train):
 def test_batched_features_give_the_same_checkpoints(ipc_shards):
     states = []
     for device in (None, "cpu"):
-        with loader_for(ipc_shards, device=device, worker_type="process") as loader:
+        with loader_for(ipc_shards, device=device, workers=al.Workers(kind="process")) as loader:
             it = iter(loader)
             [next(it) for _ in range(3)]
             states.append(loader.state_dict())
@@ -154,7 +156,7 @@ def test_batched_features_give_the_same_checkpoints(ipc_shards):
 def test_eval_padding_entries_have_zero_features_on_both_paths(tmp_path):
     make_shards(tmp_path, [20], "ipc_file", seconds=0.4)  # 5 splits of 4: ranks read 12 and 8 rows
     for device in (None, "cpu"):
-        with loader_for(tmp_path, train=False, device=device, world_size=2, rank=1) as loader:
+        with loader_for(tmp_path, train=False, device=device, storage=al.Storage(world_size=2, rank=1)) as loader:
             batches = list(loader)
         padded = [b for b in batches if not b["valid"].all()]
         assert padded and all(float(b["spectrogram"][~b["valid"]].abs().sum()) == 0 for b in padded)
@@ -182,7 +184,7 @@ def test_cuda_features_match_the_cpu_path(ipc_shards):
 def test_processes_stop_with_the_loader(ipc_shards):
     before = children()
     for i in range(4):
-        loader = loader_for(ipc_shards, train=bool(i % 2), worker_type="process")
+        loader = loader_for(ipc_shards, train=bool(i % 2), workers=al.Workers(kind="process"))
         if i % 2:
             it = iter(loader)
             next(it)
@@ -197,12 +199,12 @@ def test_processes_stop_with_the_loader(ipc_shards):
 @pytest.mark.parametrize("phase", ["steady", "buffer fill"])
 def test_ctrl_c_with_worker_processes(ipc_shards, phase):
     # "buffer fill": a large min fill, so Ctrl-C lands while the shuffle buffer fills.
-    sizes = "shuffle_buffer_size=20, shuffle_min_size=10" if phase == "steady" else \
-        "shuffle_buffer_size=40, shuffle_min_size=40, shuffle_before_decode=False"
+    sizes = "buffer_size=20, min_size=10" if phase == "steady" else "buffer_size=40, min_size=40, before_decode=False"
     script = textwrap.dedent(f"""
         import multiprocessing, sys, time
+        import audioloader as al
         from tests.helpers import loader_for
-        loader = loader_for({str(ipc_shards)!r}, worker_type="process", {sizes})
+        loader = loader_for({str(ipc_shards)!r}, workers=al.Workers(kind="process"), shuffle=al.Shuffle({sizes}))
         try:
             it = iter(loader)
             print("running", flush=True)
@@ -247,7 +249,7 @@ def test_pickled_loader_goes_on_where_it_was(ipc_shards):
 
 
 def test_pickling_a_loader_with_a_lambda_says_what_to_do(ipc_shards):
-    loader = loader_for(ipc_shards, augment=lambda wave, rng: wave, worker_type="thread")
+    loader = loader_for(ipc_shards, augment=lambda wave, rng: wave, workers=al.Workers(kind="thread"))
     with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
         pickle.dumps(loader)
 
@@ -309,7 +311,7 @@ def test_wrapping_in_a_torch_dataloader_says_what_to_do(ipc_shards):
 
 @pytest.mark.parametrize("worker_type", ["thread", "process"])
 def test_a_forked_child_gets_an_error_not_a_hang(ipc_shards, worker_type):
-    loader = loader_for(ipc_shards, worker_type=worker_type)
+    loader = loader_for(ipc_shards, workers=al.Workers(kind=worker_type))
     it = iter(loader)
     next(it)
     read, write = os.pipe()
@@ -332,8 +334,9 @@ def test_no_beta_warning_reaches_users(ipc_shards):
     # In a fresh interpreter with every warning shown: torch's once-per-process sparse CSR
     # warning used to escape from a decode thread.
     script = textwrap.dedent(f"""
+        import audioloader as al
         from tests.helpers import loader_for, take
-        with loader_for({str(ipc_shards)!r}, worker_type="thread") as loader:
+        with loader_for({str(ipc_shards)!r}, workers=al.Workers(kind="thread")) as loader:
             take(loader, 2)
         print("done")
     """)

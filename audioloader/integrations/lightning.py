@@ -10,8 +10,10 @@ Lightning saves and loads the state of a loader that has ``state_dict``/``load_s
 itself (``fit_loop`` -> ``CombinedLoader._state_dicts``). But its fetcher
 (``lightning.pytorch.loops.fetchers._PrefetchDataFetcher``) takes batch k+1 from the loader
 before the model trains on batch k, whenever the loader has no length (an infinite training
-loader), to know whether k is the last. A checkpoint saved after batch k then holds the
-loader's state after k+1, and the resumed run silently skips a batch. `ExactResume` calls
+loader), to know whether k is the last. A checkpoint saved after batch k would hold the
+loader's state after k+1. The loader corrects that by itself where it can read the fetcher
+(`audioloader.loader.batches_ahead_of_framework`), and warns naming this callback where it
+cannot; this callback is the explicit form, independent of Lightning's internals. It calls
 ``loader.mark_trained()`` on every AudioLoader of the training dataloader once per trained
 batch (``on_train_batch_end``, which runs before ``ModelCheckpoint`` saves: Lightning runs
 checkpoint callbacks last), so the loader's ``state_dict()`` is the position after the last

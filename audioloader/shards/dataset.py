@@ -27,9 +27,10 @@ from .cache import ObjectCache, parse_bytes
 from .changes import _check_local, _LocalFileGuard
 from .filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
 from .formats import _FileMeta, _scan_all, _scan_file, listed_meta
+from .identity import ETagCheck, md5_etag
 from .manifest import mismatch
 from .manifest_source import FromManifest, open_manifest
-from .remote import RemoteFiles
+from .remote import PART_BYTES, RemoteFiles
 from .retry import DEFAULT_RETRY, Retry
 from .row_reads import RowReads
 from .schema import _check_schema, _label_names, check_columns, unify
@@ -462,6 +463,19 @@ class ShardDataset(RowReads, UnitReads):
                    + sys.getsizeof(self.splits) + 8 * len(self._offsets) + 64 * len(self._unit_starts))
         mapped = self.manifest.manifest.nbytes if self.manifest is not None else 0
         return {"metadata_bytes": objects, "manifest_mapped_bytes": mapped}
+
+    def holds_etag_content(self, file_id: int, etag: str) -> bool:
+        """Whether a remote file's bytes now are the content an earlier ETag of it (``etag``, an identity as in
+        `identity`) was computed from: the same bytes uploaded another way (one PUT, or another part size) have
+        another ETag. Reads the whole file once (`identity.ETagCheck`); False where ``etag`` is no MD5-based
+        ETag (a version id, an encrypted object's ETag: nothing to compare the bytes with)."""
+        loc, size = self._locations[file_id], self._metas[file_id].size
+        if loc.fs is None or md5_etag(etag) is None:
+            return False
+        check = ETagCheck(etag, size)
+        for offset in range(0, size, PART_BYTES):
+            check.update(self.remote.read(loc, offset, min(PART_BYTES, size - offset)))
+        return check.matches()
 
     def is_remote(self, file_id: int) -> bool:
         """Whether a file is read through a remote filesystem (its rows are copies, not memory-map views)."""

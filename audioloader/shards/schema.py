@@ -31,19 +31,21 @@ def _check_audio_type(path: str, name: str, t: pa.DataType) -> None:
             return
     raise SchemaError(f"{path}: audio column {name!r} has type {t}; expected binary or large_binary "
                       "(encoded audio bytes) or a struct with a binary 'bytes' field (Hugging Face Audio, "
-                      "struct<bytes: binary, path: string>). Pass audio_column= naming the column that holds "
-                      "the encoded audio, or re-write the shards with `audioloader pack`")
+                      "struct<bytes: binary, path: string>). Name the column that holds the encoded audio "
+                      "with al.Source(..., audio_column=...), or re-write the shards with `audioloader pack`")
 
 
 def _check_label_type(path: str, name: str, t: pa.DataType) -> None:
     if not pa.types.is_integer(t):
         raise SchemaError(f"{path}: label column {name!r} has type {t}; expected an integer type (class ids). "
-                          "Map labels to integers (e.g. Hugging Face ClassLabel), pass label_column= naming an "
-                          "integer column, or label_column=None for unlabeled data")
+                          "Map labels to integers (e.g. Hugging Face ClassLabel), name an integer column "
+                          "with al.Source(..., label_column=...), or read unlabeled data with "
+                          "al.Source(..., label_column=None)")
 
 
-_FIXES = {"audio": "Pass audio_column= with one of them",
-          "label": "Pass label_column= with one of them, or label_column=None for unlabeled data",
+_FIXES = {"audio": "Name one of them with al.Source(..., audio_column=...)",
+          "label": "Name one of them with al.Source(..., label_column=...), or read unlabeled data with "
+                   "al.Source(..., label_column=None)",
           "extra": "Fix columns= (the extra columns to carry) to name existing columns"}
 
 

@@ -86,6 +86,8 @@ def _filesystem_for(url: str, retry: Retry = DEFAULT_RETRY) -> tuple[Any, str]:
         fs, path = pafs.FileSystem.from_uri(url)
         return (_tuned_s3(fs, retry) if isinstance(fs, pafs.S3FileSystem) else fs), path
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as arrow_error:
+        if "Unrecognized filesystem type" not in str(arrow_error):
+            raise ValueError(_refused_url_message(url, arrow_error)) from None
         try:
             import fsspec  # optional: covers hf://, memory://, az://, http(s)://, ...
         except ImportError:
@@ -99,6 +101,17 @@ def _filesystem_for(url: str, retry: Retry = DEFAULT_RETRY) -> tuple[Any, str]:
                              f"({arrow_error}) or fsspec ({fsspec_error}); install the scheme's "
                              "fsspec package or pass storage=al.Storage(filesystem=...)") from None
         return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
+
+
+def _refused_url_message(url: str, arrow_error: Exception) -> str:
+    """pyarrow has a filesystem for the URL's scheme but refused the URL itself (an option it does not take in a
+    URL, such as ``session_token``): the cause first, then where such options go."""
+    scheme = url.split("://", 1)[0]
+    return (f"cannot open {redacted(url)!r}: pyarrow's {scheme}:// filesystem refused the URL: "
+            f"{redacted(str(arrow_error))}. Options pyarrow does not read from a URL (a session token, ...) go in "
+            f"a filesystem you build: storage=al.Storage(filesystem=pyarrow.fs.S3FileSystem(access_key=..., "
+            f"secret_key=..., session_token=...)) (or GcsFileSystem(...)), with the path without the option; "
+            f"or in the environment (AWS_SESSION_TOKEN, ...)")
 
 
 def _url_for(scheme: str, fs_path: str) -> str:

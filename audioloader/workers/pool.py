@@ -418,7 +418,14 @@ class ProcessPool:
         return [r.to_failure() if isinstance(r, _RemoteFailure) else r for r in results], stats
 
     def cancel(self) -> None:
-        """Abandon every chunk in flight: workers stop them early and their answers are read and dropped."""
+        """Abandon every chunk in flight: workers stop them early and their answers are read and dropped.
+
+        A pool with a dead worker (killed, crashed: the error its consumer saw) is shut down instead, so that
+        the `start` that follows a reset starts every worker afresh rather than meeting the dead one again.
+        """
+        if any(worker.process.exitcode is not None for worker in self._workers):
+            self.shutdown()
+            return
         self._generation += 1
         for worker in self._workers:
             _set_generation(worker.control, self._generation)
@@ -518,10 +525,10 @@ def _pickle_job(job: Any, what: str) -> bytes:
         raise TypeError(
             f"the {what} job cannot be sent to worker processes: {error}. Functions you pass (augment=...) must "
             "be importable: define them at the top level of a module (not inside a function, not a lambda), or "
-            "use threads (worker_type='thread')") from error
+            "use threads (workers=al.Workers(kind='thread'))") from error
 
 
 def _start_failed_message(what: str, error: BaseException) -> str:
     return (f"cannot start {what} processes: {error}. When a script starts worker processes, its own code must "
             "be guarded with `if __name__ == '__main__':` (worker processes import the script); or use threads "
-            "(worker_type='thread')")
+            "(workers=al.Workers(kind='thread'))")

@@ -179,7 +179,8 @@ def worker_main(conn: Any, job_bytes: bytes, depth: int, consumer: int, what: st
         conn.send_bytes(pickle.dumps(("failed", f"{type(error).__name__}: {error}. Functions passed to the loader "
                                       "must be importable in a fresh process (defined at the top level of a "
                                       "module, not in a notebook or a script's __main__ without the "
-                                      "`if __name__ == '__main__':` guard); or use worker_type='thread'")))
+                                      "`if __name__ == '__main__':` guard); or use threads: "
+                                      "workers=al.Workers(kind='thread')")))
         return
     conn.send_bytes(pickle.dumps(("ready",)))
     stats = getattr(job, "stats", None)

@@ -187,17 +187,16 @@ def _features():
 def run_audioloader(spec: dict[str, Any]) -> dict[str, Any]:
     """AudioLoader in train mode (infinite stream) or eval mode (one pass per ``iter``)."""
     from audioloader.audio_loader import AudioLoader
+    from audioloader.options import Shuffle, Workers
 
     train = bool(spec["train"])
-    # shuffle_before_decode: None = the library's default for these shards (spec may force either order).
+    # before_decode None: the library's default for these shards (spec may force either order); buffer and
+    # min_fill None: the mode's preset.
+    shuffle = Shuffle(buffer_size=spec.get("buffer"), min_size=spec.get("min_fill"),
+                      before_decode=spec.get("shuffle_before_decode"))
     options: dict[str, Any] = {"batch_size": spec["batch_size"], "train": train, "seed": 0,
-                               "features": _features(), "num_workers": spec["workers"],
-                               "shuffle_before_decode": spec.get("shuffle_before_decode"),
-                               "worker_type": spec.get("worker_type", "auto")}
-    if spec.get("buffer") is not None:
-        options["shuffle_buffer_size"] = spec["buffer"]
-    if spec.get("min_fill") is not None:
-        options["shuffle_min_size"] = spec["min_fill"]
+                               "features": _features(), "shuffle": shuffle,
+                               "workers": Workers(num_workers=spec["workers"], kind=spec.get("worker_type", "auto"))}
     warmup = spec["warmup_batches"]
     max_batches = spec.get("max_batches")
     started = time.perf_counter()
@@ -363,11 +362,12 @@ def run_decode_threads(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _resume_loader(spec: dict[str, Any]):
     from audioloader.audio_loader import AudioLoader
+    from audioloader.options import Shuffle, Workers
 
+    shuffle = Shuffle(buffer_size=spec["buffer"], min_size=spec["buffer"],
+                      before_decode=bool(spec["shuffle_before_decode"]))
     return AudioLoader(spec["source"], batch_size=spec["batch_size"], train=True, seed=0, features=_features(),
-                       num_workers=spec["workers"], shuffle_buffer_size=spec["buffer"],
-                       shuffle_min_size=spec["buffer"],
-                       shuffle_before_decode=bool(spec["shuffle_before_decode"]))
+                       workers=Workers(num_workers=spec["workers"]), shuffle=shuffle)
 
 
 def run_resume_save(spec: dict[str, Any]) -> dict[str, Any]:
