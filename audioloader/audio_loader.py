@@ -21,14 +21,14 @@ import numpy as np
 import torch
 
 from . import budget, checkpoint, elastic
-from .chain import bucket_boundaries, build_chain, count_batches, open_sources, pinned_source, resumed_batches
+from .chain import build_chain, count_batches, duration_buckets, open_sources, pinned_source, resumed_batches
 from .dsp.config import FeatureConfig, LengthPolicy
 from .errors import CheckpointMismatchError
 from .loader import Loader, Stream, StreamIterator, shutdown_keeping_error
 from .mix import Mix, Source
 from .options import Bucketing, OnError, Shuffle, Storage, Workers, fold_moved_keywords, resolve
 from .shards import IcebergTable
-from .stats import LoaderStats
+from .stats import LoaderStats, feature_stage
 
 STATE_FORMAT = checkpoint.STATE_FORMAT
 
@@ -117,7 +117,7 @@ class AudioLoader:
         arguments, source_fields = _fold(arguments, moved)
         source = arguments["source"] = _with_source_fields(arguments["source"], source_fields)
         self.settings = resolve(**arguments)
-        self.stats_counters = LoaderStats()
+        self.stats_counters = LoaderStats(feature_stage(self.settings.features.batch_key))
         self.sources = open_sources(source, self.settings, self.stats_counters)
         # A preset's interleave, fitted to the byte budget and the shards' units (`budget.fit_interleave`).
         self.settings = dataclasses.replace(self.settings, shuffle=self.settings.shuffle.fitted(
@@ -130,10 +130,11 @@ class AudioLoader:
         # The arguments, to rebuild this loader elsewhere (pickling: see __reduce__).
         self._arguments = {**arguments, "source": pinned_source(source, self.sources)}
         self._chain = build_chain(self.settings, self.sources, self.stats_counters)
+        self._note_buckets()
         self._loader = Loader(self._chain.root)
         # Infinite loaders continue their stream on a new iter(); one-pass loaders start the next pass.
         self._stream = Stream(self._loader, continues=self.settings.infinite)
-        self._fingerprint = checkpoint.fingerprint(self.settings, self.sources, self._chain.boundaries)
+        self._fingerprint = checkpoint.fingerprint(self.settings, self.sources, self._chain.buckets)
         self._pid = os.getpid()
 
     # ------------------------------------------------------------- the resolved options, as attributes
@@ -292,19 +293,22 @@ class AudioLoader:
         checkpoint.check_fingerprint(self._fingerprint, theirs, datasets, ignore)
 
     def _adopt_bucket_count(self, theirs: dict[str, Any]) -> None:
-        """A checkpoint taken with another default number of duration buckets (0.2's 16) resumes with its own
-        when this loader was given none: the default changed, the run did not. A count given here is kept (and a
-        differing checkpoint refused by `_check_fingerprint`)."""
+        """A checkpoint taken with another number of duration buckets than this loader's default gives (0.2's 16,
+        0.3's 32 where the count is now fitted to the data) resumes with its own when this loader was given none:
+        the default changed, the run did not. A count given here is kept (and a differing checkpoint refused by
+        `_check_fingerprint`)."""
         batching, taken = self.settings.batching, (theirs.get("batching") or {}).get("num_buckets")
         if (batching is None or batching.num_buckets is not None or batching.boundaries is not None
-                or not isinstance(taken, int) or taken == batching.buckets):
+                or not isinstance(taken, int) or taken == self._chain.buckets.count):
             return
         self.settings = dataclasses.replace(self.settings, batching=dataclasses.replace(batching, num_buckets=taken))
-        self._chain.boundaries = self._chain.bucketer.boundaries = bucket_boundaries(self.settings, self.sources)
+        self._chain.buckets = duration_buckets(self.settings, self.sources)
+        self._chain.boundaries = self._chain.bucketer.boundaries = self._chain.buckets.boundaries
+        self._note_buckets()
         if self._chain.num_batches is not None:  # eval: the batches a rank yields follow from the edges
             self._chain.num_batches = self._chain.batcher.num_batches = count_batches(
                 self.settings, self.sources, self._chain.boundaries)
-        self._fingerprint = checkpoint.fingerprint(self.settings, self.sources, self._chain.boundaries)
+        self._fingerprint = checkpoint.fingerprint(self.settings, self.sources, self._chain.buckets)
 
     def _adopt_legacy(self, theirs: dict[str, Any]) -> None:
         """A checkpoint taken before byte budgets: go on with the settings it was taken with (`budget`)."""
@@ -313,7 +317,12 @@ class AudioLoader:
         self.settings = dataclasses.replace(self.settings, shuffle=self.settings.shuffle.as_legacy(theirs))
         self.settings.shuffle.configure(self._chain.buffer, self._chain.bucketer, self.readers)
         self._note_memory()
-        self._fingerprint = checkpoint.fingerprint(self.settings, self.sources, self._chain.boundaries)
+        self._fingerprint = checkpoint.fingerprint(self.settings, self.sources, self._chain.buckets)
+
+    def _note_buckets(self) -> None:
+        """``stats()["bucketing"]``: how many duration buckets, their edges, and why that many."""
+        if self._chain.buckets is not None:
+            self.stats_counters.bucketing = self._chain.buckets.report(self.settings.batching.max_duration)
 
     def _note_memory(self) -> None:
         """The whole budget and the readers' lanes, beside what the buffer and the bucketer report holding."""

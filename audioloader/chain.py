@@ -29,16 +29,21 @@ from .nodes.batch_features import BatchFeatures
 from .nodes.batcher import Batcher
 from .nodes.catch_failures import CatchFailures
 from .nodes.decode_spectrogram import DecodeSpectrogram
-from .nodes.duration_bucketer import DurationBucketer, estimate_boundaries, plan, row_seconds
+from .nodes.duration_bucketer import DurationBucketer, estimate_boundaries, fit_bucket_count, plan, row_seconds
 from .nodes.prefetcher import Prefetcher
 from .nodes.rows import fetch_mixed
 from .nodes.shuffle_buffer import ShuffleBuffer
 from .nodes.weighted_mix import WeightedMix
-from .options import Settings
+from .options import DEFAULT_NUM_BUCKETS, FULL_BATCHES_PER_BUCKET, Settings
 from .samples import BadRow, Key, RawSample, Sample
 from .shards import IcebergTable, ShardDataset
 from .shards.writer import shard_doc
 from .stats import LoaderStats
+from .workers.recycle import BatchArenas
+
+#: Batches of memory the decode processes' features are copied into and reused (`BatchArenas`): the one being
+#: filled, those prefetched and queued, the training loop's.
+ARENA_BATCHES = 8
 
 
 @dataclass
@@ -93,6 +98,40 @@ class Chain:
     num_batches: int | None  # eval: batches every rank yields
     buffer: ShuffleBuffer | None = None  # the shuffle buffer and the bucketer, whose limits a legacy
     bucketer: DurationBucketer | None = None  # checkpoint sets (`budget.ShuffleSettings.configure`)
+    buckets: Buckets | None = None  # the bucketing's count and edges, and how the count was chosen
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """The duration buckets of a loader with bucketing (`duration_buckets`).
+
+    ``count``: buckets asked for (the edges may be fewer: equal durations merge); ``boundaries``: their
+    edges in seconds; ``fitted``: the count was fitted to the data (``Bucketing(num_buckets=None)``);
+    ``pass_seconds``: the estimated seconds of audio in one pass of a rank (None when the edges were given).
+    """
+
+    count: int
+    boundaries: list[float]
+    fitted: bool = False
+    pass_seconds: float | None = None
+
+    def report(self, max_duration: float) -> dict[str, Any]:
+        """``stats()["bucketing"]``: the count, the edges, and, when fitted, why that many."""
+        out: dict[str, Any] = {"num_buckets": self.count, "boundaries": list(self.boundaries),
+                               "fitted": self.fitted, "pass_seconds": self.pass_seconds}
+        if self.pass_seconds is None:
+            return out
+        if self.fitted and self.count < DEFAULT_NUM_BUCKETS:
+            out["why"] = (f"{self.count} bucket(s), not {DEFAULT_NUM_BUCKETS}: a pass of this rank holds about "
+                          f"{self.pass_seconds:.0f} s of audio, and each bucket should get at least "
+                          f"{FULL_BATCHES_PER_BUCKET} batch(es) of {max_duration:g} s of it; more buckets would cut "
+                          "batches small (Bucketing(num_buckets=...) sets the count)")
+        elif self.pass_seconds / self.count < max_duration:
+            out["why"] = (f"each of the {self.count} buckets gets about {self.pass_seconds / self.count:.1f} s of a "
+                          f"pass of this rank, less than a batch of {max_duration:g} s: batches leave smaller. Fewer "
+                          "buckets make them fuller (a count given, or a checkpoint's: on a new run, "
+                          "Bucketing(num_buckets=None) fits the count to the data)")
+        return out
 
 
 def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Chain:
@@ -106,7 +145,8 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
     """
     s, rows = settings, sources.rows
     fetch_rows = sources.fetch()
-    boundaries = bucket_boundaries(settings, sources) if s.batching is not None else None
+    buckets = duration_buckets(settings, sources) if s.batching is not None else None
+    boundaries = None if buckets is None else buckets.boundaries
     num_batches = count_batches(settings, sources, boundaries) if not s.train else None
     decoder = functools.partial(_decoder, settings, sources, stats)
     held: list[ShuffleBuffer] = []  # the buffer, once made
@@ -118,7 +158,7 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
                                   min_bytes=s.shuffle.min_bytes, one_pass=s.shuffle.one_pass))
         return held[0]
 
-    bucketer = None
+    bucketer, arenas = None, None
     if s.batching is not None:  # rows grouped by duration before they are decoded: only a batch's rows decode
         reader = sources.reader
         rows = buffer(reader, restore=reader.fetch) if s.train else reader
@@ -130,12 +170,13 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
             max_bytes=s.shuffle.bucketer_max_bytes, distinct=s.shuffle.one_pass)
         samples = decode = decoder(rows)
     elif sources.shuffle_before_decode:  # the buffer holds raw rows
-        samples = decode = decoder(buffer(rows, restore=fetch_rows))
+        arenas = _batch_arenas(settings)  # the decoded samples go to the batcher in order
+        samples = decode = decoder(buffer(rows, restore=fetch_rows), collate_into=arenas)
     else:  # the buffer holds decoded samples, rebuilt on resume by reading and decoding their rows again
         decode = decoder(rows)
         # A partial of a module function, not a bound method: the chain must not point back at the front.
         samples = buffer(decode, restore=functools.partial(_restore_decoded, fetch_rows, decode))
-    batches = batcher = _batcher(settings, sources, samples, num_batches, stats)
+    batches = batcher = _batcher(settings, sources, samples, num_batches, stats, arenas)
     per_batch_augment = s.augmentations is not None and s.augmentations.per_batch
     if s.device is None and per_batch_augment:
         batches = BatchAugment(batches, s.augmentations, s.features.batch_key)
@@ -146,10 +187,23 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
             root = BatchAugment(root, s.augmentations, s.features.batch_key)
     elif s.workers.pin_memory and _has_cuda():
         root = PinMemory(root)
-    return Chain(root, decode, batcher, boundaries, num_batches, held[0] if held else None, bucketer)
+    return Chain(root, decode, batcher, boundaries, num_batches, held[0] if held else None, bucketer, buckets)
 
 
-def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: BaseNode) -> DecodeSpectrogram:
+def _batch_arenas(settings: Settings) -> BatchArenas | None:
+    """Batch-shaped memory the decode processes' features are copied into, so the batcher copies nothing
+    (`BatchArenas`); None where batches are not made of fixed-shape features in the decode order."""
+    s = settings
+    if s.workers.kind != "process" or not s.workers.num_workers or s.device is not None \
+            or s.length.variable_length:
+        return None
+    shape = s.features.feature_shape(s.features.num_frames(s.length.clip_samples(s.features)))
+    batch_bytes = 4 * s.batch_size * math.prod(shape)
+    return BatchArenas(s.batch_size, shape, max_bytes=max(ARENA_BATCHES * batch_bytes, 64 << 20))
+
+
+def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: BaseNode,
+             collate_into: BatchArenas | None = None) -> DecodeSpectrogram:
     s = settings
     # Memory-mapped shards: a worker process reads its rows itself (zero-copy there)
     # rather than getting the encoded audio copied over from here.
@@ -161,11 +215,11 @@ def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: Bas
         error_budget_min_rows=s.on_error.min_rows, stats=stats, worker_type=s.workers.kind, fetch=fetch,
         start_method=s.workers.start_method, compute_features=s.device is None, length=length,
         guard=file_guard(sources.datasets), segments=sources.segments,
-        max_bytes_in_flight=s.shuffle.decode_max_bytes)
+        max_bytes_in_flight=s.shuffle.decode_max_bytes, collate_into=collate_into)
 
 
 def _batcher(settings: Settings, sources: Sources, samples: BaseNode, num_batches: int | None,
-             stats: LoaderStats) -> Batcher:
+             stats: LoaderStats, arenas: BatchArenas | None = None) -> Batcher:
     # With a feature device the batcher stacks waveforms (in page-locked memory for a
     # GPU) and BatchFeatures, after the prefetcher, computes the features.
     s, per_sample, variable = settings, settings.device is None, settings.length.variable_length
@@ -180,7 +234,7 @@ def _batcher(settings: Settings, sources: Sources, samples: BaseNode, num_batche
         has_labels=sources.has_labels, stats=stats, sources=sources.mix is not None,
         features_key=s.features.batch_key if per_sample else "waveform",
         pin_memory=not per_sample and s.device.type == "cuda",
-        time_axis=time_axis if variable else None, follow_markers=s.batching is not None)
+        time_axis=time_axis if variable else None, follow_markers=s.batching is not None, collate_from=arenas)
 
 
 def _has_cuda() -> bool:
@@ -376,21 +430,30 @@ def _restore_decoded(fetch: Callable[[Sequence[Key]], list[RawSample]], decoder:
 # -- eval planning ------------------------------------------------------------------------------------------
 
 
-def bucket_boundaries(settings: Settings, sources: Sources) -> list[float]:
-    """The bucketing's edges: given, or estimated from rows spread evenly over the source (same on every rank)."""
-    if settings.batching.boundaries is not None:
-        return list(settings.batching.boundaries)
+def duration_buckets(settings: Settings, sources: Sources) -> Buckets:
+    """The bucketing's `Buckets`: the edges given, or estimated from rows spread evenly over the source (the same
+    on every rank) into ``Bucketing.num_buckets`` buckets, or, when that is None, as many as fit the data
+    (`fit_bucket_count`: each bucket holds a few full batches of a rank's pass)."""
+    batching = settings.batching
+    if batching.boundaries is not None:
+        return Buckets(batching.buckets, list(batching.boundaries))
     reader = sources.reader
     kept = reader.dataset.kept_indices()
     n = len(kept)
-    picks = kept[np.unique(np.linspace(0, n - 1, min(n, settings.batching.estimate_rows)).round().astype(np.int64))]
+    picks = kept[np.unique(np.linspace(0, n - 1, min(n, batching.estimate_rows)).round().astype(np.int64))]
     seconds: list[Any] = [None] * len(picks)
     if sources.duration_column is not None and sources.segments is None:  # no audio read before the first batch
         seconds = reader.dataset.read_column(sources.duration_column, picks.tolist())
     missing = [k for k, value in enumerate(seconds) if value is None]
     for k, row in zip(missing, reader.fetch([Key(int(picks[k]), 0) for k in missing]), strict=True):
         seconds[k] = sources.seconds_of(row)
-    return estimate_boundaries((float(x) for x in seconds), settings.batching.buckets)
+    durations = [float(x) for x in seconds]
+    pass_seconds = float(np.mean(durations)) * n / settings.storage.world_size if durations else 0.0
+    count, fitted = batching.num_buckets, batching.num_buckets is None
+    if fitted:
+        count = fit_bucket_count(durations, pass_seconds, batching.max_duration, batching.max_batch_size,
+                                 most=DEFAULT_NUM_BUCKETS, full_batches=FULL_BATCHES_PER_BUCKET)
+    return Buckets(count, estimate_boundaries(durations, count), fitted, pass_seconds)
 
 
 def count_batches(settings: Settings, sources: Sources, boundaries: list[float] | None) -> int:

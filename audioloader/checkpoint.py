@@ -20,8 +20,8 @@ from .shards import ShardDataset
 STATE_FORMAT = "audioloader.AudioLoader/1"
 
 
-def fingerprint(settings: Any, sources: Any, boundaries: list[float] | None) -> dict[str, Any]:
-    """What a state of this loader depends on (`Settings`, `chain.Sources`, the bucketing's edges)."""
+def fingerprint(settings: Any, sources: Any, buckets: Any) -> dict[str, Any]:
+    """What a state of this loader depends on (`Settings`, `chain.Sources`, the bucketing's `chain.Buckets`)."""
     s = settings
     if sources.mix is None:
         files, identity = files_of(sources.readers[0].dataset), _identity_of(sources.readers[0].dataset)
@@ -38,11 +38,11 @@ def fingerprint(settings: Any, sources: Any, boundaries: list[float] | None) -> 
         "shuffle_before_decode": sources.shuffle_before_decode, "split_rows": s.storage.split_rows,
         "audio_column": sources.audio_column, "label_column": sources.label_column,
         "columns": list(s.columns),
-        **_newer_fields(settings, sources, boundaries),
+        **_newer_fields(settings, sources, buckets),
     }
 
 
-def _newer_fields(settings: Any, sources: Any, boundaries: list[float] | None) -> dict[str, Any]:
+def _newer_fields(settings: Any, sources: Any, buckets: Any) -> dict[str, Any]:
     """Fields of newer options, present only when used (a 0.1 checkpoint has none of them)."""
     s, extra = settings, {}
     if not isinstance(s.features, MelSpectrogramConfig):
@@ -50,7 +50,8 @@ def _newer_fields(settings: Any, sources: Any, boundaries: list[float] | None) -
     if s.length != LengthPolicy():
         extra["length"] = s.length.to_dict()
     if s.batching is not None:
-        extra["batching"] = {**s.batching.to_dict(), "boundaries": boundaries,
+        # The count used (given, fitted to the data, or a checkpoint's): a resume must bucket as the run did.
+        extra["batching"] = {**s.batching.to_dict(), "num_buckets": buckets.count, "boundaries": buckets.boundaries,
                              "duration_column": sources.duration_column}
     if sources.segments is not None:
         extra["segments"] = sources.segments.to_dict()
@@ -87,7 +88,7 @@ def check_fingerprint(ours: dict[str, Any], theirs: dict[str, Any], datasets: di
     differ = {k: (theirs.get(k), ours.get(k)) for k in sorted(set(theirs) | set(ours))
               if theirs.get(k) != ours.get(k) and k not in skip}
     if differ:
-        lines = [f"  {k}: checkpoint has {_short(a)}, this loader has {_short(b)}" for k, (a, b) in differ.items()]
+        lines = _difference_lines(differ)
         raise CheckpointMismatchError(
             "this state dict was saved by an AudioLoader built with different arguments; build the "
             "loader with the checkpoint's values for these fields:\n" + "\n".join(lines), differ)
@@ -186,7 +187,7 @@ def _changed_files(dataset: ShardDataset, theirs: dict[str, Any], ours: dict[str
             continue
         elif None not in (etag, their_etag):
             if etag != their_etag:
-                changed.append(f"  {f.path}: rewritten in place (ETag {their_etag} -> {etag}; modification time "
+                changed.append(f"  {f.path}: rewritten in place ({their_etag} -> {etag}; modification time "
                                f"{_when(their_mtime)} -> {_when(mtime)}) with the same name, size and rows")
         elif mtime != their_mtime and None not in (mtime, their_mtime):
             changed.append(f"  {f.path}: rewritten in place (modification time {_when(their_mtime)} -> "
@@ -228,6 +229,49 @@ def _when(mtime_ns: int | None) -> str:
         return "unknown"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(mtime_ns / 1e9)) + f".{mtime_ns % 10**9:09d} UTC"
 
+
+
+#: At most this many differing (nested) fields are listed; the rest are counted.
+MAX_LISTED_DIFFERENCES = 20
+_ABSENT = object()
+
+
+def _difference_lines(differ: dict[str, tuple[Any, Any]]) -> list[str]:
+    """One line per differing field, named down to the value that differs (``features.low_freq``,
+    ``files[3]``), with both values: a long settings dict is never shown cut where the difference is hidden."""
+    found: list[tuple[str, Any, Any]] = []
+    for key, (theirs, ours) in differ.items():
+        _differences(key, theirs, ours, found)
+    lines = [f"  {path}: checkpoint has {_shown(a)}, this loader has {_shown(b)}"
+             for path, a, b in found[:MAX_LISTED_DIFFERENCES]]
+    if len(found) > MAX_LISTED_DIFFERENCES:
+        lines.append(f"  ... and {len(found) - MAX_LISTED_DIFFERENCES} more")
+    return lines
+
+
+def _differences(path: str, theirs: Any, ours: Any, found: list[tuple[str, Any, Any]]) -> None:
+    """Append ``(path, theirs, ours)`` for each leaf that differs: into dicts key by key, into lists of equal
+    length item by item (an item that is itself a list, such as a file's entry, is shown whole)."""
+    if isinstance(theirs, dict) and isinstance(ours, dict):
+        for key in sorted(set(theirs) | set(ours), key=str):
+            a, b = theirs.get(key, _ABSENT), ours.get(key, _ABSENT)
+            if a != b:
+                _differences(f"{path}.{key}", a, b, found)
+    elif (isinstance(theirs, (list, tuple)) and isinstance(ours, (list, tuple)) and len(theirs) == len(ours)
+          and not path.endswith("]")):
+        for i, (a, b) in enumerate(zip(theirs, ours, strict=True)):
+            if a != b:
+                _differences(f"{path}[{i}]", a, b, found)
+    else:
+        found.append((path, theirs, ours))
+
+
+def _shown(value: Any) -> str:
+    if value is _ABSENT:
+        return "no such field"
+    if isinstance(value, (list, tuple)) and len(repr(value)) > 120:
+        return f"{len(value)} items {_short(value)}"
+    return _short(value)
 
 
 def _short(value: Any, limit: int = 120) -> str:

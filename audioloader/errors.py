@@ -82,3 +82,30 @@ class CheckpointMismatchError(AudioLoaderError, ValueError):
 
     def __reduce__(self):
         return (type(self), (str(self), self.fields))
+
+
+class OptionError(ValueError):
+    """A bad argument, or a fix that names one, of a function a command line also runs (``audioloader pack``).
+
+    ``str()`` spells options as Python keywords (``overwrite=True``, ``input_format='tsv'``); ``cli`` is the
+    same message as the command line spells them (``--overwrite``, ``--input-format tsv``), which it prints.
+    Build one with `spelled`.
+    """
+
+    def __init__(self, message: str, cli: str | None = None):
+        super().__init__(message)
+        self.cli = message if cli is None else cli
+
+    @classmethod
+    def spelled(cls, template: str, **options: tuple[str, str]) -> OptionError:
+        """``template`` with each ``{name}`` replaced by ``options[name]``: ``(python spelling, cli spelling)``.
+
+        ``OptionError.spelled("pass {overwrite} to replace them", overwrite=("overwrite=True", "--overwrite"))``.
+        """
+        python, cli = template, template
+        for name, (in_python, on_cli) in options.items():
+            python, cli = python.replace("{" + name + "}", in_python), cli.replace("{" + name + "}", on_cli)
+        return cls(python, cli)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.cli))

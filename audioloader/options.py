@@ -23,12 +23,22 @@ from .shards.splits import resolve_rank
 from .shards.storage import DEFAULT_REMOTE_READS, RemoteReads
 
 WORKER_KINDS = ("auto", "thread", "process")
+#: ``Workers(num_workers=...)`` for processes that size themselves while running (`audioloader.workers.autotune`).
+AUTO_WORKERS = "auto"
 START_METHODS = ("fork", "forkserver", "spawn")
 
 
-#: Duration buckets of `Bucketing` when ``num_buckets`` is None. Measured: on 1-20 s utterances, batches of
-#: 200 s pad 0.959 of their frames with 32 buckets against 0.926 with 16 (docs/benchmarks.md, speech).
+#: The most duration buckets `Bucketing` uses when ``num_buckets`` is None (fewer on small data, see
+#: `FULL_BATCHES_PER_BUCKET`). Measured: on 1-20 s utterances, batches of 200 s pad 0.959 of their frames with
+#: 32 buckets against 0.926 with 16 (docs/benchmarks.md, speech).
 DEFAULT_NUM_BUCKETS = 32
+#: With ``num_buckets`` None, the buckets are as many as let each get this many full batches of one rank's pass
+#: (at most `DEFAULT_NUM_BUCKETS`, at least 1). 32 buckets over 112 s of audio got 3.5 s each, and gave batches of
+#: one or two utterances where ``max_duration=200`` asked for 200 s. Measured (1-20 s utterances, 200 s batches,
+#: train, one pass in the buffer): on 595 s, 32 buckets filled batches to 0.09 of 200 s, 2 (this rule) to 0.81, 4
+#: to 0.74; on 6,237 s, 32 buckets filled them to 0.89 and 0.955 of their frames were audio, 31 (this rule) 0.84
+#: and 0.953, where 4 batches a bucket (7 buckets) would give only 0.862. One batch a bucket keeps large data at 32.
+FULL_BATCHES_PER_BUCKET = 1
 
 
 @dataclass(frozen=True)
@@ -45,8 +55,11 @@ class Bucketing:
         max_duration: seconds of audio per batch (the sum of its rows' durations).
         max_batch_size: most rows per batch (None: no limit).
         num_buckets: duration buckets; their edges split the rows' durations into
-            parts of equal total duration. None: `DEFAULT_NUM_BUCKETS` (32); a checkpoint
-            taken with another default (0.2: 16) resumes with its own.
+            parts of equal total duration. None: fitted to the data, as many as let each
+            bucket get `FULL_BATCHES_PER_BUCKET` (1) full batch of one rank's pass, at
+            most `DEFAULT_NUM_BUCKETS` (32; small datasets get fewer, so batches are not
+            cut small); ``stats()["bucketing"]`` says how many and why. A checkpoint taken
+            with another count and no ``num_buckets`` given (0.2: 16, 0.3: 32) resumes with its own.
         boundaries: explicit bucket edges in seconds (ascending), instead of estimating them.
         estimate_rows: rows, evenly spread over the source, whose durations estimate the edges.
         duration_column: a float column of durations in seconds used where the
@@ -76,11 +89,12 @@ class Bucketing:
 
     @property
     def buckets(self) -> int:
-        """The number of duration buckets used: ``num_buckets``, or `DEFAULT_NUM_BUCKETS` when it is None."""
+        """``num_buckets``, or `DEFAULT_NUM_BUCKETS` when it is None: the most a fitted count can be, and the
+        count recorded with explicit ``boundaries`` (the count a loader uses is `chain.Buckets.count`)."""
         return DEFAULT_NUM_BUCKETS if self.num_buckets is None else self.num_buckets
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields, with ``num_buckets`` as used (a checkpoint records the count, not "the default")."""
+        """The fields, with ``num_buckets`` as `buckets` (a checkpoint records the count used, not "None")."""
         return {**dataclasses.asdict(self), "num_buckets": self.buckets}
 
 
@@ -134,6 +148,12 @@ class Workers:
     ``"auto"``: processes on machines with 2 cores or more (threads when
     ``augment`` cannot be pickled). ``num_workers`` None: one per core for
     processes; threads 2 per core up to the preset (8 train, 4 eval).
+    ``num_workers="auto"``: processes size themselves while running: one per core is
+    started, and how many get work moves between 1 and that, starting from the cores the
+    machine leaves free, up while the loader waits for them and more of them deliver
+    more, down while it does not wait (decisions in ``stats()["workers"]["autotune"]``;
+    batches and checkpoints are the same as with any fixed count). With threads,
+    "auto" is the thread default.
     ``start_method``: how processes start (None: a fork while no other Python
     thread runs and CUDA is unused, else a fork server; never a fork once CUDA is
     in use, see `audioloader.workers.cuda`). ``prefetch_batches``: batches prepared ahead.
@@ -141,14 +161,18 @@ class Workers:
     GPU (needs CUDA; ignored with a warning otherwise; ``device=`` pins by itself).
     """
 
-    num_workers: int | None = None
+    num_workers: int | str | None = None
     kind: str = "auto"
     start_method: str | None = None
     prefetch_batches: int = 2
     pin_memory: bool = False
 
     def __post_init__(self) -> None:
-        checks.field_count(self, "num_workers", minimum=0, allow_none=True)
+        if self.num_workers != AUTO_WORKERS:
+            if isinstance(self.num_workers, str):
+                raise checks.field_error(self, "num_workers", f"must be an integer >= 0, None or {AUTO_WORKERS!r} "
+                                         "(processes that size themselves)")
+            checks.field_count(self, "num_workers", minimum=0, allow_none=True)
         if self.kind not in WORKER_KINDS:
             raise checks.field_error(self, "kind", f"must be one of {WORKER_KINDS}")
         if self.start_method is not None and self.start_method not in START_METHODS:
@@ -346,9 +370,11 @@ def default_num_workers(worker_type: str, train: bool) -> int:
 
 def resolve_workers(workers: Workers, train: bool, augment: Any) -> Workers:
     """``workers`` with ``kind`` ("auto" decided) and ``num_workers`` (the default for that kind) filled in."""
-    wanted = 1 if workers.num_workers is None else workers.num_workers
+    wanted = 1 if workers.num_workers in (None, AUTO_WORKERS) else workers.num_workers
     kind = _worker_kind(workers.kind, wanted, augment)
-    num_workers = default_num_workers(kind, train) if workers.num_workers is None else workers.num_workers
+    num_workers = workers.num_workers
+    if num_workers is None or (num_workers == AUTO_WORKERS and kind == "thread"):
+        num_workers = default_num_workers(kind, train)
     return dataclasses.replace(workers, kind=kind, num_workers=num_workers)
 
 

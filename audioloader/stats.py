@@ -15,6 +15,19 @@ from .samples import BadRow, Key
 
 #: How many bad-row records `LoaderStats` keeps for the report (the count is exact regardless).
 MAX_REPORTED_BAD_ROWS = 1000
+#: Counters `stats()` always reports, 0 until counted (docs/api.md documents them; tests/test_docs.py checks it).
+COUNTERS = ("rows_read", "samples_decoded", "samples", "batches", "bad_rows", "skipped_rows")
+#: Stages of ``stats()["seconds"]`` always reported, 0.0 until timed; besides them the features' stage
+#: (`feature_stage`).
+STAGES = ("read", "decode", "resample", "augment", "wait")
+#: Gauges always reported (0 until set).
+GAUGES = ("shuffle_buffer_fill",)
+
+
+def feature_stage(batch_key: str) -> str:
+    """The ``seconds`` stage of computing features whose batch key is ``batch_key``: ``"mel"`` for spectrograms,
+    else the key (``"fbank"``, ``"waveform"``)."""
+    return {"spectrogram": "mel"}.get(batch_key, batch_key)
 
 
 class ShuffleQuality:
@@ -165,15 +178,18 @@ class LoaderStats:
     ``rows_read``, ``passes`` started). ``workers``: who decodes (`describe_workers`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, features_stage: str = "mel") -> None:
         self._lock = threading.Lock()
-        self.counters: dict[str, int] = defaultdict(int)
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.gauges: dict[str, Any] = {}
+        # Every documented key is there from the start, so that a script can read `stats()["counters"]["bad_rows"]`
+        # before the first bad row.
+        self.counters: dict[str, int] = defaultdict(int, dict.fromkeys(COUNTERS, 0))
+        self.seconds: dict[str, float] = defaultdict(float, dict.fromkeys((*STAGES, features_stage), 0.0))
+        self.gauges: dict[str, Any] = dict.fromkeys(GAUGES, 0)
         self.bad_rows: deque[dict[str, Any]] = deque(maxlen=MAX_REPORTED_BAD_ROWS)
         self.skipped_rows: deque[dict[str, Any]] = deque(maxlen=MAX_REPORTED_BAD_ROWS)
         self.shuffle = ShuffleQuality()
         self.memory = HeldBytes()
+        self.bucketing: dict[str, Any] | None = None  # the duration buckets, with bucketing (`chain.Buckets.report`)
         self.source_names: list[str] = []
         self.source_weights: list[float] = []
         self.source_counters: list[dict[str, int]] = []
@@ -250,7 +266,8 @@ class LoaderStats:
         consumer's.
         """
         with self._lock:
-            delta = {"counters": dict(self.counters), "seconds": dict(self.seconds)}
+            delta = {"counters": {k: n for k, n in self.counters.items() if n},
+                     "seconds": {k: t for k, t in self.seconds.items() if t}}
             self.counters.clear()
             self.seconds.clear()
         return delta
@@ -281,8 +298,11 @@ class LoaderStats:
                 "skipped_rows": list(self.skipped_rows),
                 "shuffle": self.shuffle.summary(mixed=bool(self.source_names)),
                 "memory": self.memory.report(),
-                "workers": dict(self.workers),
+                "workers": {name: list(value) if isinstance(value, list) else value
+                            for name, value in self.workers.items()},
             }
+            if self.bucketing is not None:
+                out["bucketing"] = dict(self.bucketing)
             if self.source_names:
                 total = sum(c["samples"] for c in self.source_counters)
                 out["sources"] = {

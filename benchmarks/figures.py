@@ -1,8 +1,8 @@
 """The charts of docs/benchmarks.md, drawn from the numbers in docs/figures/data/*.json.
 
-    python benchmarks/figures.py            # (re)draw every chart whose numbers changed
+    python benchmarks/figures.py            # (re)draw every chart whose numbers changed; rewrite the docs' numbers
     python benchmarks/figures.py --force    # draw them all
-    python benchmarks/figures.py --check    # exit 1 if a chart is missing or differs from its numbers
+    python benchmarks/figures.py --check    # exit 1 if a chart or a number in the docs differs from its data
 
 Each ``docs/figures/data/NAME.json`` holds one benchmark table as it was measured
 (``command``, ``date``, ``commit``, ``machine`` and the rows), transcribed from a
@@ -11,6 +11,10 @@ is drawn from it by ``draw_NAME`` below. The PNG carries a digest of its JSON (a
 `STYLE`) in its metadata, so ``--check`` (run by tests/test_docs.py) needs no matplotlib
 and no pixel comparison: a chart is current when its digest matches. To change a
 figure, change its JSON (a new run: new numbers, command, date) and run this script.
+
+The numbers the docs' prose quotes come from the same JSON files (and from docs/numbers/*.json
+for measurements without a chart) through spans ``<!--n KEY-->text<!--/n-->``: this script
+rewrites their text and ``--check`` compares it (benchmarks/doc_numbers.py says how to write one).
 
 Drawing needs matplotlib (``pip install -e '.[docs]'``); checking does not.
 """
@@ -27,12 +31,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import doc_numbers  # benchmarks/doc_numbers.py, beside this script: the numbers quoted in the docs' prose
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "figures" / "data"
 OUT = ROOT / "docs" / "figures"
+#: Numbers the docs quote that have no chart (see benchmarks/doc_numbers.py).
+NUMBERS = ROOT / "docs" / "numbers"
 
 #: Bump when the drawing code changes, so every chart counts as stale and is drawn again.
-STYLE = "1"
+STYLE = "3"
 
 #: The PNG text chunk holding ``sha256:<digest of the JSON and STYLE>``.
 DIGEST_KEY = "audioloader-figure-data"
@@ -96,8 +104,18 @@ def stale(data_dir: Path = DATA, out_dir: Path = OUT) -> list[str]:
 # -- the charts --------------------------------------------------------------------------------------------------
 
 
+def commit_text(commit: str | dict[str, str | None]) -> str:
+    """A data file's ``commit`` for a reader: as it is, or ``name abc1234, ...`` for a run of several projects
+    (a run of one project, ``{"this": "abc1234"}``, is just ``abc1234``)."""
+    if isinstance(commit, str):
+        return commit
+    if len(commit) == 1:
+        return str(next(iter(commit.values())))
+    return ", ".join(f"{name} {value}" for name, value in commit.items())
+
+
 def _footnote(fig: Any, data: dict[str, Any]) -> None:
-    fig.text(0.01, 0.01, f"{data['date']}, {data['commit']}: {data['command']}\n{data['machine']}",
+    fig.text(0.01, 0.01, f"{data['date']}, {commit_text(data['commit'])}: {data['command']}\n{data['machine']}",
              fontsize=7, color="#555555", va="bottom", wrap=True)
 
 
@@ -240,9 +258,12 @@ def draw_speech_lhotse(plt: Any, data: dict[str, Any]) -> Any:
         ax.set_xticks(range(len(corpora)), corpora, fontsize=8)
         ax.set_title(title, fontsize=9)
         ax.margins(y=0.15)
-    axes[0][0].legend(fontsize=8)
+    # Above the panels: inside one, a legend covers the label of a bar as tall as the axes (the 60-utterance one).
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.955), ncol=len(names), fontsize=8,
+               frameon=False)
     fig.suptitle("Speech: 80-bin fbank, 200 s bucketed batches, 2 workers; audioloader vs Lhotse", fontsize=11)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.tight_layout(rect=(0, 0.07, 1, 0.94))
     _footnote(fig, data)
     return fig
 
@@ -272,33 +293,49 @@ def draw_remote(plt: Any, data: dict[str, Any]) -> Any:
     return fig
 
 
+#: How each peer of the remote-latency chart is drawn: grey, a marker of its own, named in the legend (not on the
+#: panel, where two peers at almost the same rate put their labels on top of each other), and moved a few ms
+#: aside (all ran at 50 ms) so that two peers at the same rate stay two markers.
+PEER_MARKERS = {"litdata": ("LitData", "x", -3.0), "streaming": ("MosaicML Streaming", "+", 3.0),
+                "s3fs": ("s3fs", "v", 0.0)}
+
+
 def draw_remote_latency(plt: Any, data: dict[str, Any]) -> Any:
     """Samples/s against the added latency a request (0-100 ms) per training loader and format, local disk as a
-    dashed line, the peers at their one latency as points."""
+    dashed line, the peers at their one latency as grey markers; one legend for all panels."""
     panels = sorted({(r["dataset"], r["contender"]) for r in data["rows"] if r["project"] is not None})
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
-    for ax, (dataset, contender) in zip(axes[0], panels, strict=True):
+    columns = 2 if len(panels) > 2 else len(panels)
+    rows_of_panels = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows_of_panels, columns, figsize=(11, 3.6 * rows_of_panels + 1.4), squeeze=False)
+    legend: dict[str, Any] = {}
+    for ax, (dataset, contender) in zip(axes.flat, panels, strict=False):
         features = contender.split("-")[-1]
-        for fmt, style in (("ipc", "o-"), ("parquet", "s-")):
+        for fmt, style, color in (("ipc", "o-", OURS), ("parquet", "s-", OTHER)):
             runs = [r for r in data["rows"] if (r["dataset"], r["contender"], r["format"]) == (dataset, contender, fmt)]
             remote = sorted((r["latency_ms"], r["samples_per_s"]) for r in runs if r["latency_ms"] is not None)
             local = [r["samples_per_s"] for r in runs if r["latency_ms"] is None]
-            line = ax.plot([x for x, _ in remote], [y for _, y in remote], style, label=f"audioloader, {fmt}")[0]
+            name = f"audioloader, {fmt}"
+            legend[name] = ax.plot([x for x, _ in remote], [y for _, y in remote], style, color=color, label=name)[0]
             if local:
-                ax.axhline(local[0], color=line.get_color(), linestyle="--", linewidth=1, label=f"{fmt}, local disk")
-        peers = [r for r in data["rows"] if r["project"] is None and r["dataset"] == dataset
-                 and r["contender"].endswith(features)]
-        for r in peers:
-            ax.plot([r["latency_ms"]], [r["samples_per_s"]], "x", markersize=9, color=PEER)
-            ax.annotate(r["peer"], (r["latency_ms"], r["samples_per_s"]), fontsize=7, xytext=(4, 2),
-                        textcoords="offset points")
+                name = f"{fmt}, local disk"
+                legend[name] = ax.axhline(local[0], color=color, linestyle="--", linewidth=1, label=name)
+        for r in data["rows"]:
+            if r["project"] is None and r["dataset"] == dataset and r["contender"] == contender:
+                name, marker, aside = PEER_MARKERS.get(r["peer"], (r["peer"], "D", 0.0))
+                name = f"{name} ({r['latency_ms']:.0f} ms)"
+                legend[name] = ax.plot([r["latency_ms"] + aside], [r["samples_per_s"]], marker, markersize=9,
+                                       color=PEER, markeredgewidth=2, linestyle="none", clip_on=False, label=name)[0]
         ax.set_title(f"{dataset} rows, training, {features}", fontsize=10)
         ax.set_xlabel("added latency a request, ms")
         ax.set_ylabel("samples/s")
         ax.set_ylim(bottom=0)
-        ax.legend(fontsize=7, loc="best")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
     fig.suptitle("Training from S3 (moto + shaping proxy, 50 MB/s a connection) against local disk", fontsize=11)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.legend(list(legend.values()), list(legend), loc="upper center", bbox_to_anchor=(0.5, 0.955),
+               ncol=(len(legend) + 1) // 2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.93))
     _footnote(fig, data)
     return fig
 
@@ -317,7 +354,7 @@ def remote_latency_data(results: dict[str, Any], command: str, date: str) -> dic
                          "samples_per_s": round(r["samples_per_s"], 1)})
     commits = {name: p.get("commit") for name, p in results.get("projects", {}).items()}
     return {"title": "Training samples/s from S3 at 0-100 ms a request, local disk and the peers",
-            "command": command, "date": date, "commit": commits,
+            "command": command, "date": date, "commit": commit_text(commits),
             "machine": f"{results['machine']['cores']} cores; moto and the proxy share them (a stand-in for S3's "
                        "protocol and latency, not its capacity)", "rows": rows}
 
@@ -345,10 +382,15 @@ def draw(name: str, data_dir: Path = DATA, out_dir: Path = OUT) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="exit 1 if a chart is missing or stale; draw nothing")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if a chart or a number in the docs differs from its data; change nothing")
     parser.add_argument("--force", action="store_true", help="draw every chart, current or not")
     parser.add_argument("--data", type=Path, default=DATA, help=f"folder of the JSON numbers (default {DATA})")
     parser.add_argument("--out", type=Path, default=OUT, help=f"folder of the charts (default {OUT})")
+    parser.add_argument("--numbers", type=Path, default=NUMBERS,
+                        help=f"folder of the numbers the docs quote that have no chart (default {NUMBERS})")
+    parser.add_argument("--pages", type=Path, nargs="+", default=doc_numbers.PAGES,
+                        help="the Markdown pages whose numbers are checked or rewritten (default README.md, docs/*.md)")
     parser.add_argument("--from-bench-remote", nargs=3, metavar=("JSON", "COMMAND", "DATE"),
                         help="write data/remote_latency.json from bench_remote's JSON output, then draw")
     args = parser.parse_args(argv)
@@ -358,13 +400,15 @@ def main(argv: list[str] | None = None) -> int:
         (args.data / "remote_latency.json").write_text(json.dumps(numbers, indent=1) + "\n", encoding="utf-8")
     problems = stale(args.data, args.out)
     if args.check:
-        for problem in problems:
+        numbers_problems = doc_numbers.stale_numbers(args.pages, [args.data, args.numbers])
+        for problem in problems + numbers_problems:
             print(problem, file=sys.stderr)
-        if problems:
-            print("charts are stale: run `python benchmarks/figures.py` (needs matplotlib: pip install -e '.[docs]')",
-                  file=sys.stderr)
+        if problems or numbers_problems:
+            print("charts or numbers are stale: run `python benchmarks/figures.py` (charts need matplotlib: "
+                  "pip install -e '.[docs]')", file=sys.stderr)
             return 1
-        print(f"{len(list(args.data.glob('*.json')))} charts match their numbers")
+        spans = sum(len(doc_numbers.spans(page)) for page in args.pages)
+        print(f"{len(list(args.data.glob('*.json')))} charts and {spans} numbers in the docs match their data")
         return 0
     names = sorted(p.stem for p in args.data.glob("*.json") if p.stem in DRAW)
     todo = names if args.force else [n for n in names if any(str(args.out / f"{n}.png") in p for p in problems)]
@@ -372,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"drew {draw(name, args.data, args.out)}")
     if not todo:
         print("every chart matches its numbers")
+    for page in doc_numbers.update_numbers(args.pages, [args.data, args.numbers]):
+        print(f"rewrote the numbers of {page}")
     return 0
 
 

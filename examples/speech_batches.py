@@ -62,7 +62,7 @@ def speech_loader(data: Path, *, train: bool, max_duration: float, workers: int,
         al.Source(data, label_column=None), train=train, seed=seed, features=FEATURES,
         columns=["text"],  # unlabeled audio; the transcripts come as lists of strings
         length=al.LengthPolicy(crop=None, max_seconds=20.0, too_long="skip", min_seconds=0.5),
-        batching=al.Bucketing(max_duration=max_duration),  # 32 buckets by default
+        batching=al.Bucketing(max_duration=max_duration),  # buckets fitted to the data, at most 32
         shuffle=al.Shuffle(buffer_size=64, min_size=32),  # small: a small corpus (the preset holds 10000 rows)
         workers=al.Workers(num_workers=workers))
 

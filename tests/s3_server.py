@@ -274,6 +274,8 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
         def _serve(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
+            if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                body = self._chunked_body()
             path = self.path.split("?", 1)[0]
             proxy._open.wait()
             if proxy.latency:
@@ -290,6 +292,22 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 self._drop_upstream()
                 self.close_connection = True
                 raise
+
+        def _chunked_body(self) -> bytes:
+            """A chunked request body (an upload's parts), framing and trailers included: forwarded as it came
+            (``Transfer-Encoding`` is kept, so http.client sends it unchanged)."""
+            raw = bytearray()
+            while True:
+                line = self.rfile.readline()
+                raw += line
+                size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    while True:  # trailers (e.g. the aws-chunked checksum), then an empty line
+                        trailer = self.rfile.readline()
+                        raw += trailer
+                        if trailer in (b"\r\n", b"\n", b""):
+                            return bytes(raw)
+                raw += self.rfile.read(size + 2)  # the data and its CRLF
 
         def _answer(self, response: http.client.HTTPResponse, request: Request) -> None:
             """Send the upstream response on; the request is counted before its body goes out, so a client that

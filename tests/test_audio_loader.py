@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import io
 import os
@@ -176,6 +177,33 @@ def test_checkpoint_mismatch_on_other_files(ipc_shards, tmp_path):
         state = loader.state_dict()
     with loader_for(tmp_path) as other, pytest.raises(al.CheckpointMismatchError, match="files"):
         other.load_state_dict(state)
+
+
+def test_checkpoint_mismatch_names_the_nested_field_that_differs_with_both_values(ipc_shards, tmp_path):
+    """Only FbankConfig(low_freq=40.0) changed: the error says `features.low_freq`, 20.0 and 40.0, rather than
+    two settings dicts cut before the difference (issue 29)."""
+    def build(source, features):
+        return al.AudioLoader(source, batch_size=4, features=features, length=al.LengthPolicy(clip_seconds=0.3),
+                              workers=al.Workers(num_workers=0),
+                              shuffle=al.Shuffle(buffer_size=8, min_size=4))
+
+    with build(ipc_shards, al.FbankConfig()) as loader:
+        take(loader, 1)
+        state = loader.state_dict()
+    with build(ipc_shards, al.FbankConfig(low_freq=40.0)) as other, \
+            pytest.raises(al.CheckpointMismatchError) as info:
+        other.load_state_dict(state)
+    message = str(info.value)
+    assert "  features.low_freq: checkpoint has 20.0, this loader has 40.0" in message.splitlines(), message
+    assert len(message.splitlines()) == 2 and "..." not in message, message  # that field only, nothing cut
+    assert set(info.value.fields) == {"features"}
+    moved = copy.deepcopy(state)
+    moved["fingerprint"]["files"][1][1] += 1  # one file's size
+    with build(ipc_shards, al.FbankConfig()) as other, pytest.raises(al.CheckpointMismatchError) as info:
+        other.load_state_dict(moved)
+    entry = state["fingerprint"]["files"][1]
+    assert f"  files[1]: checkpoint has {[entry[0], entry[1] + 1, *entry[2:]]!r}, this loader has {entry!r}" in \
+        str(info.value).splitlines(), info.value
 
 
 def test_unlabeled_data_and_extra_columns(ipc_shards):

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from audioloader.tools import cli
+from audioloader.tools.pack import pack_dataset
 from tests.helpers import encode, tone
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,12 +39,47 @@ def src(tmp_path):
 
 def test_help_lists_commands():
     proc = run_cli("--help")
-    for command in ("pack", "inspect", "demo", "bench"):
+    for command in ("pack", "inspect", "index", "demo", "bench"):
         assert command in proc.stdout
+    # pack reads far more than class folders and CSVs now: the one-line help says what.
+    assert "class-folder tree or a CSV" not in proc.stdout
+    for kind in ("manifests", "audiofolder", "LibriSpeech", "Common Voice"):
+        assert kind in " ".join(proc.stdout.split()), proc.stdout
     proc = run_cli("pack", "--help")
     for option in ("--shard-size", "--shard-mb", "--format", "--rows-per-batch", "--sample-rate", "--codec",
                    "--workers", "--quiet"):
         assert option in proc.stdout
+    # What pack writes besides the shards, and why a glob must name the shards (issue 29).
+    text = " ".join(proc.stdout.split())
+    assert "_audioloader_index.arrow" in text and "pyarrow.dataset and Spark" in text and "shard-*.arrow" in text
+
+
+def test_the_index_pack_writes_is_not_read_as_data(tmp_path, src):
+    """pyarrow.dataset (as Spark) skips `_`-prefixed files (the index, pack's journal), and the glob docs/cli.md
+    shows names only the shards."""
+    import glob
+
+    import pyarrow.dataset as ds
+
+    files = sorted(src.rglob("*.wav"))
+    (tmp_path / "m.csv").write_text("path\n" + "".join(f"{f}\n" for f in files))  # unlabeled: no labels.json
+    summary = pack_dataset(tmp_path / "m.csv", tmp_path / "out", shard_rows=4, progress=False)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "_audioloader_index.arrow", "_audioloader_pack.json", "shard-00000.arrow", "shard-00001.arrow"]
+    assert ds.dataset(str(tmp_path / "out"), format="ipc").count_rows() == summary.rows == 6
+    shards = sorted(glob.glob(str(tmp_path / "out" / "shard-*.arrow")))
+    assert [Path(p) for p in shards] == summary.shards
+
+
+def test_the_cli_page_documents_every_command_and_the_index_file():
+    page = (ROOT / "docs" / "cli.md").read_text()
+    table = page[:page.index("## audioloader pack")]
+    for command in [*cli.COMMANDS, *cli.LAZY_COMMANDS]:
+        assert f"| [`{command}`](#audioloader-{command}) |" in table, command
+        assert f"\n## audioloader {command}\n" in page, command
+    pack_section = page[page.index("## audioloader pack"):page.index("## audioloader inspect")]
+    assert "_audioloader_index.arrow" in pack_section and "shard-*.arrow" in pack_section
+    assert "pyarrow.dataset" in pack_section and "Spark" in pack_section
 
 
 # Each --help, run as `python -m audioloader` would run it, in one fresh process: after each, torch must still be
@@ -116,8 +152,8 @@ def test_pack_command(tmp_path, src):
     proc = run_cli("pack", src, out, "--shard-size", "4", "--rows-per-batch", "2", "--sample-rate", "8000",
                    "--codec", "pcm16", "--format", "parquet", "--workers", "3")
     assert "wrote 2 shard(s)" in proc.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["_audioloader_index.arrow", "labels.json", "shard-00000.parquet",
-                                                     "shard-00001.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == ["_audioloader_index.arrow", "_audioloader_pack.json",
+                                                     "labels.json", "shard-00000.parquet", "shard-00001.parquet"]
     assert json.loads((out / "labels.json").read_text()) == {"bird": 0, "cat": 1, "dog": 2}
     # Progress goes nowhere when stderr is not a terminal.
     assert proc.stderr == ""
@@ -139,9 +175,72 @@ def test_pack_quiet_and_errors(tmp_path, src):
 
 def test_main_in_process(tmp_path, src, capsys):
     assert cli.main(["pack", str(src), str(tmp_path / "out"), "-q"]) == 0
-    assert cli.main(["pack", str(src), str(tmp_path / "out"), "-q"]) == 1  # already holds shards
+    assert cli.main(["pack", str(src), str(tmp_path / "out"), "-q"]) == 0  # the same pack: finished, kept
+    assert cli.main(["pack", str(src), str(tmp_path / "out"), "-q", "--shard-size", "2"]) == 1  # another pack
     assert "--overwrite" in capsys.readouterr().err
     assert pa.ipc.open_file(str(tmp_path / "out" / "shard-00000.arrow")).read_all().num_rows == 6
+
+
+def test_pack_errors_name_options_as_the_command_line_spells_them(tmp_path, src, capsys):
+    """On the command line a fix says `--overwrite`, `--input-format tsv`, `--shard-size 0`, never the Python
+    keyword (`overwrite=True`); from Python the same error says the keyword."""
+    assert cli.main(["pack", str(src), str(tmp_path / "out"), "-q"]) == 0
+    cases = [(["pack", str(src), str(tmp_path / "out"), "-q", "--shard-size", "2"],
+              "made with no --shard-size, this run has --shard-size 2: run again with the same arguments to continue "
+              "it, or pass --overwrite to replace them", "overwrite="),
+             (["pack", str(src), str(tmp_path / "o2"), "--shard-size", "0"], "--shard-size 0: must be a positive",
+              "shard_rows="),
+             (["pack", str(src), str(tmp_path / "o3"), "--workers", "0"], "--workers 0: must be a positive",
+              "workers="),
+             (["pack", str(src), str(tmp_path / "o4"), "--input-format", "csv"], "--input-format csv reads a file",
+              "input_format=")]
+    for argv, says, python_spelling in cases:
+        capsys.readouterr()
+        assert cli.main(argv) == 1
+        err = capsys.readouterr().err
+        assert says in err and python_spelling not in err, err
+    with pytest.raises(ValueError, match=r"made with shard_rows=None, this run has shard_rows=2: .*pass "
+                                         r"overwrite=True to replace them") as info:
+        pack_dataset(src, tmp_path / "out", shard_rows=2, progress=False)
+    assert "--overwrite" not in str(info.value)
+    shards = str(tmp_path / "out")
+    for argv, says, python_spelling in [
+            (["inspect", shards, "--audio-column", "nope"], "Pass --audio-column NAME with one of", "audio_column="),
+            (["inspect", shards, "--sample", "-1"], "--sample -1: must be", "sample="),
+            (["inspect", shards, "--split-rows", "0"], "--split-rows 0: must be", "split_rows")]:
+        capsys.readouterr()
+        assert cli.main(argv) == 1
+        err = capsys.readouterr().err
+        assert says in err and python_spelling not in err, err
+
+
+def test_a_common_voice_tsv_with_a_misspelt_column_names_it(tmp_path, capsys):
+    """Detected as Common Voice by its other columns: the error names the missing `sentence` (and the near miss),
+    not "no row left to pack (missing file ...)", and gives the command line's `--input-format tsv`."""
+    clips = tmp_path / "cv" / "clips"
+    clips.mkdir(parents=True)
+    (clips / "a.mp3").write_bytes(encode(tone(0.5, 16000), 16000, "MP3"))
+    (tmp_path / "cv" / "train.tsv").write_text("client_id\tpath\tsentense\tup_votes\tdown_votes\tlocale\n"
+                                               "c1\ta.mp3\thello\t2\t0\ten\n")
+    assert cli.main(["pack", str(tmp_path / "cv" / "train.tsv"), str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "lacks 'sentence': is it misspelt ('sentense' for 'sentence')? Rename it" in err, err
+    assert "--input-format tsv" in err and "input_format=" not in err and "missing file" not in err, err
+
+
+@pytest.mark.parametrize("options", [[], ["--sample-rate", "16000"]])
+def test_a_corrupt_mp3_is_skipped_for_what_it_is(tmp_path, capsys, options):
+    """Not "File does not exist or is not a regular file (possibly a pipe?)": libsndfile's words for an MP3 its
+    decoder cannot parse, though the file is there."""
+    good = encode(tone(0.5, 16000), 16000, "MP3")
+    (tmp_path / "clips").mkdir()
+    (tmp_path / "clips" / "good.mp3").write_bytes(good)
+    (tmp_path / "clips" / "bad.mp3").write_bytes(good[:150])  # truncated in its first frame
+    (tmp_path / "m.csv").write_text("path,text\nclips/good.mp3,a\nclips/bad.mp3,b\n")
+    assert cli.main(["pack", str(tmp_path / "m.csv"), str(tmp_path / "out"), *options]) == 0
+    out = capsys.readouterr().out
+    assert "undecodable: 1 (m.csv, line 3: " in out and "bad.mp3" in out, out
+    assert "does not exist" not in out and "corrupt or truncated audio" in out, out
 
 
 @pytest.mark.parametrize("name", ["demo", "bench"])

@@ -8,6 +8,10 @@ above its fence with ``<!-- not-run: the reason -->``; those are counted and lis
 (`test_not_run_blocks_are_few_and_named`). Signatures that are not code are ```py blocks.
 A deprecated keyword in a snippet (a ``FutureWarning`` from audioloader) fails the page,
 so the docs keep to the current API.
+
+Measured numbers in the prose cannot drift from their data: each is a span ``<!--n KEY-->text<!--/n-->`` that
+``python benchmarks/figures.py`` writes from docs/figures/data/*.json or docs/numbers/*.json and that the checks
+below compare (how to quote one: docs/benchmarks.md, "Numbers in the prose"; benchmarks/doc_numbers.py).
 """
 
 from __future__ import annotations
@@ -193,6 +197,60 @@ def test_concepts_draws_every_node_of_the_default_chain():
     assert sorted(name for name in nodes if name not in flow) == [], "docs/concepts.md's Data flow misses a node"
 
 
+def _names_at_depth_one(text: str, start: int) -> set[str]:
+    """The quoted names directly inside the ``{...}`` that opens at ``text[start]`` (not those nested deeper)."""
+    depth, names = 0, set()
+    for match in re.finditer(r'[{}\[\]]|"(\w+)"', text[start:]):
+        token = match.group(0)
+        if token in "{[":
+            depth += 1
+        elif token in "}]":
+            depth -= 1
+            if depth == 0:
+                return names
+        elif depth == 1:
+            names.add(match.group(1))
+    raise AssertionError(f"unbalanced braces after {text[start:start + 80]!r}")
+
+
+def documented_stats_keys() -> dict[str, set[str]]:
+    """The keys docs/api.md lists for ``AudioLoader.stats()``, per part: top level, counters, seconds, gauges,
+    memory, and memory's shuffle_buffer and bucketer."""
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    start = text.index("- `stats() -> dict`:")
+    entry = text[start:text.index("\n- `", start + 1)]
+    memory = entry.index("{", entry.index("`memory` what is held"))
+    keys = {"top": _names_at_depth_one(entry, entry.index("{")), "memory": _names_at_depth_one(entry, memory)}
+    for part in ("counters", "seconds", "gauges"):
+        keys[part] = _names_at_depth_one(entry, entry.index(f'"{part}": {{') + len(part) + 4)
+    for part in ("shuffle_buffer", "bucketer"):
+        keys[part] = _names_at_depth_one(entry, entry.index(f'"{part}": {{', memory) + len(part) + 4)
+    return keys
+
+
+@pytest.mark.parametrize("train, bucketing", [(True, False), (False, False), (True, True), (False, True)])
+def test_a_fresh_loaders_stats_hold_every_documented_key(docs_data, train, bucketing):
+    """stats() before the first batch holds every key docs/api.md lists (counters at 0): a script reading
+    `stats()["counters"]["bad_rows"]` must not get a KeyError when no row was bad (issue 29)."""
+    import audioloader as al
+
+    documented = documented_stats_keys()
+    assert {"rows_read", "bad_rows", "skipped_rows"} <= documented["counters"] and "mel" in documented["seconds"]
+    options = dict(length=al.LengthPolicy(crop=None), batching=al.Bucketing(max_duration=20.0)) if bucketing else {}
+    with al.AudioLoader(docs_data / "shards", train=train, workers=al.Workers(num_workers=0), **options) as loader:
+        stats = loader.stats()
+    assert documented["top"] <= set(stats), documented["top"] - set(stats)
+    for part in ("counters", "seconds", "gauges"):
+        assert documented[part] <= set(stats[part]), (part, documented[part] - set(stats[part]))
+    assert all(stats["counters"][name] == 0 for name in documented["counters"])
+    assert all(stats["seconds"][name] == 0.0 for name in documented["seconds"])
+    memory = stats["memory"]
+    holders = {"shuffle_buffer"} if not bucketing else {"bucketer"} | ({"shuffle_buffer"} if train else set())
+    assert documented["memory"] - {"shuffle_buffer", "bucketer"} | holders <= set(memory)
+    for holder in holders:
+        assert documented[holder] <= set(memory[holder]), (holder, documented[holder] - set(memory[holder]))
+
+
 def test_not_run_blocks_are_few_and_named(capsys):
     unrun = [b for page in PAGES for b in python_blocks(page) if b.not_run is not None]
     listing = "\n".join(f"  {b.page}:{b.line}: {b.not_run}" for b in unrun)
@@ -332,3 +390,137 @@ def test_benchmarks_page_shows_every_chart():
         assert f"](figures/{data.stem}.png)" in text, f"docs/benchmarks.md does not show figures/{data.stem}.png"
         numbers = json.loads(data.read_text())
         assert {"title", "command", "date", "commit", "machine"} <= set(numbers), data.name
+
+
+# -- numbers in the prose ----------------------------------------------------------------------------------------
+#
+# A measured number in the prose is a span `<!--n KEY-->text<!--/n-->` whose text benchmarks/figures.py writes from
+# the JSON the charts are drawn from (docs/figures/data/) or from docs/numbers/ (no chart); see
+# benchmarks/doc_numbers.py and docs/benchmarks.md, "Numbers in the prose". To quote a new measurement in a page:
+# add its JSON, write the span, run `python benchmarks/figures.py`; the checks below then hold it to its data.
+
+#: Spans that must be there (page -> keys): the numbers a newcomer reads first, which drifted before (issue 29).
+REQUIRED_SPANS = {
+    "README.md": {"demo.demo_seconds", "demo.demo_accuracy", "demo.quick_seconds", "demo.test_minutes",
+                  'peers.times("audioloader-train-w2")'},
+    "getting_started.md": {"demo.demo_seconds", "demo.quick_seconds", "demo.demo_accuracy"},
+    "cli.md": {"demo.quick_seconds"},
+    "benchmarks.md": {'range_of(remote_latency.train_vs_local("speech", 50))',
+                      'range_of(remote_latency.train_vs_local("speech", 100))'},
+}
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """benchmarks/doc_numbers.py and benchmarks/figures.py (benchmarks/ is a folder of scripts, not a package)."""
+    import importlib
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return SimpleNamespace(numbers=importlib.import_module("doc_numbers"),
+                               figures=importlib.import_module("figures"))
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_numbers_in_the_prose_match_their_data(bench):
+    assert bench.numbers.stale_numbers() == []
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED_SPANS))
+def test_measured_numbers_are_quoted_from_their_data(bench, name):
+    """The demo's time and accuracy, --quick's time, the test suite's time and the summary's ratios are spans."""
+    page = next(p for p in PAGES if p.name == name)
+    keys = {bench.numbers.split_key(span.key)[0] for span in bench.numbers.spans(page)}
+    assert sorted(REQUIRED_SPANS[name] - keys) == [], f"{name} states these numbers without their data"
+
+
+def test_benchmarks_summary_takes_every_ratio_from_the_data(bench):
+    """No "0.87-1.11×" typed by hand in the summary: every ratio there is a span."""
+    text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    summary = text[text.index("## Summary"):text.index("\n## ", text.index("## Summary") + 1)]
+    typed = re.findall(r"[\d.,-]*\d×", bench.numbers._SPAN.sub("", summary))
+    assert typed == [], f"docs/benchmarks.md's summary types ratios by hand: {typed}"
+
+
+def test_numbers_files_say_where_they_come_from():
+    files = sorted((ROOT / "docs" / "numbers").glob("*.json"))
+    assert files
+    for file in files:
+        numbers = json.loads(file.read_text(encoding="utf-8"))
+        assert {"title", "command", "date", "commit", "machine"} <= set(numbers), file.name
+
+
+def test_a_number_that_drifts_fails_the_check_and_is_rewritten(tmp_path):
+    data, numbers, out = tmp_path / "data", tmp_path / "numbers", tmp_path / "figures"
+    for folder in (data, numbers, out):
+        folder.mkdir()
+    (numbers / "demo.json").write_text(json.dumps({"demo_seconds": 73.8, "quick_seconds": {"min": 9.6, "max": 13}}))
+    page = tmp_path / "page.md"
+    page.write_text("# Demo\n\nabout <!--n demo.demo_seconds:.0f-->50<!--/n--> s, --quick "
+                    "<!--n demo.quick_seconds:g-->9.6-13<!--/n--> s\n\n```\n<!--n demo.nothing-->x<!--/n-->\n```\n",
+                    encoding="utf-8")
+    where = ("--pages", page, "--data", data, "--numbers", numbers, "--out", out)
+    result = run_figures("--check", *where)
+    assert result.returncode == 1
+    assert f"{page}:3: says '50', its data '74' (<!--n demo.demo_seconds:.0f-->)" in result.stderr
+    assert "9.6-13" not in result.stderr and "nothing" not in result.stderr  # right, and inside a code block
+    assert run_figures(*where).returncode == 0
+    assert "about <!--n demo.demo_seconds:.0f-->74<!--/n--> s" in page.read_text(encoding="utf-8")
+    assert run_figures("--check", *where).returncode == 0
+
+
+def test_spans_render_ranges_lists_and_templates(bench, tmp_path):
+    n = bench.numbers
+    assert n.render(218.5, ",.0f") == "219"  # halves round up, as a reader rounds (format() gives 218)
+    assert n.render(0.97, ".1%") == "97.0%"
+    assert n.render((0.7561, 1.1058), ".2f") == "0.76-1.11"
+    assert n.render({"min": 7, "max": 9}) == "7-9"
+    assert n.render((1.001, 0.999), ".2f") == "1.00"  # both ends read the same
+    assert n.render([1.725, 1.866], "{:.2f}×") == "1.73× / 1.87×"
+    assert n.split_key('range_of(x.f("a:b")):{:.2f}×') == ('range_of(x.f("a:b"))', "{:.2f}×")
+    page = tmp_path / "page.md"
+    page.write_text("<!--n demo.missing-->1<!--/n-->\n", encoding="utf-8")
+    problems = n.stale_numbers([page], [ROOT / "docs" / "numbers"])
+    assert len(problems) == 1
+    assert f"{page}:1: <!--n demo.missing--> cannot be read: demo.json has no field 'missing'" in problems[0]
+
+
+# -- what the charts show ----------------------------------------------------------------------------------------
+
+
+def overlaps(fig) -> list[str]:
+    """Pairs of texts on the figure (bar labels, annotations, footer) that overlap each other or a legend."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = [t for t in [*fig.texts, *(t for ax in fig.axes for t in ax.texts)] if t.get_visible() and t.get_text()]
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
+    boxes = [(repr(t.get_text()), t.get_window_extent(renderer)) for t in texts]
+    found = [f"{a} and {b}" for i, (a, box) in enumerate(boxes) for b, other in boxes[i + 1:] if box.overlaps(other)]
+    found += [f"{a} and a legend" for a, box in boxes for legend in legends
+              if box.overlaps(legend.get_window_extent(renderer))]
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "docs" / "figures" / "data").glob("*.json")))
+def test_chart_labels_are_readable(bench, name):
+    """No label of a chart sits on another or under a legend, and the footer shows the commit, not a dict."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = bench.figures.DRAW[name](plt, json.loads((ROOT / "docs" / "figures" / "data" / f"{name}.json").read_text()))
+    try:
+        assert overlaps(fig) == []
+        assert not [t.get_text() for t in fig.texts if "{" in t.get_text()]
+    finally:
+        plt.close(fig)
+
+
+def test_footer_shows_a_commit_for_one_project_or_several(bench):
+    assert bench.figures.commit_text("0de2f33") == "0de2f33"
+    assert bench.figures.commit_text({"this": "7067cd7"}) == "7067cd7"
+    assert bench.figures.commit_text({"before": "3624b66", "after": "7067cd7"}) == "before 3624b66, after 7067cd7"

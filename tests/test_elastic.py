@@ -72,6 +72,10 @@ CHAINS = {
                             batching=al.Bucketing(max_duration=1.0, num_buckets=3)),
     "train, bucketing": dict(length=al.LengthPolicy(crop=None), batching=al.Bucketing(max_duration=1.0, num_buckets=3)),
     "train, mixup": dict(augment=[al.Gain(), al.Mixup()]),  # a per-batch stage after the batcher
+    # The bucket count fitted to a rank's pass differs with the world size: a resume keeps the checkpoint's.
+    "eval, fitted buckets": dict(train=False, length=al.LengthPolicy(crop=None),
+                                 batching=al.Bucketing(max_duration=1.0)),
+    "train, fitted buckets": dict(length=al.LengthPolicy(crop=None), batching=al.Bucketing(max_duration=1.0)),
 }
 
 

@@ -85,10 +85,13 @@ def test_speech_batches_resume_mid_pass_and_evaluate_each_utterance_once():
 
 
 def test_pack_speech_reads_every_input_kind_and_trains():
-    out = run_example("pack_speech.py", "--batches", 1)
+    out = run_example("pack_speech.py", "--batches", 3)
     for kind, rows in (("librispeech", 6), ("commonvoice", 3), ("csv", 3), ("jsonl", 3), ("audiofolder", 2),
                        ("csv", 12)):
         assert re.search(rf"wrote 1 shard\(s\), {rows} rows, .*\(input: {kind}\)", out), out
     assert "empty transcript: 1 (train.tsv, line 4)" in out, out
     assert "columns: audio, path, duration, start, end, text" in out, out
     assert re.search(r"batch 0: fbank \(\d+, \d+, 80\) \(\d+ utterances", out), out
+    # Several utterances a batch: 32 duration buckets over 11 s of audio gave one a batch (issue 29).
+    sizes = [int(n) for n in re.findall(r"^batch \d+: fbank .*\((\d+) utterances", out, re.MULTILINE)]
+    assert len(sizes) == 3 and min(sizes) >= 2, out

@@ -146,7 +146,7 @@ def test_the_format_is_detected_and_can_be_forced(clips):
     odd.write_text((data / "list.csv").read_text())
     assert detect_format(odd) == "csv"
     assert collect_inputs(odd, "csv").format == "csv"
-    with pytest.raises(ValueError, match=r"input format 'librispeech' reads a folder, but SRC .*list.txt"):
+    with pytest.raises(ValueError, match=r"input_format='librispeech' reads a folder, but SRC .*list.txt"):
         collect_inputs(odd, "librispeech")
     with pytest.raises(ValueError, match=r"input_format='xml': must be one of folders, csv"):
         collect_inputs(odd, "xml")
@@ -431,3 +431,48 @@ def test_a_segment_past_its_recording_names_the_line_and_the_fix(recordings, tmp
     (recordings / "rounded.csv").write_text("path,start,end\nlong.wav,14.0,15.004\n")
     rows = read_rows(pack(recordings / "rounded.csv", tmp_path / "out", overwrite=True, progress=False))
     assert rows[0]["duration"] == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------------------------------- column names
+
+
+@pytest.mark.parametrize("start, end", [("Start", "End"), ("START", "END"), ("start", "End")])
+def test_segment_columns_are_read_whatever_their_case(recordings, tmp_path, start, end):
+    """`Start,End` cut segments as `start,end` do (they were carried as plain columns, the recordings packed whole)."""
+    lines = [f"Path,Text,{start},{end}"] + [f"{p},seg {i},{s},{e}" for i, (p, s, e) in enumerate(SEGMENTS)]
+    (recordings / "cased.csv").write_text("\n".join(lines) + "\n")
+    summary = pack_dataset(recordings / "cased.csv", tmp_path / "out", progress=False)
+    rows = read_rows(summary.shards)
+    assert summary.columns == ["audio", "path", "duration", "text", "start", "end"]  # stored in lower case
+    assert [(r["path"], r["start"], r["end"], r["text"]) for r in rows] == [
+        (p, s, e, f"seg {i}") for i, (p, s, e) in enumerate(SEGMENTS)]
+    assert summary.seconds == pytest.approx(sum(e - s for _, s, e in SEGMENTS), abs=1e-3)
+
+
+def test_label_and_text_columns_are_read_whatever_their_case(clips):
+    manifest = clips / "data" / "l.csv"
+    manifest.write_text("PATH,Label,TEXT\nclips/0.wav,zebra,a\nclips/1.wav,ant,\nclips/2.wav,zebra,c\n")
+    summary = pack_dataset(manifest, clips / "out", progress=False)
+    assert summary.columns == ["audio", "label", "path", "duration", "text"]
+    assert summary.label_names == ["ant", "zebra"] and summary.skipped == {"empty transcript": 1}
+
+
+@pytest.mark.parametrize("header, message", [
+    ("path,Start,start", r"columns 'Start', 'start' differ only in case.*keep one of them"),
+    ("path,begin,end", r"an 'end' column but no 'start'.*is 'begin' the start\? Rename it 'start'"),
+    ("path,start,stop", r"a 'start' column but no 'end'.*is 'stop' the end\? Rename it 'end'"),
+    ("path,Begin,Stop", r"column\(s\) 'Begin', 'Stop' look like segment times.*rename them 'start' and 'end'.*"
+                        r"names that do not look like times to carry them as plain columns"),
+    ("path,onset,offset", r"'onset' and 'offset' look like each segment's start and end.*rename them 'start' and "
+                          r"'end'"),
+    ("path,start_time,end_time", r"'start_time', 'end_time' look like segment times"),
+    ("path,start,duration", r"a 'start' column but no 'end'.*if 'duration' is each segment's length, rename 'start' "
+                            r"to 'offset'"),
+])
+def test_columns_that_look_like_segment_times_are_refused_by_name(tmp_path, header, message):
+    """Never silently a plain column: a near-miss of a segment column stops pack, naming it and the fix."""
+    write_clip(tmp_path / "a.wav", seconds=2.0)
+    (tmp_path / "m.csv").write_text(f"{header}\na.wav,0.5,1.5\n")
+    with pytest.raises(ValueError, match=message):
+        pack(tmp_path / "m.csv", tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

@@ -33,6 +33,12 @@ ALLOWED = {
     # What the fork server imports once so that worker processes start in milliseconds: the whole library.
     # Nothing imports it; the fork server is given its name (`audioloader.workers.pool`).
     ("audioloader.workers.preload", "audioloader"),
+    # The Ray integration runs `audioloader pack`'s parts as Ray tasks: it is glue around that tool, which only
+    # the integration (and `audioloader pack --ray`) imports.
+    ("audioloader.integrations.ray", "audioloader.tools.manifests"),
+    ("audioloader.integrations.ray", "audioloader.tools.pack"),
+    ("audioloader.integrations.ray", "audioloader.tools.pack_journal"),
+    ("audioloader.integrations.ray", "audioloader.tools.pack_store"),
 }
 
 MAX_ROOT_MODULES = 12

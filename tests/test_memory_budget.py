@@ -342,15 +342,16 @@ def test_checkpoints_from_before_byte_budgets_resume_exactly(tmp_path, case):
 
 
 def test_a_checkpoint_taken_with_the_old_default_bucket_count_resumes_with_it(tmp_path):
-    """0.2's default was 16 buckets; now 32. A loader given no count resumes a 16-bucket checkpoint with 16 (the
-    fixture's batches), starts fresh runs with 32, and a count given explicitly is kept and refused by name."""
+    """0.2's default was 16 buckets; now the count is fitted to the data (at most 32). A loader given no count
+    resumes a 16-bucket checkpoint with 16 (the fixture's batches), starts fresh runs with the fitted count, and a
+    count given explicitly is kept and refused by name."""
     case = legacy_checkpoints.CASES["speech_parquet"]
     saved = json.loads(gzip.decompress(FIXTURE.read_bytes()))["speech_parquet"]
     assert saved["state"]["fingerprint"]["batching"]["num_buckets"] == 16
     folder = legacy_checkpoints.corpus(tmp_path / "s", case)
     with legacy_checkpoints.loader(folder, case) as fresh:
-        assert fresh._fingerprint["batching"]["num_buckets"] == al.options.DEFAULT_NUM_BUCKETS == 32
-        assert len(fresh._fingerprint["batching"]["boundaries"]) > 15
+        fitted = fresh.stats()["bucketing"]
+        assert fitted["fitted"] and fresh._fingerprint["batching"]["num_buckets"] == fitted["num_buckets"] != 16
     with legacy_checkpoints.loader(folder, case) as ours:
         state = saved["state"]
         state["fingerprint"].update({k: ours._fingerprint[k] for k in legacy_checkpoints.FILE_FIELDS})

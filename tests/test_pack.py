@@ -122,12 +122,13 @@ def test_overwrite(tmp_path, tree):
     out = tmp_path / "out"
     pack(src, out, shard_rows=1, progress=False)
     (out / "README.txt").write_text("mine")
-    with pytest.raises(ValueError, match="already holds shards"):
+    with pytest.raises(ValueError, match=r"already holds shards of a pack made with shard_rows=1, this run has "
+                                         r"shard_rows=None"):
         pack(src, out, progress=False)
     shards = pack(src, out, overwrite=True, progress=False)
     # The five one-row shards of the first run are gone; other files are left alone.
-    assert sorted(p.name for p in out.iterdir()) == ["README.txt", "_audioloader_index.arrow", "labels.json",
-                                                     "shard-00000.arrow"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.txt", "_audioloader_index.arrow",
+                                                     "_audioloader_pack.json", "labels.json", "shard-00000.arrow"]
     assert shards == [out / "shard-00000.arrow"]
 
 

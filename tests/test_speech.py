@@ -359,3 +359,75 @@ def test_parquet_corpus_buckets_too(tmp_path):
     write_parquet(tmp_path / "c.parquet", corpus_table(durations(20, seed=11)), row_group_rows=5)
     with speech_loader(tmp_path, train=False, batching=al.Bucketing(max_duration=5.0)) as loader:
         assert sorted(int(i) for b in loader for i in b["index"][b["valid"]]) == list(range(20))
+
+
+# ---------------------------------------------------------------------------------------- bucket count
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory) -> Path:
+    """15 utterances of 4-11 s, 115 s in all: the getting-started snippet's data, LibriSpeech-shaped."""
+    folder = tmp_path_factory.mktemp("small-speech")
+    seconds = [round(float(s), 3) for s in np.random.default_rng(1).uniform(4.0, 11.0, 15)]
+    write_ipc_file(folder / "a.arrow", corpus_table(seconds, duration_column=True), batch_rows=4)
+    return folder
+
+
+def small_corpus_loader(folder, num_buckets=None, **options):
+    return al.AudioLoader(al.Source(folder, label_column=None), features=al.WaveformConfig(sample_rate=RATE),
+                          length=al.LengthPolicy(crop=None, max_seconds=20.0),
+                          batching=al.Bucketing(max_duration=200.0, num_buckets=num_buckets),
+                          workers=al.Workers(num_workers=0), **options)
+
+
+def test_bucketing_fits_the_bucket_count_to_a_small_dataset(small_corpus):
+    """`Bucketing(max_duration=200.0)` on 115 s: 32 buckets gave batches of one utterance (each bucket held 3.5 s of
+    a pass); the count fitted to the data gives whole passes, and stats() says how many buckets and why."""
+    with small_corpus_loader(small_corpus) as loader:
+        sizes = [len(b["lengths"]) for _, b in zip(range(6), loader, strict=False)]
+        bucketing = loader.stats()["bucketing"]
+    assert min(sizes) >= 10, sizes
+    assert bucketing["num_buckets"] == 1 and bucketing["fitted"] and bucketing["pass_seconds"] == pytest.approx(
+        sum(np.random.default_rng(1).uniform(4.0, 11.0, 15).round(3)))
+    assert "1 bucket(s), not 32: a pass of this rank holds about 115 s" in bucketing["why"]
+    with small_corpus_loader(small_corpus, num_buckets=32) as loader:  # given: kept, and stats() says what it costs
+        sizes = [len(b["lengths"]) for _, b in zip(range(6), loader, strict=False)]
+        bucketing = loader.stats()["bucketing"]
+    assert max(sizes) <= 2 and bucketing["num_buckets"] == 32 and not bucketing["fitted"]
+    assert "less than a batch of 200 s: batches leave smaller" in bucketing["why"]
+    with small_corpus_loader(small_corpus, storage=al.Storage(rank=0, world_size=2)) as loader:
+        assert loader.stats()["bucketing"]["pass_seconds"] == pytest.approx(bucketing["pass_seconds"] / 2)
+
+
+def test_fitted_bucket_counts_grow_with_the_data_up_to_32():
+    from audioloader.nodes.duration_bucketer import fit_bucket_count
+
+    sample = [4.0, 6.0, 8.0, 10.0, 12.0]  # mean 8 s
+    fit = dict(max_duration=200.0, max_batch_size=None, most=32, full_batches=1)
+    assert fit_bucket_count(sample, 115.0, **fit) == 1
+    assert fit_bucket_count(sample, 595.0, **fit) == 2
+    assert fit_bucket_count(sample, 8 * 800.0, **{**fit, "full_batches": 4}) == 8  # 8 buckets of 4 batches of 200 s
+    assert fit_bucket_count(sample, 6237.0, **fit) == 31
+    assert fit_bucket_count(sample, 100 * 3600.0, **fit) == 32  # LibriSpeech-100: the most
+    assert fit_bucket_count(sample, 8 * 40.0, **{**fit, "max_batch_size": 5}) == 8  # batches of 5 x 8 s
+    assert fit_bucket_count([], 0.0, **fit) == 1
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_a_checkpoint_taken_with_0_3s_default_of_32_buckets_resumes_exactly(small_corpus, train):
+    """0.3 bucketed every dataset into 32 buckets and recorded 32: a loader given no count resumes such a
+    checkpoint with 32 buckets, batch for batch, though it would fit 1 to this data on a fresh start."""
+    with small_corpus_loader(small_corpus, 32, train=train) as loader:
+        it = iter(loader)
+        [next(it) for _ in range(3)]
+        state = roundtrip(loader.state_dict())
+        expected = [next(it) for _ in range(4)]
+    assert state["fingerprint"]["batching"]["num_buckets"] == 32
+    with small_corpus_loader(small_corpus, train=train) as resumed:
+        assert resumed.stats()["bucketing"]["num_buckets"] == 1
+        resumed.load_state_dict(state)
+        assert resumed.stats()["bucketing"]["num_buckets"] == 32
+        if not train:  # the batches a rank yields in eval follow from the edges: the checkpoint's
+            assert len(resumed) == len(loader)
+        got = [b for _, b in zip(range(4), resumed, strict=False)]
+    assert_same_batches(got, expected)

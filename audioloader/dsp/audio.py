@@ -157,10 +157,18 @@ class AudioInfo:
 # ---------------------------------------------------------------------------
 # opening and reading
 
-def _library_reason(error: Exception) -> str:
-    """libsndfile's message without soundfile's "Error opening <object at 0x...>" prefix."""
-    text = getattr(error, "error_string", None) or str(error)
-    return text.strip().rstrip(".")
+#: What libsndfile reports when its MP3 decoder finds no audio frames in data that is there (a corrupt or
+#: truncated MP3): its "system error", which blames the file rather than the data.
+_NOT_A_FILE = "File does not exist or is not a regular file (possibly a pipe?)"
+
+
+def library_reason(error: Exception) -> str:
+    """libsndfile's message without soundfile's "Error opening <object at 0x...>" prefix, and for data that was
+    read but cannot be parsed, that rather than libsndfile's "File does not exist or is not a regular file"."""
+    text = (getattr(error, "error_string", None) or str(error)).strip()
+    if text.endswith(_NOT_A_FILE) or text.endswith(_NOT_A_FILE + "."):
+        return "corrupt or truncated audio: libsndfile cannot parse it"
+    return text.rstrip(".")
 
 
 class _ThreadMemfd:
@@ -230,7 +238,7 @@ def _open(data: Any) -> tuple[sf.SoundFile, int]:
     try:
         handle = sf.SoundFile(_file_for(view), closefd=False)
     except (sf.SoundFileError, RuntimeError, ValueError, TypeError) as error:
-        reason = f"cannot open audio ({view.nbytes} bytes): {_library_reason(error)}"
+        reason = f"cannot open audio ({view.nbytes} bytes): {library_reason(error)}"
         raise DecodeError(reason, reason=reason) from error
     if handle.samplerate <= 0 or handle.channels <= 0:
         handle.close()
@@ -268,7 +276,7 @@ def _read(handle: sf.SoundFile, frames: int, nbytes: int) -> np.ndarray:
             left -= len(block)
         return np.concatenate(blocks) if blocks else np.zeros((0, handle.channels), np.float32)
     except (sf.SoundFileError, RuntimeError, ValueError) as error:
-        reason = f"cannot decode audio (truncated or corrupt?): {_library_reason(error)}"
+        reason = f"cannot decode audio (truncated or corrupt?): {library_reason(error)}"
         raise DecodeError(reason, reason=reason) from error
 
 
@@ -387,7 +395,7 @@ def _seek(handle: sf.SoundFile, frame: int) -> None:
     try:
         handle.seek(frame)
     except (sf.SoundFileError, RuntimeError, ValueError) as error:
-        reason = f"cannot seek in audio (truncated or corrupt?): {_library_reason(error)}"
+        reason = f"cannot seek in audio (truncated or corrupt?): {library_reason(error)}"
         raise DecodeError(reason, reason=reason) from error
 
 

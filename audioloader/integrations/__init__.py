@@ -6,5 +6,7 @@
 ``audioloader.integrations.accelerate``: `AllRanksState`, the loader's state of every rank as one
 object for ``accelerator.register_for_checkpointing`` (Accelerate writes rank 0's copy only).
 
-Importing ``audioloader`` imports neither; nothing here is needed for a plain or torchrun loop.
+``audioloader.integrations.ray``: `pack`, ``audioloader pack``'s parts as Ray tasks (``audioloader pack --ray``).
+
+Importing ``audioloader`` imports none of them; nothing here is needed for a plain or torchrun loop.
 """

@@ -22,11 +22,12 @@ from ..dsp.config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, Segm
 from ..dsp.features import compute_features, prepare
 from ..errors import DecodeError, ErrorBudgetExceeded
 from ..samples import BadRow, BatchEnd, Key, RawSample, Sample, held_bytes
-from ..stats import MAX_REPORTED_BAD_ROWS, LoaderStats
+from ..stats import MAX_REPORTED_BAD_ROWS, LoaderStats, feature_stage
 from ..workers import memory
+from ..workers.recycle import BatchArenas
 from ..workers.threads import pin_worker_to_one_thread
 from .held import RowsHeld
-from .parallel_map import BACKENDS, ParallelMap
+from .parallel_map import AUTO, BACKENDS, ParallelMap
 
 #: ``fetch(keys) -> [RawSample]``: random access to rows by key (see `ArrowShardReader.fetch`).
 Fetch = Callable[[Sequence[Key]], Sequence[RawSample]]
@@ -94,7 +95,7 @@ class SampleDecoder:
         self.compute_features = compute_features
         policies = [length] if isinstance(length, LengthPolicy) else list(length)
         self._rules = [_LengthRule.of(policy, features, train) for policy in policies]
-        self._stage = {"spectrogram": "mel"}.get(features.batch_key, features.batch_key)  # stats' stage name
+        self._stage = feature_stage(features.batch_key)  # stats' stage name
 
     def _rule(self, key: Key) -> _LengthRule:
         if len(self._rules) == 1:
@@ -252,7 +253,8 @@ class DecodeSpectrogram(BaseNode[Sample]):
         features: the spectrogram parameters.
         seed: seeds the crop offsets and the augmentation RNGs.
         train: random crop + end padding; else centre crop + centred padding.
-        num_workers: decode threads or processes; 0 decodes inline in the calling thread.
+        num_workers: decode threads or processes; 0 decodes inline in the calling thread; ``"auto"``: as many
+            processes as the consumer needs, sized while running (`audioloader.workers.autotune`; threads: 2 a core).
         augment: optional ``augment(waveform float32 [clip_samples], rng) -> array [clip_samples]``
             applied to the cropped waveform before the mel; ``rng`` is a
             ``numpy.random.Generator`` seeded from ``(seed, key)``. Its exceptions
@@ -293,6 +295,8 @@ class DecodeSpectrogram(BaseNode[Sample]):
         max_bytes_in_flight: hand out no further chunk while the rows in flight hold this many bytes
             (`held_bytes`; at least one chunk is always in flight); None: ``num_workers`` x 2 chunks whatever
             they weigh. The bytes in flight are reported in ``stats()["memory"]["decode_in_flight"]``.
+        collate_into: `BatchArenas` shared with the `Batcher` that reads this node's samples in order (processes
+            only): the features are copied out of the workers straight into batch memory.
 
     State: ``{"mapper": <ParallelMap state>, "rows_seen": n, "bad_rows": k}``;
     the same for every ``num_workers`` and ``worker_type``.
@@ -310,7 +314,7 @@ class DecodeSpectrogram(BaseNode[Sample]):
                  chunk_size: int | None = None, compute_features: bool = True,
                  length: LengthPolicy | Sequence[LengthPolicy] = DEFAULT_LENGTH,
                  guard: Callable[[str], None] | None = None, segments: Segments | None = None,
-                 max_bytes_in_flight: int | None = None) -> None:
+                 max_bytes_in_flight: int | None = None, collate_into: BatchArenas | None = None) -> None:
         super().__init__()
         if segments is not None and not isinstance(segments, Segments):
             raise TypeError(f"segments must be a Segments or None, got {type(segments).__name__}")
@@ -320,7 +324,7 @@ class DecodeSpectrogram(BaseNode[Sample]):
         self.features = features
         self.seed = int(seed)
         self.train = bool(train)
-        self.num_workers = int(num_workers)
+        self.num_workers = num_workers if num_workers == AUTO else int(num_workers)
         self.worker_type = worker_type
         self.augment = Augmentations.of(augment, int(seed), features, per_batch_features=not compute_features)
         self.on_error = on_error
@@ -341,7 +345,7 @@ class DecodeSpectrogram(BaseNode[Sample]):
         self._mapper = ParallelMap(source, self._decoder, num_workers=self.num_workers, backend=worker_type,
                                    chunk_size=chunk_size, start_method=start_method, stats=self.stats,
                                    thread_initializer=self._pin_thread, what="decode worker", size_fn=held_bytes,
-                                   max_bytes_in_flight=max_bytes_in_flight)
+                                   max_bytes_in_flight=max_bytes_in_flight, collate_into=collate_into)
         self._rows_seen = 0
         self._bad_rows = 0
         self._reports: deque[dict[str, Any]] = deque(maxlen=MAX_REPORTED_BAD_ROWS)
@@ -470,7 +474,11 @@ def _validate(source: Any, features: Any, seed: Any, num_workers: Any, on_error:
     check_features(features)
     if not checks.is_integer(seed):
         raise TypeError(f"seed must be an integer, got {seed!r}")
-    checks.count("num_workers", num_workers, minimum=0, hint=" (0 decodes inline)")
+    if num_workers != AUTO:
+        if isinstance(num_workers, str):
+            raise ValueError(f"num_workers={num_workers!r}: must be an integer >= 0 (0 decodes inline) or "
+                             f"{AUTO!r} (processes that size themselves)")
+        checks.count("num_workers", num_workers, minimum=0, hint=" (0 decodes inline)")
     if on_error not in ON_ERROR_CHOICES:
         raise ValueError(f"on_error={on_error!r}: must be one of {ON_ERROR_CHOICES}")
     if (isinstance(max_error_fraction, bool) or not isinstance(max_error_fraction, (int, float))

@@ -61,6 +61,24 @@ def estimate_boundaries(durations: Iterable[float], num_buckets: int) -> list[fl
     return sorted({float(c) for c in cuts})
 
 
+def fit_bucket_count(durations: Sequence[float], pass_seconds: float, max_duration: float,
+                     max_batch_size: int | None, most: int, full_batches: int) -> int:
+    """The number of duration buckets that lets each hold ``full_batches`` full batches of one pass, at most ``most``.
+
+    ``durations``: a sample of the rows' durations (s); ``pass_seconds``: the audio in one pass of a rank (s). A
+    full batch holds ``max_duration`` seconds, or ``max_batch_size`` rows of the mean duration when fewer. With
+    more buckets than that, a bucket gets less than a batch per pass, and batches leave small: at the end of an
+    evaluation pass, or when a row comes back for the next pass (``distinct``). At least 1.
+    """
+    if len(durations) == 0 or pass_seconds <= 0:
+        return 1
+    mean = float(np.mean(durations))
+    batch_seconds = max_duration if max_batch_size is None else min(max_duration, max_batch_size * mean)
+    if batch_seconds <= 0:
+        return 1
+    return max(1, min(most, int(pass_seconds // (full_batches * batch_seconds))))
+
+
 class _Buckets:
     """The rows held per bucket: the items, their durations, their bytes and (for ``distinct``) their indices."""
 

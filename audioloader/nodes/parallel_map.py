@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -13,11 +14,16 @@ from torchdata.nodes import BaseNode
 from ..errors import CheckpointMismatchError
 from ..samples import Failure
 from ..stats import HeldBytes, LoaderStats
-from ..workers.pool import PoolClosed, ProcessPool, ThreadPool, WorkerError
+from ..workers.autotune import Autotuner, initial_guess
+from ..workers.pool import PoolClosed, ProcessPool, ThreadPool, WorkerError, available_cores, default_threads
 from ..workers.process_worker import run_chunk
+from ..workers.recycle import BatchArenas
 from .held import RowsHeld, as_keys
 
 BACKENDS = ("thread", "process")
+
+#: ``num_workers`` that sizes a process pool while it runs (`audioloader.workers.autotune`).
+AUTO = "auto"
 
 #: Key of the state (the name torchdata's ParallelMapper uses, so its checkpoints load here).
 STATE_KEY = "it_state"
@@ -34,6 +40,7 @@ class _Chunk:
     labels: list[Any] = field(default_factory=list)  # what the items are, for error messages
     results: list[Any] | None = None
     error: BaseException | None = None  # raised by the source after the chunk's items
+    stream: bool = True  # handed out by next() (else rebuilt by map_all)
 
 
 class _SourceFailure(Failure):
@@ -53,7 +60,7 @@ class _InlinePool:
     def submit(self, seq: int, items: list[Any]) -> None:
         self._chunks[seq] = items
 
-    def result(self, seq: int) -> tuple[list[Any], None]:
+    def result(self, seq: int, into: Any = None) -> tuple[list[Any], None]:
         return run_chunk(self.job, self._chunks.pop(seq), lambda: False), None
 
     def cancel(self) -> None:
@@ -90,7 +97,9 @@ class ParallelMap(BaseNode):
         source: the upstream node, pulled in the thread that calls ``next()``.
         job: ``job(item) -> result``; for ``backend="process"`` it must pickle
             (see `audioloader.workers.pool` for its optional ``encode``/``prepare`` hooks).
-        num_workers: threads or processes; 0 maps in the calling thread.
+        num_workers: threads or processes; 0 maps in the calling thread; ``"auto"``: one process per core
+            started, and how many get work sized while running by `audioloader.workers.autotune.Autotuner`
+            (with threads: 2 a core, at most 8). The count never changes a result or the state.
         backend: ``"thread"`` or ``"process"``.
         chunk_size: items per task (None: 8 for processes, 4 for threads, 1 inline).
         depth: chunks in flight per worker.
@@ -100,21 +109,29 @@ class ParallelMap(BaseNode):
             bytes of the items in flight go to ``stats.memory`` (holder ``"decode_in_flight"``, reported
             beside the budgeted total: when results come back depends on timing).
         size_fn: ``item -> bytes`` it holds (e.g. `held_bytes`); None: not counted.
+        collate_into: `BatchArenas` that a process pool copies the stream's results into, so that a `Batcher`
+            reading this node's items in order (and nothing else) collates them without a copy.
         max_bytes_in_flight: submit no further chunk while the chunks in flight hold this many bytes (at
             least one chunk is always in flight). Only when work is handed out depends on it, never the
             results or the state. None: ``num_workers * depth`` chunks, whatever they weigh.
     """
 
-    def __init__(self, source: BaseNode, job: Callable[[Any], Any], *, num_workers: int, backend: str = "thread",
+    def __init__(self, source: BaseNode, job: Callable[[Any], Any], *, num_workers: int | str,
+                 backend: str = "thread",
                  chunk_size: int | None = None, depth: int = 2, start_method: str | None = None,
                  thread_initializer: Callable[[], None] | None = None, stats: LoaderStats | None = None,
                  what: str = "worker", size_fn: Callable[[Any], int] | None = None,
-                 max_bytes_in_flight: int | None = None) -> None:
+                 max_bytes_in_flight: int | None = None, collate_into: BatchArenas | None = None) -> None:
         super().__init__()
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r}: must be one of {BACKENDS}")
         self.source = source
         self.job = job
+        self._tuner: Autotuner | None = None
+        if num_workers == AUTO:
+            num_workers = available_cores() if backend == "process" else default_threads()
+            if backend == "process":
+                self._tuner = Autotuner(num_workers, initial_guess(num_workers))
         self.num_workers = num_workers
         self.backend = backend if num_workers > 0 else "inline"
         default_chunk = {"process": 8, "thread": 4, "inline": 1}[self.backend]
@@ -128,15 +145,42 @@ class ParallelMap(BaseNode):
         else:
             self._pool = ProcessPool(job, num_workers, depth=depth, start_method=start_method, what=what)
         self._capacity = max(1, num_workers) * depth
+        if self._tuner is not None:
+            self.set_count(self._tuner.count)
+        if stats is not None:
+            stats.workers.update(kind=self.backend, started=num_workers, count=self.count,
+                                 autotune=[] if self._tuner is not None else None)
         self.size_fn = size_fn
         self.max_bytes_in_flight = max_bytes_in_flight
         self._flight = (stats.memory if stats is not None else HeldBytes()).holding("decode_in_flight", budgeted=False)
         self._flight.info["max_bytes"] = max_bytes_in_flight
+        self.collate_into = collate_into
         self._owner_pid = os.getpid()
         self._seq = 0
         self._chunks: deque[_Chunk] = deque()
         self._in_flight: deque[_Chunk] = deque()  # submitted, result not read yet (a subset of _chunks)
         self._clear(None, 0)
+
+    @property
+    def count(self) -> int:
+        """Workers that get work now (``num_workers`` unless autotuned, or changed by `set_count`)."""
+        return self._pool.active if self.backend == "process" else self.num_workers
+
+    def set_count(self, count: int) -> None:
+        """Hand new chunks to ``count`` (1 to ``num_workers``) of the started worker processes, from now on.
+
+        Results, their order and the state stay what they are with any count: each
+        result is computed from its item alone, and results are read in the order the
+        items were pulled, whichever worker computed them.
+        """
+        if self.backend != "process":
+            raise ValueError(f"set_count() needs worker processes; this node runs on {self.backend!r}")
+        self._pool.set_active(count)
+        self._capacity = count * self.depth
+        if self.stats is not None:
+            self.stats.workers["count"] = count
+            if self._tuner is not None:
+                self.stats.workers["autotune"] = self._tuner.report()["autotune"]
 
     def _clear(self, snapshot: Any, steps: int) -> None:
         self._flight.clear()
@@ -159,11 +203,15 @@ class ParallelMap(BaseNode):
         if self.stats is not None:
             self.stats.describe_workers(self._workers_report())
         snapshot, steps = _position(initial_state)
+        if self.collate_into is not None:
+            self.collate_into.restart()  # the next sample handed out starts a batch
         self.source.reset(snapshot)
         # Items already emitted before the checkpoint: read, not mapped.
         skipped = [getattr(next(self.source), "key", None) for _ in range(steps)]
         self._clear(snapshot if snapshot is not None else self.source.state_dict(), steps)
         self._skipped = skipped
+        if self._tuner is not None:
+            self._tuner.start(time.monotonic())
 
     def next(self) -> Any:
         if os.getpid() != self._owner_pid:
@@ -217,12 +265,21 @@ class ParallelMap(BaseNode):
         if chunk.results is None:
             self._collect(chunk)
         self._flight.add(-chunk.nbytes, -chunk.size)
+        if self._tuner is not None:
+            self._retune(chunk.size)
         self._results, self._labels, self._pos, self._skipped = chunk.results, chunk.labels, 0, []
         self._snapshot, self._steps = chunk.start_state, 0
         if chunk.error is not None:
             self._results = [*chunk.results, _SourceFailure(chunk.error)]
         self._top_up()  # the worker that answered has room again
         return True
+
+    def _retune(self, items: int) -> None:
+        """Tell the tuner what the consumer took and waited for; apply the count it decides."""
+        self._tuner.record(items, self._pool.take_waited())
+        count = self._tuner.tick(time.monotonic())
+        if count is not None:
+            self.set_count(count)
 
     def _top_up(self) -> None:
         """Pull and submit chunks until every worker has ``depth`` in flight or the source ends."""
@@ -271,7 +328,9 @@ class ParallelMap(BaseNode):
         while chunk.results is None:
             oldest = self._in_flight.popleft()
             try:
-                results, delta = self._pool.result(oldest.seq)
+                # Stream chunks only: their samples go to the batcher in order.
+                into = self.collate_into if oldest.stream else None
+                results, delta = self._pool.result(oldest.seq, into)
             except PoolClosed:
                 oldest.results, self._source_done, self._failed = [], True, True
                 continue
@@ -300,7 +359,7 @@ class ParallelMap(BaseNode):
             part = list(items[start:start + self.chunk_size])
             if len(pending) >= self._capacity:
                 out.extend(self._take(pending.popleft()))
-            chunk = _Chunk(self._seq, None, len(part), [getattr(i, "key", None) for i in part])
+            chunk = _Chunk(self._seq, None, len(part), labels=[getattr(i, "key", None) for i in part], stream=False)
             self._seq += 1
             self._pool.submit(chunk.seq, part)
             self._in_flight.append(chunk)

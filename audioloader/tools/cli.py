@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from audioloader.errors import AudioLoaderError
+from audioloader.errors import AudioLoaderError, OptionError
 
 __all__ = ["build_parser", "main"]
 
@@ -64,7 +64,8 @@ def _inspect(p: argparse.ArgumentParser) -> None:
 def _index(p: argparse.ArgumentParser) -> None:
     p.description = ("Write _audioloader_index.arrow into a folder of shards (local or a URL such as "
                      "s3://bucket/data): loaders then read every file's metadata from it, in one request, while "
-                     "the listing agrees with it. Run it again after adding or rewriting shards.")
+                     "the listing agrees with it. Run it again after adding or rewriting shards. A folder that "
+                     "`audioloader pack --part K/N` writes is indexed once every part has finished.")
     p.add_argument("folder", help="folder of shards (path or URL)")
     p.add_argument("--portable", action="store_true",
                    help="leave modification times out (local shards you will upload: copies change them)")
@@ -73,7 +74,8 @@ def _index(p: argparse.ArgumentParser) -> None:
 
 #: name -> (one-line help, the function that fills in its sub-parser).
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
-    "pack": ("pack a class-folder tree or a CSV of audio files into shards", _pack),
+    "pack": ("pack audio into shards: class folders, CSV/TSV/JSONL manifests (segments too), a Hugging Face "
+             "audiofolder, LibriSpeech, Common Voice", _pack),
     "inspect": ("summarize shards: files, rows, schema, labels, audio formats", _inspect),
     "index": ("write a folder's metadata index (remote construction in a few requests)", _index),
 }
@@ -107,7 +109,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def _run_index(args: argparse.Namespace) -> int:
     from audioloader.shards.index import write_index
+    from audioloader.tools.pack_store import require_finished
 
+    require_finished(args.folder)  # a split pack still writing parts would be indexed half
     print(write_index(args.folder, portable=args.portable))
     return 0
 
@@ -126,7 +130,8 @@ def _report_errors(command: str, fn: Callable[[], Any]) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 1
     except (ValueError, TypeError, OSError, AudioLoaderError) as e:
-        print(f"audioloader {command}: error: {e}", file=sys.stderr)
+        # An OptionError names options as the command line spells them (--overwrite, not overwrite=True).
+        print(f"audioloader {command}: error: {e.cli if isinstance(e, OptionError) else e}", file=sys.stderr)
         return 1
     return 0 if status is None else int(status)
 

@@ -17,6 +17,7 @@ import argparse
 import io
 import json
 import os
+import re
 import sys
 from collections import Counter
 from typing import Any
@@ -25,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import checks
+from ..errors import OptionError
 
 __all__ = ["add_arguments", "format_report", "inspect", "run"]
 
@@ -280,12 +282,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
+#: `inspect`'s keywords, named in messages as ``keyword=value``, and this command's options for them.
+_KEYWORD = re.compile(r"\b(sample|audio_column|label_column|split_rows)=(\S*)")
+
+
+def _as_options(error: ValueError) -> OptionError:
+    """``error`` with `inspect`'s keywords named as this command's options (``--audio-column NAME``, not
+    ``audio_column=``): the command line's user never wrote the keyword."""
+    def option(match: re.Match[str]) -> str:
+        return f"--{match.group(1).replace('_', '-')} {match.group(2) or 'NAME'}"
+
+    return OptionError(str(error), _KEYWORD.sub(option, str(error)))
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``audioloader inspect`` with parsed ``args``; returns the exit status."""
     label = None if args.label_column.lower() == "none" else args.label_column
     source = args.path[0] if len(args.path) == 1 else list(args.path)
-    report = inspect(source, sample=args.sample, audio_column=args.audio_column, label_column=label,
-                     split_rows=args.split_rows)
+    if args.split_rows <= 0:
+        raise OptionError(f"split_rows={args.split_rows}: must be a positive number of rows",
+                          f"--split-rows {args.split_rows}: must be a positive number of rows")
+    try:
+        report = inspect(source, sample=args.sample, audio_column=args.audio_column, label_column=label,
+                         split_rows=args.split_rows)
+    except ValueError as error:
+        raise _as_options(error) from error
     if args.json:
         json.dump(report, sys.stdout, indent=2, ensure_ascii=False)
         sys.stdout.write("\n")

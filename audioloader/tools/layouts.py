@@ -18,12 +18,16 @@ unless asked: speakers are not classes.
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 
 import pyarrow as pa
 
+from audioloader.errors import OptionError
+
 from .manifests import Entry, Inputs, Skips, Table, build_inputs, iter_lines, read_table
+from .remote_files import is_url
 
 __all__ = ["AUDIO_EXTENSIONS", "INPUT_FORMATS", "collect_inputs", "detect_format"]
 
@@ -36,6 +40,10 @@ _FOLDER_FORMATS = ("folders", "audiofolder", "librispeech")
 _METADATA_FILES = ("metadata.csv", "metadata.jsonl")
 #: Common Voice TSV columns that identify one (with ``path``).
 _COMMON_VOICE_COLUMNS = {"sentence", "client_id"}
+#: Columns only Common Voice TSVs have: three of them (with ``path``) make a TSV one even when a column
+#: of ``_COMMON_VOICE_COLUMNS`` is missing or misspelt, so that the error names that column.
+_COMMON_VOICE_ONLY = {"client_id", "sentence_id", "sentence", "sentence_domain", "up_votes", "down_votes", "accents",
+                      "variant", "locale", "segment"}
 _COMMON_VOICE_TSVS = ("train.tsv", "dev.tsv", "test.tsv", "validated.tsv", "other.tsv", "invalidated.tsv")
 
 
@@ -67,7 +75,7 @@ def _header(path: Path) -> str:
 
 def _is_common_voice(path: Path) -> bool:
     columns = set(_header(path).rstrip("\r\n").split("\t"))
-    return "path" in columns and columns >= _COMMON_VOICE_COLUMNS
+    return "path" in columns and (columns >= _COMMON_VOICE_COLUMNS or len(columns & _COMMON_VOICE_ONLY) >= 3)
 
 
 def detect_format(src: Path) -> str:
@@ -99,7 +107,8 @@ def collect_inputs(src: str | os.PathLike[str], input_format: str | None = None)
     """Read the source's rows (`Inputs`): the files, their columns and labels, and what was left out.
 
     Args:
-        src: a folder or a manifest file.
+        src: a folder or a manifest file; a URL for a manifest or class folders in object storage
+            (`audioloader.tools.remote_inputs`).
         input_format: one of `INPUT_FORMATS`, or None / ``"auto"`` to detect it.
 
     Raises:
@@ -107,16 +116,23 @@ def collect_inputs(src: str | os.PathLike[str], input_format: str | None = None)
         ValueError: an unknown format, a format that does not fit ``src``, a malformed manifest (the
             message names the file and line), or no row left to pack.
     """
+    if is_url(os.fspath(src)):
+        from .remote_inputs import remote_inputs
+
+        return remote_inputs(os.fspath(src), input_format)
     path = Path(src)
     if not path.exists():
         raise FileNotFoundError(f"SRC {str(path)!r} does not exist; give a folder of audio files or a manifest "
                                 "(CSV, TSV, JSONL)")
     fmt = detect_format(path) if input_format in (None, "auto") else input_format
     if fmt not in INPUT_FORMATS:
-        raise ValueError(f"input_format={input_format!r}: must be one of {', '.join(INPUT_FORMATS)}, or 'auto'")
+        raise OptionError.spelled(f"{{format}}: must be one of {', '.join(INPUT_FORMATS)}, or 'auto'",
+                                  format=(f"input_format={input_format!r}", f"--input-format {input_format}"))
     if (fmt in _FOLDER_FORMATS) != path.is_dir():
         kind = "a folder" if fmt in _FOLDER_FORMATS else "a file"
-        raise ValueError(f"input format {fmt!r} reads {kind}, but SRC {str(path)!r} is not one")
+        raise OptionError.spelled(f"{{format}} reads {kind}, but SRC {str(path)!r} is not one; give another "
+                                  "input format, or none to detect it",
+                                  format=(f"input_format={fmt!r}", f"--input-format {fmt}"))
     if fmt == "folders":
         return _from_class_folders(path)
     if fmt == "audiofolder":
@@ -244,8 +260,13 @@ def _from_common_voice(tsv: Path) -> Inputs:
     table = read_table(tsv, "tsv")
     missing = sorted(({"path"} | _COMMON_VOICE_COLUMNS) - set(table.columns))
     if missing:
-        raise ValueError(f"{tsv}, line 1: a Common Voice TSV has the columns path, sentence, client_id; this one "
-                         f"lacks {missing}. Read it as a plain manifest with input_format='tsv'")
+        near = [f"{close[0]!r} for {name!r}" for name in missing
+                if (close := difflib.get_close_matches(name, table.columns, n=1, cutoff=0.75))]
+        fix = f"is it misspelt ({', '.join(near)})? Rename it, or read" if near else "Read"
+        raise OptionError.spelled(
+            f"{tsv}, line 1: a Common Voice TSV has the columns path, sentence, client_id; this one lacks "
+            f"{', '.join(map(repr, missing))}: {fix} the file as a plain manifest with {{format}} (its paths are "
+            "then relative to the TSV's folder, not to clips/)", format=("input_format='tsv'", "--input-format tsv"))
     clips = tsv.parent / "clips"
     if not clips.is_dir():
         raise ValueError(f"{tsv}: no clips/ folder beside it ({clips}); Common Voice keeps the audio there")

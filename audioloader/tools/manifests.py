@@ -19,6 +19,15 @@ Special columns:
   from each stored clip's header.
 - ``text`` empty: the row is skipped ("empty transcript").
 
+These names (and the path column's) are matched whatever their case: ``Start``,
+``END``, ``Text`` or ``Label`` are read as ``start``, ``end``, ``text``, ``label``
+and stored under those names. Two columns that differ only in case (``Start`` and
+``start``) are refused. A column that looks like a segment time but is not one
+of the names above (``begin``, ``stop``, ``onset``, ``start_time``, ...; ``offset``
+beside ``onset``) is refused by name, with the fix (rename it ``start``/``end``, or
+give it a name that does not look like a time to carry it as a plain column):
+it is never silently carried as a plain column when it was meant to cut segments.
+
 Everything here only reads the manifest and checks that the files exist;
 `audioloader.tools.pack` reads the audio.
 """
@@ -36,12 +45,24 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["PATH_COLUMNS", "Entry", "Inputs", "Skips", "Table", "build_inputs", "read_table"]
+from .remote_files import RemoteFile, is_url
+
+__all__ = ["PATH_COLUMNS", "SEGMENT_LOOKALIKES", "SPECIAL_COLUMNS", "Entry", "Inputs", "Skips", "Table", "build_inputs",
+           "canonical_columns", "read_table"]
 
 #: Names of the column that holds each row's audio file, in order of preference.
 PATH_COLUMNS = ("path", "file_name", "audio_filepath", "audio", "file")
 #: Columns always stored as strings, even when every value looks like a number (a transcript "42").
 STRING_COLUMNS = frozenset({"text"})
+#: Columns with a meaning to pack (besides the path column); matched whatever their case.
+SPECIAL_COLUMNS = ("label", "text", "start", "end", "offset", "duration")
+#: Names (lower case) that look like a segment's start or end but are not the ones pack reads: refused by name.
+SEGMENT_LOOKALIKES = {
+    "begin": "start", "onset": "start", "start_time": "start", "starttime": "start",
+    "start_sec": "start", "start_s": "start", "start_seconds": "start", "tstart": "start",
+    "stop": "end", "end_time": "end", "endtime": "end", "end_sec": "end", "end_s": "end",
+    "end_seconds": "end", "tend": "end",
+}
 #: Skipped rows named per reason in a summary.
 EXAMPLES_PER_REASON = 3
 
@@ -72,7 +93,7 @@ class Entry:
     """One row to pack.
 
     Attributes:
-        file: the audio file to read.
+        file: the audio file to read (a `RemoteFile` for a URL).
         rel: the value stored in the ``path`` column (as the manifest gives it, or relative to the source folder).
         where: where the row comes from, for messages (``"list.csv, line 7"``).
         label: class id, or None (unlabeled).
@@ -80,7 +101,7 @@ class Entry:
         span: ``(start, end)`` seconds when the row is a segment of its file, else None.
     """
 
-    file: Path
+    file: Path | RemoteFile
     rel: str
     where: str
     label: int | None = None
@@ -178,20 +199,21 @@ def _read_jsonl(path: Path) -> Table:
 # -- from a table to entries ------------------------------------------------------------------------------
 
 
-def build_inputs(table: Table, fmt: str, base: Path, *, rename: dict[str, str] | None = None,
+def build_inputs(table: Table, fmt: str, base: Path | RemoteFile, *, rename: dict[str, str] | None = None,
                  rel_base: Path | None = None, skips: Skips | None = None) -> Inputs:
     """Entries of a manifest table: files resolved against ``base``, columns typed, labels and segments read.
 
     Args:
         table: the manifest.
         fmt: the input format's name (reported).
-        base: the folder relative paths are resolved against.
+        base: the folder relative paths are resolved against (a `RemoteFile` for a manifest in object storage).
         rename: columns to rename (Common Voice: ``sentence`` -> ``text``).
         rel_base: store paths relative to this folder (default: as the manifest gives them).
         skips: where left-out rows are counted (a new `Skips` by default).
     """
     skips = skips if skips is not None else Skips()
     rename = rename or {}
+    table = canonical_columns(table)
     if not table.rows:
         raise ValueError(f"{table.source}: no rows after the header")
     path_column = next((c for c in PATH_COLUMNS if c in table.columns), None)
@@ -216,17 +238,27 @@ def build_inputs(table: Table, fmt: str, base: Path, *, rename: dict[str, str] |
         if "text" in values and (values["text"] is None or not str(values["text"]).strip()):
             skips.add("empty transcript", where)
             continue
-        file = Path(str(path)) if Path(str(path)).is_absolute() else base / str(path)
-        if not file.is_file():
+        file = locate(str(path), base)
+        if isinstance(file, Path) and not file.is_file():  # a remote file's absence shows when it is read
             skips.add("missing file", f"{where}: {file}")
             continue
-        rel = file.relative_to(rel_base).as_posix() if rel_base is not None else Path(str(path)).as_posix()
+        rel = (file.relative_to(rel_base).as_posix() if rel_base is not None else
+               str(RemoteFile(str(path))) if is_url(str(path)) else Path(str(path)).as_posix())
         span = _span(table.source, where, values, segments)
         values.pop("duration", None)
         entries.append(Entry(file, rel, where, None if labels is None else labels[i], values, span))
     if not entries:
         raise ValueError(_nothing_left(table, skips, base))
     return Inputs(fmt, entries, columns, label_names, skips, segments)
+
+
+def locate(path: str, base: Path | RemoteFile) -> Path | RemoteFile:
+    """The file a manifest's ``path`` names: a URL as it is, else relative to ``base`` (unless absolute)."""
+    if is_url(path):
+        return RemoteFile(path)
+    if isinstance(base, RemoteFile):
+        return base.join(path)
+    return Path(path) if Path(path).is_absolute() else base / path
 
 
 def _nothing_left(table: Table, skips: Skips, base: Path) -> str:
@@ -237,18 +269,68 @@ def _nothing_left(table: Table, skips: Skips, base: Path) -> str:
     return f"{table.source}: no row left to pack ({reasons}){hint}"
 
 
+def canonical_columns(table: Table) -> Table:
+    """``table`` with the columns pack reads (`SPECIAL_COLUMNS`, the path column) renamed to lower case.
+
+    ``Start,End`` is ``start,end``: a column pack gives a meaning to is never carried as a plain column
+    because of its case. Of the path columns, only the one used is renamed (``Audio`` beside ``path``
+    stays a plain column). Raises ValueError when two columns differ only in case.
+    """
+    lower: dict[str, list[str]] = {}
+    for column in table.columns:
+        lower.setdefault(column.lower(), []).append(column)
+    for spellings in lower.values():
+        if len(spellings) > 1:
+            raise ValueError(f"{table.source}, line 1: columns {', '.join(map(repr, spellings))} differ only in "
+                             "case; pack matches column names whatever their case: keep one of them, or rename "
+                             "the others")
+    wanted = [*SPECIAL_COLUMNS]
+    if not any(c in table.columns for c in PATH_COLUMNS):
+        wanted += [next((c for c in PATH_COLUMNS if c in lower), "")]
+    renames = {lower[name][0]: name for name in wanted if name in lower and lower[name][0] != name}
+    if not renames:
+        return table
+    rows = [(where, {renames.get(k, k): v for k, v in row.items()}) for where, row in table.rows]
+    return Table(table.source, [renames.get(c, c) for c in table.columns], rows, table.typed)
+
+
 def _segment_columns(source: Path, names: list[str]) -> tuple[str, str] | None:
-    if "start" in names or "end" in names:
-        if not ("start" in names and "end" in names):
-            have, lacks = ("start", "end") if "start" in names else ("end", "start")
-            raise ValueError(f"{source}, line 1: a {have!r} column but no {lacks!r}: a segment of a recording needs "
-                             "both (seconds); add the column, or rename this one if it is not a segment time")
+    """The columns that make rows segments: ``("start", "end")``, NeMo's ``("offset", "duration")``, or None.
+
+    Raises ValueError naming the column when one is missing, or when a column looks like a segment time
+    that pack would not read (`SEGMENT_LOOKALIKES`; ``onset`` with ``offset``): never silently a plain column.
+    """
+    if "start" in names and "end" in names:
         return ("start", "end")
-    if "offset" in names:
-        if "duration" not in names:
-            raise ValueError(f"{source}, line 1: an 'offset' column but no 'duration': a segment of a recording "
-                             "needs both (seconds); add the column, or rename 'offset' if it is not a segment time")
+    lookalikes = [c for c in names if c.lower() in SEGMENT_LOOKALIKES]
+    if "offset" in names and "duration" in names and not lookalikes:
         return ("offset", "duration")
+    rename = "rename it 'start' or 'end'" if len(lookalikes) == 1 else "rename them 'start' and 'end'"
+    if "start" in names or "end" in names:
+        have, lacks = ("start", "end") if "start" in names else ("end", "start")
+        partner = [c for c in lookalikes if SEGMENT_LOOKALIKES[c.lower()] == lacks]
+        if partner:
+            fix = f"is {partner[0]!r} the {lacks}? Rename it {lacks!r}"
+        elif have == "start" and "duration" in names:
+            fix = ("if 'duration' is each segment's length, rename 'start' to 'offset' (NeMo's offset,duration); "
+                   "else add an 'end' column")
+        else:
+            fix = f"add the {lacks!r} column, or rename {have!r} if it is not a segment time"
+        article = "an" if have == "end" else "a"
+        raise ValueError(f"{source}, line 1: {article} {have!r} column but no {lacks!r}: a segment of a recording "
+                         f"needs both (seconds); {fix}")
+    if "offset" in names and any(c.lower() == "onset" for c in lookalikes):
+        raise ValueError(f"{source}, line 1: columns 'onset' and 'offset' look like each segment's start and end; "
+                         "pack reads segments from 'start' and 'end' (or NeMo's 'offset' and 'duration', the "
+                         "offset being the start): rename them 'start' and 'end'")
+    if lookalikes:
+        raise ValueError(f"{source}, line 1: column(s) {', '.join(map(repr, lookalikes))} look like segment times, "
+                         "which pack reads only from 'start' and 'end' (seconds; or NeMo's 'offset' and "
+                         f"'duration'): {rename} to store each row's segment, or give them names that do not "
+                         "look like times to carry them as plain columns")
+    if "offset" in names:
+        raise ValueError(f"{source}, line 1: an 'offset' column but no 'duration': a segment of a recording "
+                         "needs both (seconds); add the column, or rename 'offset' if it is not a segment time")
     return None
 
 

@@ -23,18 +23,19 @@ from __future__ import annotations
 import io
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 import soxr
 
-from audioloader.dsp.audio import EXACT_SEEK_FORMATS, EXACT_SEEK_SUBTYPES, probe_seconds
+from audioloader.dsp.audio import EXACT_SEEK_FORMATS, EXACT_SEEK_SUBTYPES, library_reason, mixdown, probe_seconds
 from audioloader.dsp.spans import span_frames
 from audioloader.errors import DecodeError
 
 from .manifests import Entry
+from .remote_files import RemoteFile, fetch
 
 __all__ = ["CODECS", "ManifestError", "Packed", "Skipped", "cut_segment", "forget_decoded", "load_entry", "reencode"]
 
@@ -73,6 +74,8 @@ class _Unusable(Exception):
 def load_entry(entry: Entry, sample_rate: int | None, codec: str | None) -> Packed | Skipped:
     """The bytes to store for ``entry``, or why it is left out (see the module docstring)."""
     try:
+        if isinstance(entry.file, RemoteFile):  # read once, then decoded from memory like a local file
+            entry = replace(entry, file=_Fetched(str(entry.file), _read_bytes(entry.file)))
         if entry.span is not None:
             data = cut_segment(entry, sample_rate, codec)
         elif codec is not None:
@@ -85,9 +88,30 @@ def load_entry(entry: Entry, sample_rate: int | None, codec: str | None) -> Pack
     return Packed(data, seconds)
 
 
-def _read_bytes(file: Path) -> bytes:
+class _Fetched:
+    """A remote file's bytes, read; ``str()`` is its URL (without query string) for messages."""
+
+    def __init__(self, name: str, data: bytes) -> None:
+        self.name, self.data = name, data
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _opened(file: Path | _Fetched) -> str | io.BytesIO:
+    """What soundfile opens: a local path, or the fetched bytes."""
+    return io.BytesIO(file.data) if isinstance(file, _Fetched) else str(file)
+
+
+def _read_bytes(file: Path | RemoteFile | _Fetched) -> bytes:
     try:
-        return file.read_bytes()
+        if isinstance(file, _Fetched):
+            return file.data
+        return fetch(file) if isinstance(file, RemoteFile) else file.read_bytes()
+    except FileNotFoundError as error:
+        if isinstance(file, RemoteFile):
+            raise _Unusable("missing file", f"{file}: no such object") from error
+        raise _Unusable("unreadable file", f"{file}: {error.strerror or error}") from error
     except OSError as error:
         raise _Unusable("unreadable file", f"{file}: {error.strerror or error}") from error
 
@@ -107,8 +131,8 @@ def _seconds(file: Path, data: bytes) -> float:
 
 def _encode(signal: np.ndarray, rate: int, sample_rate: int | None, codec: str) -> bytes:
     """Mix ``signal`` (float ``[n]`` or ``[n, channels]``) to mono, resample to ``sample_rate``, encode as ``codec``."""
-    mono = signal.mean(axis=1, dtype=np.float32) if signal.ndim == 2 and signal.shape[1] > 1 else \
-        signal.reshape(len(signal), -1)[:, 0].astype(np.float32)
+    # The loader's own mixdown (column adds: numpy's mean over a 2-wide axis was half of a re-encode's time).
+    mono = mixdown(signal.reshape(len(signal), -1).astype(np.float32, copy=False))
     if sample_rate is not None and rate != sample_rate:
         mono = soxr.resample(mono, rate, sample_rate)
         rate = sample_rate
@@ -149,9 +173,17 @@ def _reencoded(file: Path, sample_rate: int | None, codec: str) -> bytes:
 def _decode(file: Path) -> tuple[np.ndarray, int]:
     """All frames of ``file``, float32 ``[n, channels]``, and its rate."""
     try:
-        return sf.read(str(file), dtype="float32", always_2d=True)
+        return sf.read(_opened(file), dtype="float32", always_2d=True)
     except Exception as error:  # libsndfile raises LibsndfileError/RuntimeError/TypeError by file type
-        raise _Unusable("undecodable", f"{file}: cannot decode: {error}") from error
+        raise _undecodable(file, "cannot decode", error) from error
+
+
+def _undecodable(file: Path, what: str, error: Exception) -> _Unusable:
+    """Why ``file`` could not be opened or read: the OS's reason when it is not there, else the decoder's (for a
+    corrupt MP3 libsndfile says "File does not exist or is not a regular file": `library_reason` says what it is)."""
+    if isinstance(file, Path) and not file.is_file():  # (a remote file's bytes are already read)
+        return _Unusable("unreadable file", f"{file}: {what}: the file is gone or not a regular file")
+    return _Unusable("undecodable", f"{file}: {what}: {library_reason(error)}")
 
 
 # -- segments ------------------------------------------------------------------------------------------
@@ -164,18 +196,18 @@ def cut_segment(entry: Entry, sample_rate: int | None, codec: str | None) -> byt
         ManifestError: the segment does not fit the recording (naming the manifest line).
     """
     try:
-        info = sf.info(str(entry.file))
+        info = sf.info(_opened(entry.file))
     except Exception as error:
-        raise _Unusable("undecodable", f"{entry.file}: cannot open: {error}") from error
+        raise _undecodable(entry.file, "cannot open", error) from error
     if info.format in EXACT_SEEK_FORMATS and info.subtype in EXACT_SEEK_SUBTYPES and info.frames > 0:
         first, stop = _frames(entry, info.samplerate, info.frames)
         try:
-            with sf.SoundFile(str(entry.file)) as handle:
+            with sf.SoundFile(_opened(entry.file)) as handle:
                 handle.seek(first)
                 # float64 holds every PCM sample (up to 32 bit) and float exactly: written back unchanged.
                 frames = handle.read(stop - first, dtype="float64", always_2d=True)
         except Exception as error:
-            raise _Unusable("undecodable", f"{entry.file}: cannot read the segment: {error}") from error
+            raise _undecodable(entry.file, "cannot read the segment", error) from error
         if len(frames) != stop - first:
             raise _Unusable("undecodable", f"{entry.file}: truncated: the segment's frames do not all decode")
         container, subtype, rate = info.format, info.subtype, info.samplerate
@@ -206,7 +238,7 @@ _LAST = threading.local()
 def _decoded_once(file: Path) -> tuple[np.ndarray, int]:
     """The whole recording, decoded once per thread for its consecutive segments (formats that cannot seek
     exactly). Holds one decoded recording per pack thread (float32: 4 bytes x channels x frames)."""
-    stamp = (str(file), file.stat().st_mtime_ns)
+    stamp = (str(file), None if isinstance(file, _Fetched) else file.stat().st_mtime_ns)
     if getattr(_LAST, "stamp", None) != stamp:
         _LAST.stamp, _LAST.value = None, None  # release the previous recording before decoding the next
         _LAST.value = _decode(file)

@@ -1,9 +1,11 @@
 """Worker pools for `audioloader.nodes.ParallelMap`: threads, or processes fed through shared memory.
 
 Both run *chunks* (lists of items) through a job, one chunk per task, and hand
-results back strictly in submission order: chunk ``seq`` goes to worker
-``seq % num_workers`` and every worker works through its chunks first in,
-first out, so the consumer reads worker after worker and never reorders.
+results back strictly in submission order: a process pool gives chunk ``seq``
+to the active worker with the fewest chunks in flight (`ProcessPool.set_active`),
+every worker works through its chunks first in, first out, and the consumer
+reads each chunk from the worker it went to, in submission order: it never
+reorders, and which worker ran a chunk changes nothing.
 
 A job is a callable ``job(item) -> result`` with two optional hooks:
 ``job.encode(item)`` runs in the consumer before an item is sent to a process
@@ -33,6 +35,7 @@ import pickle
 import signal
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
@@ -41,10 +44,15 @@ from typing import Any
 
 from . import cuda, forks, wire
 from .process_worker import _RemoteFailure, run_chunk, worker_main
+from .recycle import Recycler
 from .threads import join_or_report
 
 #: Seconds between liveness checks while waiting for a worker.
 POLL_SECONDS = 0.1
+
+#: Bytes of result buffers a `ProcessPool` reuses (`audioloader.workers.recycle`): enough for the results in
+#: flight and a batch being collated (64 log-mels of 256 KiB are 16 MiB).
+RESULT_RECYCLE_BYTES = 64 << 20
 
 #: Seconds a stopping worker process gets before it is terminated, then killed.
 STOP_GRACE_SECONDS = 0.5
@@ -88,6 +96,19 @@ def start_method_and_reason(asked: str | None) -> tuple[str, str]:
         threads = threading.active_count()
         return DEFAULT_START_METHOD, f"{threads} Python threads are running (a fork could copy a held lock)"
     return "fork", "the only Python thread and no CUDA in this process"
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the platform says, else the CPU count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """Decode threads when their number is left to the library: 2 per core, at most 8 (the GIL stops more)."""
+    return min(8, 2 * available_cores())
 
 
 def free_mkl_buffers() -> bool:
@@ -169,7 +190,7 @@ class ThreadPool:
         except RuntimeError:  # "cannot schedule new futures after shutdown": shut down from another thread
             raise PoolClosed from None
 
-    def result(self, seq: int) -> tuple[list[Any], dict[str, Any] | None]:
+    def result(self, seq: int, into: Any = None) -> tuple[list[Any], dict[str, Any] | None]:
         future = self._futures.pop(seq, None)
         if future is None:
             raise PoolClosed
@@ -245,9 +266,13 @@ class ProcessPool:
         self.what = what
         self._job_bytes = _pickle_job(job, what)
         self._encode = getattr(job, "encode", None)
+        self._results_memory = Recycler(RESULT_RECYCLE_BYTES)  # results are copied out of the slots into these
         self._workers: list[_Worker] = []
         self._generation = 0
-        self._in_flight: set[int] = set()
+        self._in_flight: dict[int, tuple[int, int]] = {}  # chunk seq -> (worker, slot) it went to
+        self._free_slots: list[list[int]] = []  # per worker, the slots it holds no chunk in
+        self.active = num_workers  # the workers that get new chunks (the first `active`; see `set_active`)
+        self._waited = 0.0  # seconds `result` waited for answers, since `take_waited`
         self._closed = threading.Event()
         self._io_lock = threading.Lock()
         self._pid = os.getpid()
@@ -275,6 +300,7 @@ class ProcessPool:
         try:
             for index in range(self.num_workers):
                 self._workers.append(self._launch(context, index))
+            self._free_slots = [list(range(self.depth)) for _ in self._workers]
             for index, worker in enumerate(self._workers):
                 reply = self._receive(worker, f"starting {self.what} {index}")
                 if reply[0] != "ready":
@@ -329,35 +355,66 @@ class ProcessPool:
 
     # -- work ---------------------------------------------------------------------------------
 
-    def _slot_of(self, seq: int) -> int:
-        return (seq // self.num_workers) % self.depth
+    def set_active(self, count: int) -> None:
+        """Hand new chunks to the first ``count`` workers only (1 to ``num_workers``); the others finish the chunks
+        they hold and then wait, started, until they are active again."""
+        if not 1 <= count <= self.num_workers:
+            raise ValueError(f"count={count}: must be between 1 and num_workers={self.num_workers}")
+        self.active = count
+
+    def take_waited(self) -> float:
+        """Seconds `result` waited for a worker's answer since the last call (what `Autotuner` is told)."""
+        waited, self._waited = self._waited, 0.0
+        return waited
+
+    def _pick(self) -> int:
+        """The active worker with the fewest chunks in flight (the first of them on a tie), with a free slot.
+
+        Which worker runs a chunk never changes its results: a worker answers its chunks first in, first out,
+        and `result` reads chunks in the order they were submitted, from the worker each went to.
+        """
+        free = self._free_slots
+        best = max(range(self.active), key=lambda index: len(free[index]))
+        if not free[best]:  # more than active x depth chunks in flight (none of ParallelMap's): any started worker
+            best = max(range(self.num_workers), key=lambda index: len(free[index]))
+            if not free[best]:
+                raise RuntimeError(f"every {self.what} holds {self.depth} chunks (a bug; please report it)")
+        return best
 
     def submit(self, seq: int, items: list[Any]) -> None:
         workers = self._workers
         if not workers or self._closed.is_set():
             raise PoolClosed
-        worker = workers[seq % self.num_workers]
-        slot = self._slot_of(seq)
+        index = self._pick()
+        worker, slot = workers[index], self._free_slots[index][0]
         if self._encode is not None:
             items = [self._encode(item) for item in items]
         data, table, size = wire.dumps(items, worker.slots[slot])
         self._send(worker, ("chunk", seq, self._generation, slot, data, table, size))
-        self._in_flight.add(seq)
+        self._free_slots[index].pop(0)
+        self._in_flight[seq] = (index, slot)
 
-    def result(self, seq: int) -> tuple[list[Any], dict[str, Any] | None]:
+    def result(self, seq: int, into: Any = None) -> tuple[list[Any], dict[str, Any] | None]:
+        """Chunk ``seq``'s results (copied out of its slot into arrays from ``into.empty(nbytes)``, by default
+        reused ones) and the worker's stats delta."""
         workers = self._workers
         if not workers:
             raise PoolClosed
-        worker = workers[seq % self.num_workers]
-        reply = self._receive(worker, f"waiting for {self.what} {seq % self.num_workers}")
-        self._in_flight.discard(seq)
+        index, slot = self._in_flight[seq]
+        started = time.perf_counter()
+        reply = self._receive(workers[index], f"waiting for {self.what} {index}")
+        self._waited += time.perf_counter() - started
+        del self._in_flight[seq]
+        self._free_slots[index].append(slot)
+        worker = workers[index]
         kind, got = reply[0], reply[1]
         if got != seq:
             raise WorkerError(f"{self.what} answered chunk {got} where chunk {seq} was due (a bug; please report it)")
         if kind == "cancelled":
             return [], None
         _, _, slot, data, table, size, stats = reply
-        results = wire.loads(data, table, worker.slots[slot], size, copy=True)
+        results = wire.loads(data, table, worker.slots[slot], size, copy=True,
+                             into=self._results_memory if into is None else into)
         return [r.to_failure() if isinstance(r, _RemoteFailure) else r for r in results], stats
 
     def cancel(self) -> None:
@@ -366,7 +423,9 @@ class ProcessPool:
         for worker in self._workers:
             _set_generation(worker.control, self._generation)
         for seq in sorted(self._in_flight):
-            self._receive(self._workers[seq % self.num_workers], f"cancelling {self.what} work")
+            index, slot = self._in_flight[seq]
+            self._receive(self._workers[index], f"cancelling {self.what} work")
+            self._free_slots[index].append(slot)
         self._in_flight.clear()
 
     # -- the socket ---------------------------------------------------------------------------

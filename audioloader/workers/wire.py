@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .recycle import Recycler
+
 #: Buffers smaller than this stay inside the pickle (a table entry costs more than the copy).
 INLINE_BYTES = 4096
 
@@ -129,16 +131,24 @@ def dumps(obj: Any, slot: SharedSlot) -> tuple[bytes, list[tuple[int, int]], int
     return stream.getvalue(), table, slot.size
 
 
-def loads(data: bytes, table: list[tuple[int, int]], slot: SharedSlot, slot_size: int, *, copy: bool) -> Any:
+def loads(data: bytes, table: list[tuple[int, int]], slot: SharedSlot, slot_size: int, *, copy: bool,
+          into: Recycler | None = None) -> Any:
     """Unpickle a `dumps` message.
 
     ``copy=True`` gives objects private copies of their buffers (the slot may be
-    rewritten at once); ``copy=False`` gives views of the slot, valid until the
-    slot's next message.
+    rewritten at once), in arrays from ``into`` when given (reused ones: no page
+    faults); ``copy=False`` gives views of the slot, valid until the slot's next message.
     """
     slot.follow(slot_size)
     buffers = []
     for offset, length in table:
         view = np.frombuffer(slot.view(offset, length), dtype=np.uint8)
-        buffers.append(view.copy() if copy else view)
+        if not copy:
+            buffers.append(view)
+        elif into is None:
+            buffers.append(view.copy())
+        else:
+            private = into.empty(length)
+            np.copyto(private, view)  # releases the GIL
+            buffers.append(private)
     return pickle.loads(data, buffers=buffers)
