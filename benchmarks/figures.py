@@ -158,24 +158,80 @@ def draw_peers(plt: Any, data: dict[str, Any]) -> Any:
 
 
 def draw_scaling(plt: Any, data: dict[str, Any]) -> Any:
-    """Samples/s against N workers, one panel per dataset."""
+    """Samples/s against N workers, one panel per dataset: on 2 cores, and (``sixteen_cores``) on 16 cores with
+    0.1's series and 0.3's points at N = 16."""
     workers = data["workers"]
     style = {"AudioLoader, processes": (OURS, "-", "o"), "AudioLoader, threads": (OURS, "--", "s"),
              "DataLoader baseline": (PEER, "-", "^"), "per-sample function in N processes (limit)": (CEILING, ":", "D")}
     panels = data["series"]
-    fig, axes = plt.subplots(1, len(panels), figsize=(11, 4.4))
-    for ax, (name, series) in zip(axes, panels.items(), strict=True):
+    sixteen = data.get("sixteen_cores")
+    rows = 2 if sixteen else 1
+    fig, axes = plt.subplots(rows, len(panels), figsize=(11, 4.4 * rows), squeeze=False)
+    for ax, (name, series) in zip(axes[0], panels.items(), strict=True):
         for label, values in series.items():
             color, line, marker = style.get(label, (OTHER, "-", "x"))
             ax.plot(workers, values, color=color, linestyle=line, marker=marker, label=label)
-        ax.set_title(name, fontsize=10)
+        ax.set_title(f"{name}, 2 cores ({data['commit']})", fontsize=10)
         ax.set_xticks(workers)
         ax.set_xlabel("decode workers N (2 cores)")
         ax.set_ylabel("samples/s")
         ax.set_ylim(0, None)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8, loc="lower right")
+    axes[0][0].legend(fontsize=8, loc="lower right")
+    if sixteen:
+        _sixteen_core_panels(axes[1], sixteen, style)
     fig.suptitle("Scaling with workers: threads vs processes vs DataLoader", fontsize=11)
+    fig.tight_layout(rect=(0, 0.08 if rows == 1 else 0.07, 1, 1))
+    _footnote(fig, data)
+    if sixteen:
+        fig.text(0.01, 0.045, sixteen["machine"], fontsize=7, color="#555555", va="bottom", wrap=True)
+    return fig
+
+
+def _sixteen_core_panels(axes: Any, sixteen: dict[str, Any], style: dict[str, tuple[str, str, str]]) -> None:
+    """0.1 on 16 cores as lines (threads, the DataLoader; the limit at 16 as a point), 0.3 at N = 16 as large
+    points (processes, the limit, the DataLoader), each labelled with its rate."""
+    workers = sixteen["workers"]
+    for ax, (name, series) in zip(axes, sixteen["series"].items(), strict=True):
+        for label, values in series.items():
+            color, line, marker = style.get(label.removeprefix("0.1 "), (OTHER, "-", "x"))
+            points = [(n, v) for n, v in zip(workers, values, strict=True) if v is not None]
+            ax.plot([n for n, _ in points], [v for _, v in points], color=color, linestyle=line, marker=marker,
+                    alpha=0.55, label=label)
+        for label, value in sixteen["at_16"][name].items():
+            color, _, marker = style.get(label.removeprefix("0.3 ").replace("16 processes", "N processes"),
+                                         (OTHER, "-", "x"))
+            ax.plot([16], [value], marker=marker, markersize=11, color=color, markeredgecolor="black",
+                    linestyle="none", label=label)
+            ax.annotate(f"{value:,}", (16, value), xytext=(8, -3), textcoords="offset points", fontsize=8)
+        ax.set_title(f"{name}, 16 cores + GPU (0.1: lines; 0.3: large points)", fontsize=10)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(workers, [str(n) for n in workers])
+        ax.set_xlabel("decode workers N (16 cores)")
+        ax.set_ylabel("samples/s")
+        ax.set_ylim(0, None)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="upper left")
+
+
+def draw_end_to_end(plt: Any, data: dict[str, Any]) -> Any:
+    """Samples/s of a GPU training loop per loader (data wait on each bar), one panel per dataset; the step's
+    own rate as a line."""
+    rows = data["rows"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    y = list(range(len(rows)))[::-1]
+    colors = [PEER if r["loader"].startswith("DataLoader") else OURS for r in rows]
+    for ax, (key, title) in zip(axes, (("flac", "FLAC 44.1 kHz"), ("pcm16", "PCM16 32 kHz")), strict=True):
+        bars = ax.barh(y, [r[key][0] for r in rows], color=colors)
+        _bar_labels(ax, bars, [f"{r[key][0]:,}  (wait {r[key][1]:.1%})" for r in rows])
+        ax.axvline(data["step_alone_samples_per_s"], color=CEILING, linestyle=":", linewidth=2,
+                   label=f"the step alone: {data['step_alone_samples_per_s']:,}/s ({data['step_alone_ms']} ms)")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("samples/s (data wait: the loop's time in next())")
+        ax.set_xlim(0, data["step_alone_samples_per_s"] * 1.3)
+        ax.legend(fontsize=8, loc="lower right")
+    axes[0].set_yticks(y, [r["loader"] for r in rows], fontsize=8)
+    fig.suptitle(data["title"], fontsize=11)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     _footnote(fig, data)
     return fig
@@ -305,7 +361,7 @@ def remote_latency_data(results: dict[str, Any], command: str, date: str) -> dic
 
 DRAW: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "peers": draw_peers, "scaling": draw_scaling, "speech_lhotse": draw_speech_lhotse, "remote": draw_remote,
-    "remote_latency": draw_remote_latency}
+    "remote_latency": draw_remote_latency, "end_to_end": draw_end_to_end}
 
 
 def draw(name: str, data_dir: Path = DATA, out_dir: Path = OUT) -> Path:

@@ -85,6 +85,11 @@ def test_bench_tiny(tmp_path, capsys):
         assert _number(r["restore_first_batch_s"]) and _number(r["fresh_first_batch_s"])
         assert r["exact"] is True  # the resumed batch is the one the uninterrupted run yielded
     assert verdicts["checkpoint_bytes_10000"]["met"] is None  # buffer 10000 was not run
+    # The peak PSS of the process tree, per process (too short a run here to catch the workers at the peak).
+    train = out["contenders"]["audioloader-train-w2"]
+    each = train["peak_pss_by_process_bytes"]
+    assert len(each["main"]) == 1 and sum(each["main"]) + sum(each["children"]) == train["peak_pss_bytes"]
+    assert "peak PSS by process" in text and "audioloader-train-w2: " in text
 
 
 @pytest.mark.slow
@@ -242,3 +247,36 @@ def test_dataset_spec_rejects_bad_values():
         dataset.DatasetSpec(codec="aac")
     with pytest.raises(ValueError, match="clips"):
         dataset.DatasetSpec(clips=0)
+
+
+TREE = """
+import os, sys, time
+for _ in range(2):
+    if os.fork() == 0:
+        mine = b"c" * (30 << 20)  # 30 MiB of private pages in each child
+        os.write(1, b"CHILD\\n")  # one write: the two children print at once
+        time.sleep(60)
+        os._exit(0)
+big = b"m" * (60 << 20)  # and 60 MiB in the main process
+os.write(1, b"MAIN\\n")
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_tree_sampler_gives_each_process_its_share_of_the_peak():
+    import signal
+
+    from audioloader.tools.bench.runner import TreeSampler
+
+    proc = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert sorted(proc.stdout.readline().strip() for _ in range(3)) == ["CHILD", "CHILD", "MAIN"]
+        sampler = TreeSampler(proc.pid, pss_every=1)
+        sampler.sample()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    each = sampler.peak_pss_by_process_kb
+    assert each["main"][0] > 60 << 10 and len(each["children"]) == 2 and all(kb > 30 << 10 for kb in each["children"])
+    assert each["main"][0] + sum(each["children"]) == sampler.peak_pss_kb

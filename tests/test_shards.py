@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import threading
 
 import numpy as np
@@ -400,3 +401,37 @@ def test_parquet_file_reads_its_arrow_schema_metadata(tmp_path):
     table = audio_table(0, 2, **SHORT).replace_schema_metadata({b"audioloader": b'{"labels": ["a", "b", "c"]}'})
     pq.write_table(table, str(tmp_path / "a.parquet"))
     assert ShardDataset(tmp_path).label_names == ["a", "b", "c"]
+
+
+# ------------------------------------------------------------------------------------ mapped pages
+
+
+def mapped_kb(path) -> int:
+    """Resident KiB of this process's memory maps of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            first = line.split(None, 6)
+            if "-" in first[0] and len(first) >= 5 and ":" in first[3]:  # a mapping's header line
+                inside = len(first) == 6 and first[5].strip() == str(path)
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise and /proc are Linux's")
+def test_rows_read_through_a_memory_map_leave_no_pages_mapped_after_a_release(tmp_path):
+    # Every page a memory map touched stayed mapped, and counted in the process's memory, until the file was
+    # closed: a decode worker held every row it had ever decoded (740 MB of a 1,300 MB process tree).
+    path = write_ipc_file(tmp_path / "big.arrow", audio_table(0, 12, seconds=4.0), batch_rows=4)  # ~128 KB a row
+    ds = ShardDataset(path)
+    first = [bytes(row.audio) for row in ds.read_rows(range(12))]  # touches every byte of every row
+    assert mapped_kb(path) > 1000
+    ds.release_mapped_pages()
+    assert mapped_kb(path) < 100
+    again = [bytes(row.audio) for row in ds.read_rows(range(12))]  # the same bytes, read back from the page cache
+    assert again == first
+    other = threading.Thread(target=ds.release_mapped_pages)  # another thread's release leaves this thread's maps
+    other.start()
+    other.join()
+    assert mapped_kb(path) > 1000

@@ -344,3 +344,36 @@ def test_no_beta_warning_reaches_users(ipc_shards):
                           capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "done", done.stderr
     assert "beta" not in done.stderr, done.stderr
+
+
+# ---------------------------------------------------------------------------------------- memory
+
+
+def mapped_shard_kb(pid: int) -> int:
+    """Resident KiB of process ``pid``'s memory maps of ``.arrow`` files."""
+    total, inside = 0, False
+    with open(f"/proc/{pid}/smaps") as fh:
+        for line in fh:
+            fields = line.split()
+            if len(fields) >= 5 and "-" in fields[0] and ":" in fields[3]:  # a mapping's header line
+                inside = fields[-1].endswith(".arrow")
+            elif inside and line.startswith("Rss:"):
+                total += int(fields[1])
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_decode_workers_keep_only_the_rows_at_hand_mapped(tmp_path):
+    # A worker reads its rows by key from the memory-mapped shards; every page it touched stayed mapped, so each
+    # worker's memory grew with the rows it had decoded (half the dataset each after a pass).
+    make_shards(tmp_path, [24, 24], batch_rows=4, seconds=8.0)  # 16 kHz WAV: 256 KB a row, 12 MB in all
+    with al.AudioLoader(tmp_path, batch_size=8, features=al.WaveformConfig(sample_rate=8000), train=False,
+                        length=al.LengthPolicy(clip_seconds=0.5),
+                        workers=al.Workers(num_workers=2, kind="process")) as loader:
+        batches = iter(loader)
+        for _ in range(5):  # 40 rows: ~5 MB read by each worker
+            next(batches)
+        workers = [p.pid for p in multiprocessing.active_children() if p.name.startswith("audioloader-decode")]
+        assert len(workers) == 2
+        held = [mapped_shard_kb(pid) for pid in workers]
+    assert all(kb < 2600 for kb in held), held  # at most about a chunk's rows (8 x 256 KB)

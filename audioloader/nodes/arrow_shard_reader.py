@@ -574,7 +574,10 @@ class ArrowShardReader(BaseNode[RawSample]):
         for batch, file_rows, picks in dataset.read_kept(segment.file_id, segment.start, segment.stop, skip,
                                                          read_unit):
             if file_rows:
-                yield _Block(file_rows, dataset.columns_of(batch, picks), owned, file, segment.pass_index)
+                block = _Block(file_rows, dataset.columns_of(batch, picks), owned, file, segment.pass_index)
+                if not owned:  # its checksums read the ends of its rows; decode workers read the rest themselves
+                    dataset.release_mapped_pages(segment.file_id)
+                yield block
 
     # ----------------------------------------------------------------- random access
 

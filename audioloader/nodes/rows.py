@@ -20,6 +20,9 @@ from ..shards import ShardDataset
 def fetch_rows(dataset: ShardDataset, keys: Sequence[Key]) -> list[RawSample]:
     """The rows of ``keys`` as `RawSample`s, in the same order (random access, each record batch read once)."""
     keys = [k if isinstance(k, Key) else Key(*k) for k in keys]
+    # The rows read before (a worker's previous chunk, decoded by now) need their pages no more: a worker
+    # process would otherwise keep every row it ever read mapped (`ShardDataset.release_mapped_pages`).
+    dataset.release_mapped_pages()
     rows = dataset.read_rows([k.index for k in keys])
     out = []
     for key, row in zip(keys, rows, strict=True):

@@ -18,6 +18,8 @@ class _Handle:
     unit's fetched bytes before the unit is read), None for a local one."""
 
     sparse: SparseFile | None = None
+    #: ``(address, bytes)`` of the memory map a local IPC file is read through (`UnitReads.release_mapped_pages`).
+    mapped_range: tuple[int, int] | None = None
 
 
 class _IpcFileHandle(_Handle):
@@ -93,7 +95,7 @@ class _ConformedHandle(_Handle):
 
     def __init__(self, handle: Any, schema: pa.Schema):
         self._handle, self._schema = handle, schema
-        self.sparse = handle.sparse
+        self.sparse, self.mapped_range = handle.sparse, handle.mapped_range
 
     def unit(self, i: int) -> list[pa.RecordBatch]:
         return [conform(batch, self._schema) for batch in self._handle.unit(i)]

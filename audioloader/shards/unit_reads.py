@@ -4,6 +4,8 @@ units), parsed by pyarrow from memory (`SparseFile`)."""
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -29,6 +31,38 @@ _HANDLES_PER_THREAD = 16
 # Remote handles hold no descriptor, only a parsed footer: keep more, so a pass in random
 # split order does not parse the footers again.
 _REMOTE_HANDLES_PER_THREAD = 256
+
+
+#: ``madvise(2)``'s advice to drop a range's pages from the page tables (Linux: a read-only file mapping's pages
+#: are read again from the page cache when touched).
+_MADV_DONTNEED = 4
+
+
+def _load_madvise() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+
+
+_MADVISE = _load_madvise()
+
+
+def _mapped_range(f: Any) -> tuple[int, int] | None:
+    """``(address, bytes)`` of a read-only memory map (a zero-copy view of all of it), None for other files.
+
+    Only the range of a map that its handle keeps open is ever given to ``madvise``: the handle's file is
+    closed only when the handle leaves this thread's cache.
+    """
+    if not isinstance(f, pa.MemoryMappedFile) or f.size() == 0:
+        return None
+    position = f.tell()
+    f.seek(0)
+    whole = f.read_buffer(f.size())
+    f.seek(position)
+    return whole.address, whole.size
 
 
 class UnitReads:
@@ -66,6 +100,23 @@ class UnitReads:
         if len(cache) > (_HANDLES_PER_THREAD if local else _REMOTE_HANDLES_PER_THREAD):
             cache.popitem(last=False)[1].close()
         return handle
+
+    def release_mapped_pages(self, file_id: int | None = None) -> None:
+        """Unmap the pages that this thread's reads of memory-mapped files (``file_id``'s, or every file's) left
+        mapped; they stay in the page cache, and a later read maps them again (a minor fault).
+
+        Every page a memory map has touched stays mapped into the process until it is unmapped, and counts in its
+        memory (RSS, PSS): over a pass, the whole dataset (measured: 740 MB of a 1,300 MB process tree after
+        1,280 FLAC clips; a decode worker's share grew with each row it decoded). A reader that is done with
+        the rows it read calls this: the worker processes before each chunk, the reader after each block.
+        """
+        cache: OrderedDict[int, Any] | None = getattr(self._tls, "handles", None)
+        if not cache or _MADVISE is None:
+            return
+        for fid, handle in cache.items():
+            if handle.mapped_range is not None and file_id in (None, fid):
+                _MADVISE(ctypes.c_void_p(handle.mapped_range[0]), ctypes.c_size_t(handle.mapped_range[1]),
+                         _MADV_DONTNEED)
 
     def _drop_handle(self, file_id: int) -> None:
         """Close this thread's handle of a file (after a failed remote read: its connection may be broken)."""
@@ -123,6 +174,7 @@ class UnitReads:
                 raise
             raise ShardReadError(f"cannot open shard {loc.path}: {error}") from error
         handle.sparse = sparse
+        handle.mapped_range = _mapped_range(f) if local else None
         return handle
 
     def _cached_copy(self, file_id: int, download: bool = True) -> Any:

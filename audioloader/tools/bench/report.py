@@ -123,6 +123,17 @@ def _mib(n: float | None) -> str:
     return "-" if n is None else f"{n / 2**20:.0f}"
 
 
+def _by_process(r: dict[str, Any]) -> str:
+    """`` (main 400 + 2 children 310, 305)``: the peak PSS of each process of the tree, MiB."""
+    each = r.get("peak_pss_by_process_bytes")
+    if not each:
+        return ""
+    children = each.get("children") or []
+    listed = ", ".join(_mib(b) for b in children)
+    return f" (main {_mib(sum(each.get('main') or []))}" + (f" + {len(children)} children {listed})" if children
+                                                           else ")")
+
+
 def log_line(name: str, r: dict[str, Any], log) -> None:
     if not r.get("ok"):
         log(f"  {name}: FAILED: {r.get('error')}")
@@ -136,7 +147,8 @@ def log_line(name: str, r: dict[str, Any], log) -> None:
         parts.append(f"restore {r['restore_first_batch_s']:.2f} s, exact={r.get('exact')}")
     if r.get("checkpoint_bytes") is not None:
         parts.append(f"checkpoint {r['checkpoint_bytes'] / 1024:.1f} KiB")
-    parts.append(f"peak PSS {_mib(r.get('peak_pss_bytes'))} MiB, RSS {_mib(r.get('peak_rss_bytes'))} MiB")
+    parts.append(f"peak PSS {_mib(r.get('peak_pss_bytes'))} MiB{_by_process(r)}, "
+                 f"RSS {_mib(r.get('peak_rss_bytes'))} MiB")
     if r.get("others_cores") is not None:
         parts.append(f"others {r['others_cores']:.2f} cores")
     log(f"  {name}: " + ", ".join(parts))
@@ -178,6 +190,11 @@ def format_report(out: dict[str, Any]) -> str:
         ))
     lines += _table(header, rows)
     lines += failures
+    by_process = [(name, r) for name, r in c.items() if r.get("ok") and _by_process(r)]
+    if by_process:
+        lines.append("  peak PSS by process, at the tree's peak (MiB): the contender's process and its children "
+                     "(worker processes, a fork server):")
+        lines += [f"    {name}: {_mib(r.get('peak_pss_bytes'))} ={_by_process(r)}" for name, r in by_process]
     lines.append("  ceiling = one-thread DecodeSpectrogram.decode() rate x cores, no framework (of the same shards); "
                  "per CPU-s = samples per CPU second of the process tree;")
     lines.append("  others = cores used by other processes meanwhile (! = disturbed: re-run)")

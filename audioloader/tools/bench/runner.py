@@ -117,7 +117,9 @@ class TreeSampler(threading.Thread):
     """Samples the memory and CPU time of a process and all its descendants every ``interval`` s.
 
     RSS every sample; PSS every ``pss_every`` samples (reading it walks the page
-    tables: about 5 ms for a process of 700 MB, too much for every 50 ms).
+    tables: about 5 ms for a process of 700 MB, too much for every 50 ms), with
+    each process's share at the peak (``peak_pss_by_process_kb``: the root process
+    as ``"main"``, its descendants, workers and a fork server, as ``"children"``).
     """
 
     def __init__(self, pid: int, interval: float = 0.05, pss_every: int = 10) -> None:
@@ -127,6 +129,7 @@ class TreeSampler(threading.Thread):
         self.peak_rss_kb = 0
         self.peak_anon_kb = 0
         self.peak_pss_kb = 0
+        self.peak_pss_by_process_kb: dict[str, list[int]] = {}  # at the peak: {"main": [kb], "children": [kb...]}
         self.pss_every = pss_every
         self._samples = 0
         self.max_processes = 0
@@ -148,7 +151,13 @@ class TreeSampler(threading.Thread):
         self.peak_rss_kb = max(self.peak_rss_kb, rss)
         self.peak_anon_kb = max(self.peak_anon_kb, anon)
         if self._samples % self.pss_every == 0:
-            self.peak_pss_kb = max(self.peak_pss_kb, sum(_pss_kb(pid) for pid in pids))
+            each = {pid: _pss_kb(pid) for pid in pids}
+            total = sum(each.values())
+            if total > self.peak_pss_kb:
+                self.peak_pss_kb = total
+                self.peak_pss_by_process_kb = {
+                    "main": [each.get(self.pid, 0)],
+                    "children": sorted((kb for pid, kb in each.items() if pid != self.pid and kb), reverse=True)}
         self._samples += 1
         self.max_processes = max(self.max_processes, alive)
 
@@ -224,6 +233,8 @@ def run_contender(spec: dict[str, Any], timeout: float, log, command: list[str] 
             result["stderr"] = stderr_tail
     result.update(peak_rss_bytes=sampler.peak_rss_kb * 1024, peak_rss_anon_bytes=sampler.peak_anon_kb * 1024,
                   peak_pss_bytes=sampler.peak_pss_kb * 1024 or None,
+                  peak_pss_by_process_bytes={k: [kb * 1024 for kb in v]
+                                             for k, v in sampler.peak_pss_by_process_kb.items()} or None,
                   processes=sampler.max_processes, wall_s=wall, exit_s=time.perf_counter() - result_at,
                   exit_hang=exit_hang)
     if exit_hang:
