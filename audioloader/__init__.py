@@ -44,6 +44,7 @@ _LAZY_NAMES: dict[str, str] = {
     "SchemaError": ".errors",
     "Segments": ".dsp.config",
     "ShardDataset": ".shards",
+    "ShardChangedError": ".errors",
     "ShardReadError": ".errors",
     "ShardWriter": ".shards.writer",
     "Shuffle": ".options",
@@ -69,6 +70,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time the names c
         DecodeError,
         ErrorBudgetExceeded,
         SchemaError,
+        ShardChangedError,
         ShardReadError,
     )
     from .loader import Loader
@@ -107,6 +109,7 @@ __all__ = [
     "Sample",
     "SchemaError",
     "Segments",
+    "ShardChangedError",
     "ShardDataset",
     "ShardReadError",
     "ShardWriter",

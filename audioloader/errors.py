@@ -30,6 +30,12 @@ class ShardReadError(AudioLoaderError, OSError):
     """A shard file cannot be opened or read (not Arrow/Parquet, truncated, unreadable)."""
 
 
+class ShardChangedError(ShardReadError):
+    """A shard is not what its dataset's manifest says (size, ETag, footer): it changed after the manifest was
+    written; found when the file is first read, never used silently. Write the manifest again
+    (``audioloader index FOLDER``) or restore the file."""
+
+
 class AccessDeniedError(ShardReadError, PermissionError):
     """The storage refused the request (HTTP 401/403: credentials, permissions, region or endpoint); not retried."""
 

@@ -116,8 +116,8 @@ def test_pack_command(tmp_path, src):
     proc = run_cli("pack", src, out, "--shard-size", "4", "--rows-per-batch", "2", "--sample-rate", "8000",
                    "--codec", "pcm16", "--format", "parquet", "--workers", "3")
     assert "wrote 2 shard(s)" in proc.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["_audioloader_index.arrow", "labels.json", "shard-00000.parquet",
-                                                     "shard-00001.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == ["_audioloader_manifest.arrow", "labels.json",
+                                                     "shard-00000.parquet", "shard-00001.parquet"]
     assert json.loads((out / "labels.json").read_text()) == {"bird": 0, "cat": 1, "dog": 2}
     # Progress goes nowhere when stderr is not a terminal.
     assert proc.stderr == ""

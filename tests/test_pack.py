@@ -126,7 +126,7 @@ def test_overwrite(tmp_path, tree):
         pack(src, out, progress=False)
     shards = pack(src, out, overwrite=True, progress=False)
     # The five one-row shards of the first run are gone; other files are left alone.
-    assert sorted(p.name for p in out.iterdir()) == ["README.txt", "_audioloader_index.arrow", "labels.json",
+    assert sorted(p.name for p in out.iterdir()) == ["README.txt", "_audioloader_manifest.arrow", "labels.json",
                                                      "shard-00000.arrow"]
     assert shards == [out / "shard-00000.arrow"]
 

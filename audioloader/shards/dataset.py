@@ -16,11 +16,14 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from .. import checks
+from ..errors import ShardChangedError
 from . import index
 from .cache import ObjectCache, parse_bytes
 from .changes import _check_local, _LocalFileGuard
 from .filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
-from .formats import _FileMeta, _scan_all, listed_meta
+from .formats import _FileMeta, _scan_all, _scan_file, listed_meta
+from .manifest import mismatch
+from .manifest_source import FromManifest, open_manifest
 from .remote import RemoteFiles
 from .retry import DEFAULT_RETRY, Retry
 from .row_reads import RowReads
@@ -117,13 +120,21 @@ class ShardDataset(RowReads, UnitReads):
         self.table: TableSnapshot | None = None
         self._index_locations: list[Any] = []  # metadata indexes the listing showed (`audioloader.shards.index`)
         self.index_stats: dict[str, int] | None = None
+        self.manifest: FromManifest | None = None  # the folder's manifest, when it was read through one
+        self._locating: dict[int, threading.Lock] = {}
+        self._locating_lock = threading.Lock()
+        self.cache = None
         if isinstance(source, IcebergTable):
             self.table, self._locations = resolve_iceberg(source, filesystem, self.retry, guarantees=filter is not None)
         else:
-            self._locations = resolve_source(source, filesystem, self.retry, self._index_locations)
+            if self.remote_reads.index == "auto":
+                self.manifest = open_manifest(source, filesystem, self.retry,
+                                              lambda: self._listed_and_scanned(source, filesystem))
+            self._locations = (self.manifest.locations if self.manifest is not None else
+                               resolve_source(source, filesystem, self.retry, self._index_locations))
         self._pruned = self._pruned_by_table(filter)
-        self.cache = self._open_cache()
-        metas = self._scan()
+        self.cache = self.cache or self._open_cache()
+        metas = self.manifest.metas if self.manifest is not None else self._scan()
         if self.cache is not None:
             self.cache.check_holds([(m.size, loc.path) for loc, m in zip(self._locations, metas, strict=True)
                                     if loc.fs is not None])
@@ -210,6 +221,59 @@ class ShardDataset(RowReads, UnitReads):
             index.remember([self._locations[i] for i in listed], [metas[i] for i in listed])
         return metas
 
+    def _listed_and_scanned(self, source: Any, filesystem: Any) -> tuple[list[Any], list[_FileMeta]]:
+        """``(locations, metas)`` of a folder without a manifest, listed and scanned (`open_manifest`'s ``build``)."""
+        self._locations = resolve_source(source, filesystem, self.retry, self._index_locations)
+        self._pruned = set()
+        self.cache = self._open_cache()
+        return self._locations, self._scan()
+
+    def located(self, file_id: int) -> _FileMeta:
+        """A file's `_FileMeta` with its footer read: a file known from a manifest has its footer read now (one
+        request for a remote file's tail, and pyarrow's HEAD) and checked against the manifest.
+
+        Raises:
+            ShardChangedError: the file is not what the manifest says (size, ETag, footer), naming both.
+        """
+        meta = self._metas[file_id]
+        if meta.located:
+            return meta
+        with self._locating_lock:
+            lock = self._locating.setdefault(file_id, threading.Lock())
+        with lock:  # one read of a footer, however many threads want it
+            meta = self._metas[file_id]
+            if not meta.located:
+                self._metas[file_id] = meta = self._checked(file_id, _scan_file(self._locations[file_id], self.remote,
+                                                                                self.cache))
+        return meta
+
+    def locate_files(self, file_ids: Sequence[int]) -> None:
+        """Read the footers of files known from a manifest, concurrently (`located` for each; no-op for the rest)."""
+        wanted = sorted({i for i in file_ids if not self._metas[i].located})
+        if len(wanted) < 2:
+            for file_id in wanted:
+                self.located(file_id)
+            return
+        found = _scan_all([self._locations[i] for i in wanted], self.retry, self.remote, self.cache)
+        for file_id, meta in zip(wanted, found, strict=True):
+            with self._locating_lock:
+                if not self._metas[file_id].located:
+                    self._metas[file_id] = self._checked(file_id, meta)
+
+    def _checked(self, file_id: int, found: _FileMeta) -> _FileMeta:
+        """``found`` (a file's scan) when it is what the manifest says, with what the manifest knows and the scan
+        does not (ETag, modification time); else `ShardChangedError`."""
+        expected = self._metas[file_id]
+        problem = mismatch(expected, found)
+        if problem is not None:
+            where = self.manifest.manifest.where if self.manifest is not None else "the manifest"
+            raise ShardChangedError(f"shard {self._locations[file_id].path} is not what {where} says: {problem}. It "
+                                    "changed after the manifest was written; write the manifest again (`audioloader "
+                                    "index FOLDER`) or restore the file, then build the loader again")
+        found.etag = found.etag or expected.etag
+        found.mtime_ns = found.mtime_ns if found.mtime_ns is not None else expected.mtime_ns
+        return found
+
     def _unify_schemas(self, metas: list[_FileMeta]) -> Any:
         """The scanned files' `schema.Unified` schema, after checking each file's audio and label types."""
         paths = [loc.path for loc, meta in zip(self._locations, metas, strict=True) if meta.schema is not None]
@@ -243,6 +307,7 @@ class ShardDataset(RowReads, UnitReads):
         """Which rows the filter keeps, per file, from the filter's columns only (see `audioloader.shards.filters`)."""
         columns = filter_columns(expression, self.schema, self.audio_column)
         self._unified.check_used(columns)
+        self.locate_files([i for i in range(len(self.files)) if i not in self._pruned])
         results = [self._keep_of_file(file_id, expression, columns) for file_id in range(len(self.files))]
         self._kept = [kept for kept, _, _ in results]
         self.num_kept_rows = sum(len(kept) for kept in self._kept)
@@ -257,7 +322,7 @@ class ShardDataset(RowReads, UnitReads):
         """``(kept file rows, row groups pruned by statistics, units whose filter columns were read)``."""
         if file_id in self._pruned:  # ruled out by its table's metadata: never opened
             return np.zeros(0, dtype=np.int64), 0, 0
-        meta = self._metas[file_id]
+        meta = self.located(file_id)
         units = list(range(len(meta.unit_rows)))
         if meta.format == "parquet" and units:  # the footer parsed at the scan: no I/O
             units = sorted(parquet_row_groups_that_may_match(meta.parquet_metadata, expression, self.schema))
@@ -380,11 +445,15 @@ class ShardDataset(RowReads, UnitReads):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_tls"]  # open handles stay with the process that opened them
+        del state["_locating"], state["_locating_lock"]
+        if self.manifest is not None:  # a worker needs the metadata, not the manifest's map
+            state["manifest"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._tls = threading.local()
+        self._locating, self._locating_lock = {}, threading.Lock()
 
     def __repr__(self) -> str:
         formats = sorted({f.format for f in self.files})

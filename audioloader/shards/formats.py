@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import ShardReadError
+from ..errors import ShardChangedError, ShardReadError
 from .identity import object_identity
 from .remote import RemoteFiles, SparseFile
 from .retry import DEFAULT_RETRY, Retry
@@ -172,6 +172,9 @@ class _FileMeta:
     # Remote IPC file: its last bytes (footer, length, magic); remote ORC file: its last 16 KiB or more (postscript,
     # footer, stripe statistics). Read once here and served from memory to every reader (`SparseFile`).
     tail: bytes | None = None
+    # False: known from a manifest (`audioloader.shards.manifest`), the footer not read yet (no blocks, offsets,
+    # Parquet metadata or tail): the dataset reads it when the file is first read (`ShardDataset.located`).
+    located: bool = True
 
 
 def _hasher() -> Any:
@@ -361,7 +364,7 @@ def _sniff_tail(sparse: SparseFile | None) -> str | None:
 def _scan_once(loc: _Location, remote: RemoteFiles, cache: Any = None) -> _FileMeta:
     # The modification time first: a rewrite during the scan then shows as a change later.
     mtime = _local_mtime_ns(loc) if loc.fs is None else loc.mtime_ns
-    if loc.fs is not None and mtime is None:
+    if loc.fs is not None and mtime is None and loc.size is None:  # a manifest's file: none known, none asked for
         mtime = _remote_mtime_ns(loc)
     etag = None
     if loc.fs is None:
@@ -370,9 +373,17 @@ def _scan_once(loc: _Location, remote: RemoteFiles, cache: Any = None) -> _FileM
             meta = _scan_opened(loc, f)
         finally:
             f.close()
-    else:  # one request for the tail (the whole of a small file), in memory from then on
-        etag = object_identity(remote.opened(loc))  # from the request that opens it (pyarrow's HEAD)
+    elif cache is None and loc.size is not None:  # one request: the tail (a small file whole), its identity
+        n = loc.size if loc.size <= WHOLE_FILE_BYTES else min(loc.size, TAIL_BYTES)
+        tail, etag, size = remote.read_identified(loc, loc.size - n, n) if n else (None, None, loc.size)
+        _check_size(loc, size)
+        sparse = SparseFile(loc, loc.size, remote, [(loc.size - n, tail)] if n else [])
+        meta = _scan_opened(loc, sparse.as_arrow(), sparse)
+    else:  # pyarrow's open (a HEAD: the size and identity), then the tail, or the cache's copy
+        opened = remote.opened(loc)
+        etag = object_identity(opened)
         size = loc.size if loc.size is not None else remote.size(loc)
+        _check_size(loc, opened.size())
         # With a cache the file's bytes go there whole when it is first read: here only its tail.
         n = size if size <= WHOLE_FILE_BYTES and cache is None else min(size, TAIL_BYTES)
         copy = _cached_copy(cache, loc, size, etag, mtime)
@@ -386,6 +397,14 @@ def _scan_once(loc: _Location, remote: RemoteFiles, cache: Any = None) -> _FileM
             meta = _scan_opened(loc, sparse.as_arrow(), sparse)
     meta.mtime_ns, meta.etag = mtime, etag
     return meta
+
+
+def _check_size(loc: _Location, size: int | None) -> None:
+    """`ShardChangedError` when the store reports another size than the listing (or manifest) said."""
+    if loc.size is not None and size is not None and size != loc.size:
+        raise ShardChangedError(f"shard {loc.path} has {size:,} bytes now, {loc.size:,} when it was listed (or "
+                                "written into the dataset's manifest): it changed; build the loader again (after "
+                                "`audioloader index FOLDER` where the folder has a manifest)")
 
 
 def cache_identity(meta: _FileMeta) -> str | None:

@@ -24,6 +24,7 @@ happens in a reader's normal course; counted in ``misses``) is read directly.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -38,6 +39,9 @@ DEFAULT_READAHEAD_BYTES = 64 * 1024 * 1024
 
 Unit = tuple[int, int]  # (file_id, unit)
 
+#: Planned units taken from the plan at once: the footers of their files not yet read (files known from a
+#: manifest) are read together, concurrently, before their ranges are planned.
+_LOCATE_AHEAD = 64
 #: Planned units a fill walks past without fetching (local or unlocated ones) before it stops for now.
 _MAX_SKIPPED = 1024
 
@@ -71,6 +75,7 @@ class ReadAhead:
         self.dataset, self.budget, self.stats = dataset, int(budget), stats
         self._plan: Iterator[Unit] = iter(())
         self._next: tuple[Unit, list[tuple[int, int]]] | None = None  # a planned unit not yet submitted
+        self._ahead: deque[Unit] = deque()  # planned units taken from the plan, not yet peeked at
         self._window: dict[Unit, deque[list[_Request]]] = {}
         self._held = 0
         self._units = 0  # units fetched (or in flight) and not yet read
@@ -95,6 +100,7 @@ class ReadAhead:
         self._window.clear()
         self._units = 0
         self._next = None
+        self._ahead.clear()
         self._plan = iter(())
         self._held = 0
         self._gauge()
@@ -139,9 +145,14 @@ class ReadAhead:
         for _ in range(_MAX_SKIPPED):  # an endless plan of unlocated units (ORC) must not hold the reader
             if self._next is not None:
                 break
-            key = next(self._plan, None)
-            if key is None:
-                return None
+            if not self._ahead:
+                self._ahead.extend(itertools.islice(self._plan, _LOCATE_AHEAD))
+                if not self._ahead:
+                    return None
+                locate = getattr(self.dataset, "locate_files", None)
+                if locate is not None:  # files known from a manifest: their footers read together, concurrently
+                    locate([file_id for file_id, _ in self._ahead])
+            key = self._ahead.popleft()
             ranges = self.dataset.unit_ranges(*key)
             if ranges is not None:
                 self._next = (key, ranges)

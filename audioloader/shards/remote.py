@@ -25,6 +25,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from .direct import Response, store_for
+from .identity import object_identity
 from .retry import Retry, with_retries
 
 #: Requests a dataset keeps in flight at once (construction, random access, read-ahead). pyarrow's S3 client keeps
@@ -82,6 +84,8 @@ class RemoteFiles:
         self._files: OrderedDict[tuple[int, str], Any] = OrderedDict()
         self._opening: dict[tuple[int, str], threading.Lock] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._stores: dict[int, tuple[Any, Any]] = {}  # id(filesystem) -> (it, its direct reads or None)
+        self._identities: OrderedDict[str, str] = OrderedDict()  # identities the first reads of files saw
         self.on_read: Callable[[int], Any] | None = None  # called with each request's bytes (stats)
         self.on_throttle: Callable[[bool, float], Any] | None = None  # (refused, seconds waited) (stats)
 
@@ -90,6 +94,10 @@ class RemoteFiles:
     def read(self, loc: Any, offset: int, length: int) -> pa.Buffer:
         """Bytes ``[offset, offset + length)`` of the remote file at ``loc`` (a `sources._Location`), in one
         request, retried; `ShardReadError` naming the file after the last attempt."""
+        direct = self._direct(loc)
+        if direct is not None:  # one GET, no HEAD; refused by the store if the object changed since its first read
+            return self._read_direct(direct, loc, offset, length).data
+
         def attempt() -> pa.Buffer:
             data = self._file(loc).read_at(length, offset)
             if len(data) != length:  # a short read: the connection broke mid-body
@@ -113,6 +121,52 @@ class RemoteFiles:
             self.throttle_seconds += seconds
         if self.on_throttle is not None:
             self.on_throttle(refused, seconds)
+
+    def read_identified(self, loc: Any, offset: int, length: int) -> tuple[pa.Buffer, str | None, int | None]:
+        """``(bytes, identity, size)``: `read`, and the object's identity (`identity.object_identity`) and size
+        as the store reported them. Through obstore (`direct`) one GET says both; else pyarrow's HEAD (its open)
+        does, then the GET."""
+        direct = self._direct(loc)
+        if direct is not None:
+            response = self._read_direct(direct, loc, offset, length, first=True)
+            return response.data, response.identity, response.size
+        opened = self.opened(loc)
+        return self.read(loc, offset, length), object_identity(opened), opened.size()
+
+    def _direct(self, loc: Any) -> Any:
+        """The obstore stores reading ``loc``'s filesystem without a HEAD (`direct.store_for`), or None."""
+        if loc.size is None:  # its size unknown (not listed): pyarrow's open asks for it
+            return None
+        key = id(loc.fs)
+        with self._lock:
+            if key not in self._stores:
+                self._stores[key] = (loc.fs, store_for(loc.fs))  # the filesystem is kept: its id stays its own
+            return self._stores[key][1]
+
+    def _read_direct(self, direct: Any, loc: Any, offset: int, length: int, first: bool = False) -> Response:
+        with self._lock:
+            known = None if first else self._identities.get(loc.fs_path)
+        if_match = known[len("ETag:"):] if known is not None and known.startswith("ETag:") else None
+
+        def attempt() -> Response:
+            response = direct.read(loc.fs_path, offset, length, if_match)
+            if len(response.data) != length:  # a short read: the connection broke mid-body
+                raise EOFError(f"short read: {len(response.data)} of {length} bytes at offset {offset}")
+            return response
+
+        response = with_retries(attempt, what=f"bytes {offset}-{offset + length - 1} of shard {loc.path}",
+                                retry=self.retry, store=loc.path, on_throttle=self.count_throttle)
+        with self._lock:
+            self.requests += 1
+            self.bytes += length
+            if response.identity is not None:
+                self._identities[loc.fs_path] = response.identity
+                self._identities.move_to_end(loc.fs_path)
+                if len(self._identities) > _OPEN_FILES:
+                    self._identities.popitem(last=False)
+        if self.on_read is not None:
+            self.on_read(length)
+        return response
 
     # ----------------------------------------------------------------- concurrency
 

@@ -21,6 +21,8 @@ RANDOM_ACCESS_BYTES = 64 * 1024 * 1024
 #: ``read_unit(file_id, unit) -> [RecordBatch]``: reads one unit (see `ShardDataset.read_kept`).
 UnitReader = Callable[[int, int], list[pa.RecordBatch]]
 
+#: Units ahead of a random-access read whose files' footers are read together (files known from a manifest).
+_LOCATE_AHEAD = 256
 # Open file handles kept per thread (memory maps are cheap; this bounds open fds).
 _HANDLES_PER_THREAD = 16
 # Remote handles hold no descriptor, only a parsed footer: keep more, so a pass in random
@@ -90,7 +92,7 @@ class UnitReads:
         return handle
 
     def _open_format_handle(self, file_id: int, columns: list[str], download: bool = True) -> Any:
-        loc, meta = self._locations[file_id], self._metas[file_id]
+        loc, meta = self._locations[file_id], self.located(file_id)
         sparse = None
         copy = self._cached_copy(file_id, download)
         local = loc.fs is None or copy is not None  # a cached copy is read like a local file: memory-mapped
@@ -140,7 +142,7 @@ class UnitReads:
         a file the cache keeps (read from its local copy), or where they are not known (ORC)."""
         if self._locations[file_id].fs is None or self.cache is not None:
             return None
-        return unit_ranges(self._metas[file_id], unit, self._present_columns(file_id))
+        return unit_ranges(self.located(file_id), unit, self._present_columns(file_id))
 
     def _present_columns(self, file_id: int) -> list[str]:
         schema = self._metas[file_id].schema
@@ -187,6 +189,7 @@ class UnitReads:
     def _next_units(self, units: Sequence[tuple[int, int]], start: int) -> list[tuple[int, int]]:
         """``units[start:]`` up to ``RANDOM_ACCESS_BYTES`` of remote bytes (at least one), ranges known."""
         taken, total = [], 0
+        self.locate_files([file_id for file_id, _ in units[start:start + _LOCATE_AHEAD]])
         for file_id, unit in units[start:]:
             ranges = self.unit_ranges(file_id, unit)
             if ranges is None:

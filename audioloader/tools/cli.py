@@ -62,12 +62,13 @@ def _inspect(p: argparse.ArgumentParser) -> None:
 
 
 def _index(p: argparse.ArgumentParser) -> None:
-    p.description = ("Write _audioloader_index.arrow into a folder of shards (local or a URL such as "
-                     "s3://bucket/data): loaders then read every file's metadata from it, in one request, while "
-                     "the listing agrees with it. Run it again after adding or rewriting shards.")
+    p.description = ("Write the dataset manifest _audioloader_manifest.arrow into a folder of shards (local or a URL "
+                     "such as s3://bucket/data): every file's name, size, ETag and rows per record batch / row group, "
+                     "about 50 bytes a file. Loaders then start from it with no listing and no request per file "
+                     "(one download per machine). Run it again after adding, removing or rewriting shards.")
     p.add_argument("folder", help="folder of shards (path or URL)")
     p.add_argument("--portable", action="store_true",
-                   help="leave modification times out (local shards you will upload: copies change them)")
+                   help="accepted for 0.3 scripts; a manifest never holds modification times")
     p.set_defaults(func=_run_index)
 
 
@@ -75,7 +76,7 @@ def _index(p: argparse.ArgumentParser) -> None:
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "pack": ("pack a class-folder tree or a CSV of audio files into shards", _pack),
     "inspect": ("summarize shards: files, rows, schema, labels, audio formats", _inspect),
-    "index": ("write a folder's metadata index (remote construction in a few requests)", _index),
+    "index": ("write a folder's dataset manifest (a start with no listing, no request per file)", _index),
 }
 
 
@@ -106,9 +107,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _run_index(args: argparse.Namespace) -> int:
-    from audioloader.shards.index import write_index
+    from audioloader.shards.manifest_source import write_folder_manifest
 
-    print(write_index(args.folder, portable=args.portable))
+    print(write_folder_manifest(args.folder))
     return 0
 
 

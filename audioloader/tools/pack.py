@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from audioloader.shards.index import write_index
+from audioloader.shards.manifest_source import write_folder_manifest
 from audioloader.shards.writer import FORMATS, ShardWriter
 
 from .. import checks
@@ -245,8 +245,8 @@ def pack_dataset(src: str | os.PathLike[str], out: str | os.PathLike[str], *, fm
             raise ValueError(f"SRC {os.fspath(src)!r}: every row was skipped, nothing to pack ({reasons})")
         if inputs.label_names is not None:
             _write_json_atomically(out_dir / "labels.json", {name: i for i, name in enumerate(inputs.label_names)})
-        # The folder's metadata index: a remote copy of it is constructed in a few requests.
-        write_index(out_dir, portable=True)
+        # The folder's manifest: a copy of the folder anywhere starts with no listing and no request per file.
+        write_folder_manifest(out_dir)
     except BaseException:
         for p in summary.shards:
             with contextlib.suppress(OSError):
