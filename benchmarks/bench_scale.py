@@ -11,7 +11,8 @@ assignment of its rank (`ArrowShardReader.splits_for_pass`), and the reads of it
 request goes to `scale_store.SimStore`, a pyarrow filesystem plugged in with ``Storage(filesystem=...)``, which
 serves synthetic Arrow IPC files (all with one content: ``--rows-per-file`` rows in record batches of
 ``--batch-rows``) and counts the requests as pyarrow's S3 filesystem makes them (a HEAD per opened file, a LIST
-per 1,000 keys, a ranged GET per read).
+per 1,000 keys, a ranged GET per read; where the code reads S3 without pyarrow's HEAD, through obstore, one GET a
+read: `scale_store.SimDirect`, unless ``--pyarrow-only``).
 
 Ranks run one after the other in this process, each with its machine's cache folder (``AUDIOLOADER_CACHE``) and
 the job's id (``AUDIOLOADER_JOB_ID``), as the ranks of one machine of a job would: the first rank of a machine
@@ -69,12 +70,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sample-machines", type=int, default=2, help="machines whose ranks are run (0: all)")
     parser.add_argument("--run-ranks-per-machine", type=int, default=0,
                         help="local ranks run on a sampled machine (0: all); the others are counted as the last run")
-    parser.add_argument("--rows-per-file", type=int, default=8)
-    parser.add_argument("--batch-rows", type=int, default=4)
+    parser.add_argument("--format", choices=("ipc", "parquet"), default="ipc", help="the shards' format")
+    parser.add_argument("--rows-per-file", type=int, default=32)
+    parser.add_argument("--batch-rows", type=int, default=8)
     parser.add_argument("--row-bytes", type=int, default=16_000, help="bytes of audio a row")
     parser.add_argument("--split-rows", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--memory-ranks", type=int, default=2, help="sampled ranks whose memory is traced")
+    parser.add_argument("--eval-pass", action="store_true",
+                        help="each rank reads its whole evaluation share (shuffle=False) instead of a first batch")
+    parser.add_argument("--cache", action="store_true", help="a local cache of objects per machine (cache_dir)")
+    parser.add_argument("--pyarrow-only", action="store_true",
+                        help="no HEAD-less reads (as without obstore): every opened file costs pyarrow's HEAD")
     parser.add_argument("--json", help="write the results here")
     return parser.parse_args(argv)
 
@@ -86,7 +93,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
-from scale_store import SimStore, filesystem  # noqa: E402
+from scale_store import SimDirect, SimStore, filesystem  # noqa: E402
 
 import audioloader  # noqa: E402
 from audioloader.nodes.arrow_shard_reader import ArrowShardReader  # noqa: E402
@@ -101,10 +108,10 @@ CONNECTIONS = 25
 # ----------------------------------------------------------------------------------------- the dataset
 
 
-def template(rows: int, batch_rows: int, row_bytes: int) -> bytes:
-    """One synthetic shard: an Arrow IPC file of ``rows`` rows of a speech dataset's columns (audio: ``row_bytes``
-    of noise; label, duration, text, speaker, sample rate), in record batches of ``batch_rows``. Every file of the
-    simulated dataset has these bytes."""
+def template(rows: int, batch_rows: int, row_bytes: int, fmt: str = "ipc") -> bytes:
+    """One synthetic shard: an Arrow IPC file (or Parquet, ``fmt``) of ``rows`` rows of a speech dataset's columns
+    (audio: ``row_bytes`` of noise; label, duration, text, speaker, sample rate), in record batches of ``batch_rows``.
+    Every file of the simulated dataset has these bytes."""
     rng = np.random.default_rng(0)
     table = pa.table({"audio": pa.array([rng.bytes(row_bytes) for _ in range(rows)], pa.binary()),
                       "label": pa.array([i % 3 for i in range(rows)], pa.int64()),
@@ -113,6 +120,11 @@ def template(rows: int, batch_rows: int, row_bytes: int) -> bytes:
                       "speaker": pa.array([f"speaker-{i % 7}" for i in range(rows)], pa.string()),
                       "sample_rate": pa.array([16000] * rows, pa.int32())})
     sink = io.BytesIO()
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, sink, row_group_size=batch_rows, compression="none")
+        return sink.getvalue()
     with pa.ipc.new_file(sink, table.schema) as writer:
         for batch in table.to_batches(max_chunksize=batch_rows):
             writer.write_batch(batch)
@@ -124,7 +136,7 @@ def template_meta(data: bytes, folder: str) -> Any:
     from audioloader.shards.formats import _scan_all
     from audioloader.shards.sources import _Location
 
-    path = os.path.join(folder, "template.arrow")
+    path = os.path.join(folder, "template.parquet" if data[:4] == b"PAR1" else "template.arrow")
     Path(path).write_bytes(data)
     return _scan_all([_Location(path, None, path)])[0]
 
@@ -152,6 +164,20 @@ def metadata_file(kind: str, names: list[str], data: bytes, meta: Any, folder: s
     return name, Path(path).read_bytes(), time.perf_counter() - started
 
 
+def plug_direct_reads(fs: Any, store: SimStore) -> bool:
+    """Where this audioloader reads S3 without pyarrow's HEAD (obstore: `audioloader.shards.direct`), read the
+    simulated store that way too (`scale_store.SimDirect`); False for a version without it (0.3)."""
+    try:
+        from audioloader.shards import remote
+    except ImportError:
+        return False
+    if not hasattr(remote, "store_for"):
+        return False
+    real = remote.store_for
+    remote.store_for = lambda candidate: SimDirect(store) if candidate is fs else real(candidate)
+    return True
+
+
 # ----------------------------------------------------------------------------------------- one rank
 
 
@@ -170,11 +196,9 @@ def run_rank(rank: int, args: argparse.Namespace, store: SimStore, fs: Any, cach
         tracemalloc.start()
     store.charge_to(rank, "metadata")
     started = time.perf_counter()
-    dataset = ShardDataset(f"{BUCKET}/{PREFIX}", filesystem=fs, split_rows=args.split_rows,
-                           remote_reads=RemoteReads(readahead_bytes=0, max_requests=args.max_requests,
-                                                    index="off" if args.index == "none" else "auto"))
-    reader = ArrowShardReader(dataset, rank=rank, world_size=args.ranks, shuffle=True, seed=0,
-                              split_rows=args.split_rows)
+    cache_dir = os.path.join(os.environ["AUDIOLOADER_CACHE"], "objects") if args.cache else None
+    dataset, reader = open_rank(f"{BUCKET}/{PREFIX}", fs, rank, args.ranks, split_rows=args.split_rows,
+                                max_requests=args.max_requests, eval_pass=args.eval_pass, cache_dir=cache_dir)
     mine = reader.splits_for_pass(0)
     cpu = time.perf_counter() - started
     out: dict[str, Any] = {"rank": rank, "machine": machine, "cpu_s": cpu, "splits": len(mine),
@@ -186,14 +210,37 @@ def run_rank(rank: int, args: argparse.Namespace, store: SimStore, fs: Any, cach
                          "arrow_bytes": pa.total_allocated_bytes() - arrow_before}
     out["manifest_bytes"] = getattr(getattr(getattr(dataset, "manifest", None), "manifest", None), "nbytes", None)
     store.charge_to(rank, "first_batch")
-    reader.reset()
-    rows = [next(reader) for _ in range(min(args.batch_size, sum(s.num_rows for s in mine)))]
+    rows = read_rows(reader, None if args.eval_pass else min(args.batch_size, sum(s.num_rows for s in mine)))
     out["first_batch_rows"] = len(rows)
+    if args.eval_pass:
+        out["rows"] = rows
     if rank == 0:
         out["assignment"] = check_assignment(reader)
     dataset.remote.close()
     del dataset, reader, rows
     return out
+
+
+def open_rank(source: str, fs: Any, rank: int, world_size: int, *, split_rows: int, max_requests: int,
+              eval_pass: bool, cache_dir: str | None) -> tuple[Any, Any]:
+    """``(ShardDataset, ArrowShardReader)`` of one rank, as the loader builds them (no read-ahead: the requests
+    counted are the rank's own, in order); the real 32-process run (`bench_scale_real.py`) uses it too."""
+    dataset = ShardDataset(source, filesystem=fs, split_rows=split_rows, cache_dir=cache_dir,
+                           remote_reads=RemoteReads(readahead_bytes=0, max_requests=max_requests, index="auto"))
+    reader = ArrowShardReader(dataset, rank=rank, world_size=world_size, shuffle=not eval_pass, seed=0,
+                              split_rows=split_rows)
+    return dataset, reader
+
+
+def read_rows(reader: Any, count: int | None) -> list[int]:
+    """The row indices of the reader's first ``count`` rows (None: its whole pass)."""
+    reader.reset()
+    rows = []
+    for sample in reader:
+        rows.append(sample.key.index)
+        if count is not None and len(rows) >= count:
+            break
+    return rows
 
 
 def check_assignment(reader: Any) -> dict[str, Any]:
@@ -253,9 +300,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     run_machines = sorted({*range(max(1, sample - 1)), n_machines - 1})[:sample] if sample < n_machines \
         else list(range(n_machines))
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as work:
-        data = template(args.rows_per_file, args.batch_rows, args.row_bytes)
+        data = template(args.rows_per_file, args.batch_rows, args.row_bytes, args.format)
         meta = template_meta(data, work)
-        names = [f"part-{i:07d}.arrow" for i in range(args.files)]
+        names = [f"part-{i:07d}.{'parquet' if args.format == 'parquet' else 'arrow'}" for i in range(args.files)]
         store = SimStore()
         store.add_many([f"{BUCKET}/{PREFIX}/{n}" for n in names], data)
         meta_info: dict[str, Any] = {"kind": args.index}
@@ -265,6 +312,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             meta_info.update(bytes=len(blob), bytes_per_file=len(blob) / args.files, write_seconds=round(seconds, 2))
         del names
         fs = filesystem(store)
+        meta_info["direct_reads"] = plug_direct_reads(fs, store) if not args.pyarrow_only else False
         results = {}
         traced = 0
         run_local = args.run_ranks_per_machine or args.ranks_per_machine
@@ -317,6 +365,13 @@ def report(args, results, tallies, machines, meta_end, first_end, meta_info, run
            "metadata_bytes": round(sum(t.bytes for t in tallies["metadata"].values()) * scale),
            "first_batch_requests": round(sum(t.total for t in tallies["first_batch"].values()) * scale),
            "metadata_s": max(meta_end.values()), "first_batch_s": max(first_end.values())}
+    for kind in ("LIST", "HEAD", "GET"):
+        job[kind] = round(sum(t.requests.get(kind, 0) for phase in tallies.values() for t in phase.values()) * scale)
+    if args.eval_pass and len(results) == args.ranks:
+        rows = np.sort(np.fromiter((i for res in results.values() for i in res["rows"]), dtype=np.int64))
+        job["eval_rows"] = int(rows.size)
+        job["eval_rows_exactly_once"] = bool(rows.size == args.files * args.rows_per_file
+                                             and (rows == np.arange(rows.size)).all())
     memory = [r["memory"] for r in ranks if r["memory"]]
     out = {"args": {k: v for k, v in vars(args).items() if k != "json"}, "audioloader": audioloader.__file__,
            "metadata_file": meta_info, "machines_run": run_machines, "machines": n_machines,
@@ -332,14 +387,16 @@ def print_report(out: dict[str, Any]) -> None:
     a = out["args"]
     print(f"\n{a['files']:,} files x {a['ranks']} ranks ({out['machines']} machines x {a['ranks_per_machine']}), "
           f"{a['latency_ms']:g} ms a request, {a['machine_mbps']:g} Mbit/s a machine; index: {a['index']}"
-          f"{' (before: no machine sharing)' if a['before'] else ''}; audioloader from {out['audioloader']}")
+          f"{' (before: no machine sharing)' if a['before'] else ''}; {a['format']} shards; audioloader from "
+          f"{out['audioloader']}; HEAD-less reads: {out['metadata_file'].get('direct_reads')}")
     info = out["metadata_file"]
     if "bytes" in info:
         print(f"metadata file: {info['bytes']:,} B ({info['bytes_per_file']:.1f} B a file), written in "
               f"{info['write_seconds']} s")
     print(f"ran machines {out['machines_run']} of {out['machines']} (the others counted as these; alike: "
           f"{out['sampled_machines_alike']}); assignment of every rank: {out['assignment']}")
-    print("\nper rank (run ones)    LIST   HEAD    GET        bytes   metadata s  | first batch: req     bytes     s")
+    then = "whole pass" if a["eval_pass"] else "first batch"
+    print(f"\nper rank (run ones)    LIST   HEAD    GET        bytes   metadata s  | {then}: req     bytes     s")
     for r in out["ranks"]:
         m, f = r["metadata"], r["first_batch"]
         if r["counted_as"] is not None and r["rank"] % a["ranks_per_machine"] != a["ranks_per_machine"] - 1:
@@ -347,13 +404,16 @@ def print_report(out: dict[str, Any]) -> None:
         print(f"rank {r['rank']:5d} (machine {r['machine']:4d}) {m['LIST']:6d} {m['HEAD']:6d} {m['GET']:6d} "
               f"{m['bytes']:12,d} {r['metadata_s']:10.2f}  | {f['LIST'] + f['HEAD'] + f['GET']:6d} {f['bytes']:10,d} "
               f"{r['first_batch_s']:6.2f}")
-    print("\nper machine   metadata requests        bytes   s  | first batch requests       bytes     s")
+    print(f"\nper machine   metadata requests        bytes   s  | {then} requests       bytes     s")
     for m in out["per_machine"]:
         print(f"machine {m['machine']:4d} {m['metadata_requests']:17,d} {m['metadata_bytes']:12,d} "
               f"{m['metadata_s']:5.2f}  | {m['first_batch_requests']:20,d} {m['first_batch_bytes']:11,d} "
               f"{m['first_batch_s']:5.2f}")
     j = out["job"]
-    print(f"\njob: {j['metadata_requests']:,} metadata requests, {j['metadata_bytes']:,} B; metadata phase "
+    print(f"\njob requests: {j['LIST']:,} LIST, {j['HEAD']:,} HEAD, {j['GET']:,} GET"
+          + (f"; eval rows {j['eval_rows']:,}, each exactly once: {j['eval_rows_exactly_once']}"
+             if "eval_rows" in j else ""))
+    print(f"job: {j['metadata_requests']:,} metadata requests, {j['metadata_bytes']:,} B; metadata phase "
           f"{j['metadata_s']:.2f} s; first batch of every rank by {j['first_batch_s']:.2f} s "
           f"({j['first_batch_requests']:,} requests)")
     for m in out["memory"]:

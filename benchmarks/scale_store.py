@@ -64,11 +64,14 @@ class _Object:
 
 
 class _CountingFile(io.RawIOBase):
-    """An open object: each ``read`` is a ranged GET (counted)."""
+    """An open object: each ``read`` is a ranged GET (counted). A stream (``open_input_stream``) counts one GET for
+    reads that go on where the last one ended: pyarrow reads a Python stream in 256 KiB pieces where S3's
+    ``read_buffer()`` is one GET (audioloader reads streams whole, or in 64 MiB pieces)."""
 
-    def __init__(self, store: SimStore, path: str, data: bytes) -> None:
+    def __init__(self, store: SimStore, path: str, data: bytes, stream: bool = False) -> None:
         super().__init__()
         self.store, self.path, self.data, self.pos = store, path, data, 0
+        self.stream, self._end = stream, -1
 
     def readable(self) -> bool:
         return True
@@ -87,11 +90,14 @@ class _CountingFile(io.RawIOBase):
         return len(self.data)
 
     def read(self, n: int = -1) -> bytes:
+        start = self.pos
         end = len(self.data) if n is None or n < 0 else min(len(self.data), self.pos + n)
         out = self.data[self.pos:end]
         self.pos = end
         if out:
-            self.store.count("GET", len(out), self.path)
+            continued = self.stream and start == self._end
+            self.store.count("GET", len(out), self.path, requests=0 if continued else 1)
+            self._end = end
         return out
 
     def readall(self) -> bytes:
@@ -128,12 +134,12 @@ class SimStore(pafs.FileSystemHandler):
     def charge_to(self, rank: int, phase: str) -> None:
         self._who = (rank, phase)
 
-    def count(self, kind: str, nbytes: int = 0, path: str | None = None, keys: int = 0) -> None:
+    def count(self, kind: str, nbytes: int = 0, path: str | None = None, keys: int = 0, requests: int = 1) -> None:
         pooled = threading.current_thread().name.startswith(POOL_PREFIXES)
         with self._lock:
             tally = self.tallies[self._who]
-            tally.requests[kind] += 1
-            tally.pooled += pooled
+            tally.requests[kind] += requests
+            tally.pooled += pooled * requests
             tally.bytes += nbytes
             tally.list_keys += keys
             if self.track_objects and path is not None and nbytes:
@@ -200,19 +206,19 @@ class SimStore(pafs.FileSystemHandler):
         out.extend(pafs.FileInfo(f, pafs.FileType.Directory) for f in sorted(folders))
         return out
 
-    def _open(self, path: str) -> pa.PythonFile:
+    def _open(self, path: str, stream: bool) -> pa.PythonFile:
         path = path.strip("/")
         self.count("HEAD")
         found = self.objects.get(path)
         if found is None:
             raise FileNotFoundError(f"Path does not exist '{path}'")
-        return pa.PythonFile(_CountingFile(self, path, found.data), mode="r")
+        return pa.PythonFile(_CountingFile(self, path, found.data, stream), mode="r")
 
     def open_input_file(self, path: str) -> pa.PythonFile:
-        return self._open(path)
+        return self._open(path, stream=False)
 
     def open_input_stream(self, path: str) -> pa.PythonFile:
-        return self._open(path)
+        return self._open(path, stream=True)
 
     # Writing is not part of a start: the simulator stores objects with `add`.
     def _read_only(self, *args: Any) -> Any:
@@ -225,3 +231,23 @@ class SimStore(pafs.FileSystemHandler):
 def filesystem(store: SimStore) -> pafs.PyFileSystem:
     """The store as a pyarrow filesystem (what ``Storage(filesystem=...)`` takes)."""
     return pafs.PyFileSystem(store)
+
+
+class SimDirect:
+    """The store as audioloader's HEAD-less reader sees it (`audioloader.shards.direct`, obstore over S3: one GET a
+    ranged read, its response saying the object's ETag and size). `bench_scale.py` plugs it in where
+    ``direct.store_for`` would give obstore's for an S3 filesystem, so a start without a manifest is counted as it
+    goes on S3 with obstore installed."""
+
+    def __init__(self, store: SimStore) -> None:
+        self.store = store
+
+    def read(self, fs_path: str, offset: int, length: int, if_match: str | None = None) -> Any:
+        from audioloader.shards.direct import Response
+
+        found = self.store.objects.get(fs_path.strip("/"))
+        if found is None:
+            raise FileNotFoundError(fs_path)
+        data = found.data[offset:offset + length]
+        self.store.count("GET", len(data), fs_path)
+        return Response(pa.py_buffer(data), None, len(found.data))
