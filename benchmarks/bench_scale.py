@@ -164,13 +164,22 @@ def metadata_file(kind: str, names: list[str], data: bytes, meta: Any, folder: s
     return name, Path(path).read_bytes(), time.perf_counter() - started
 
 
+def plug_identity(store: SimStore) -> None:
+    """An object opened in the simulated store has the ETag S3's HEAD would give (pyarrow's ``metadata()``, which
+    a Python file cannot carry): where audioloader reads it (`identity.object_identity`), ask the store first."""
+    from audioloader.shards import cache, formats, remote
+
+    for module in (cache, formats, remote):
+        real = getattr(module, "object_identity", None)
+        if real is not None:
+            module.object_identity = lambda f, real=real: store.identity(f) or real(f)
+
+
 def plug_direct_reads(fs: Any, store: SimStore) -> bool:
     """Where this audioloader reads S3 without pyarrow's HEAD (obstore: `audioloader.shards.direct`), read the
     simulated store that way too (`scale_store.SimDirect`); False for a version without it (0.3)."""
-    try:
-        from audioloader.shards import remote
-    except ImportError:
-        return False
+    from audioloader.shards import remote
+
     if not hasattr(remote, "store_for"):
         return False
     real = remote.store_for
@@ -312,6 +321,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             meta_info.update(bytes=len(blob), bytes_per_file=len(blob) / args.files, write_seconds=round(seconds, 2))
         del names
         fs = filesystem(store)
+        plug_identity(store)
         meta_info["direct_reads"] = plug_direct_reads(fs, store) if not args.pyarrow_only else False
         results = {}
         traced = 0

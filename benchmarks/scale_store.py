@@ -19,6 +19,7 @@ No time passes here: serving is instant, and the model turns the counts into sec
 from __future__ import annotations
 
 import bisect
+import hashlib
 import io
 import threading
 from collections import defaultdict
@@ -119,6 +120,7 @@ class SimStore(pafs.FileSystemHandler):
         self._who: tuple[int, str] = (-1, "setup")
         self._lock = threading.Lock()
         self.track_objects = False
+        self.shared_etag: str | None = None
 
     # ----------------------------------------------------------------- the store
 
@@ -129,6 +131,7 @@ class SimStore(pafs.FileSystemHandler):
     def add_many(self, paths: list[str], data: bytes, mtime_ns: int = 1_700_000_000_000_000_000) -> None:
         shared = _Object(data, mtime_ns)
         self.objects.update(dict.fromkeys(paths, shared))
+        self.shared_etag = etag_of(data)
         self._sorted = None
 
     def charge_to(self, rank: int, phase: str) -> None:
@@ -214,6 +217,12 @@ class SimStore(pafs.FileSystemHandler):
             raise FileNotFoundError(f"Path does not exist '{path}'")
         return pa.PythonFile(_CountingFile(self, path, found.data, stream), mode="r")
 
+    def identity(self, f: Any) -> str | None:
+        """The ETag header an opened data file's HEAD carries (pyarrow's ``metadata()`` on S3, which a Python file
+        cannot carry, and which pyarrow's wrapper of it does not lead back to its object): every data file of the
+        simulated dataset has the same bytes (`add_many`), so the same ETag. None before `add_many`."""
+        return None if self.shared_etag is None else f"ETag:{self.shared_etag}"
+
     def open_input_file(self, path: str) -> pa.PythonFile:
         return self._open(path, stream=False)
 
@@ -233,6 +242,17 @@ def filesystem(store: SimStore) -> pafs.PyFileSystem:
     return pafs.PyFileSystem(store)
 
 
+_ETAGS: dict[int, str] = {}
+
+
+def etag_of(data: bytes) -> str:
+    """S3's ETag of a single-part upload of ``data``: its MD5, quoted (computed once per distinct content)."""
+    etag = _ETAGS.get(id(data))
+    if etag is None:
+        etag = _ETAGS[id(data)] = f'"{hashlib.md5(data).hexdigest()}"'
+    return etag
+
+
 class SimDirect:
     """The store as audioloader's HEAD-less reader sees it (`audioloader.shards.direct`, obstore over S3: one GET a
     ranged read, its response saying the object's ETag and size). `bench_scale.py` plugs it in where
@@ -250,4 +270,4 @@ class SimDirect:
             raise FileNotFoundError(fs_path)
         data = found.data[offset:offset + length]
         self.store.count("GET", len(data), fs_path)
-        return Response(pa.py_buffer(data), None, len(found.data))
+        return Response(pa.py_buffer(data), f"ETag:{etag_of(found.data)}", len(found.data))
