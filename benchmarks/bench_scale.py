@@ -175,6 +175,23 @@ def plug_identity(store: SimStore) -> None:
             module.object_identity = lambda f, real=real: store.identity(f) or real(f)
 
 
+def plug_simultaneous_start() -> None:
+    """The ranks of a machine start together, and wait for their leader's manifest for seconds; here they run one
+    after the other, minutes apart at a million files: keep the leader's published copy fresh for them (the
+    machine cache's `shared_file` reuses a copy up to 5 minutes old, then fetches again)."""
+    try:
+        from audioloader.shards import manifest_source
+    except ImportError:
+        return  # 0.3: no machine sharing
+    real = manifest_source.shared_file
+
+    def shared_file(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("fresh_seconds", 10**9)
+        return real(*args, **kwargs)
+
+    manifest_source.shared_file = shared_file
+
+
 def plug_direct_reads(fs: Any, store: SimStore) -> bool:
     """Where this audioloader reads S3 without pyarrow's HEAD (obstore: `audioloader.shards.direct`), read the
     simulated store that way too (`scale_store.SimDirect`); False for a version without it (0.3)."""
@@ -322,6 +339,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         del names
         fs = filesystem(store)
         plug_identity(store)
+        plug_simultaneous_start()
         meta_info["direct_reads"] = plug_direct_reads(fs, store) if not args.pyarrow_only else False
         results = {}
         traced = 0
