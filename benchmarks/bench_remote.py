@@ -265,24 +265,31 @@ def run_ours(bench: Bench, projects: list[tuple[str, Path]], data: dict[str, Pat
 def run_construct(bench: Bench, projects: list[tuple[str, Path]], many: Path) -> None:
     """Construction over the many small files: cold (construct + first batch + checkpoint), then resume."""
     args = bench.args
-    for latency in [None, *args.construct_latency]:
-        for project, path in projects:
-            state = Path(bench.tmp.name) / f"{project}-{_ms(latency)}.pt"
-            base = {"kind": "construct", "source": bench.source(f"many{args.construct_files}/ipc", latency,
-                                                                many / "ipc"),
-                    "batch_size": 64, "train": True, "feature": "waveform", "buffer": args.train_buffer,
-                    "min_fill": args.train_min, "state_file": str(state)}
-            expected = None
-            for phase in ("cold", "resume"):
-                meta = {"name": f"{project}:construct-{phase} {args.construct_files} files {_ms(latency)}",
-                        "project": project, "contender": f"construct-{phase}", "dataset": "many",
-                        "format": "ipc", "latency_ms": latency, "files": args.construct_files}
-                spec = {**base, "phase": phase, "expected_next_index": expected}
-                result = bench.run(meta, spec, [sys.executable, str(HERE / "remote_child.py")],
-                                   {**bench.env, "PYTHONPATH": str(path)})
-                expected = result.get("next_index")
-                if not result.get("ok"):
-                    break
+    for latency, layout, project, path in [(latency, layout, project, path)
+                                           for latency in [None, *args.construct_latency]
+                                           for layout in ("ipc", *(["manifest"] if args.construct_manifest else []))
+                                           for project, path in projects if latency is not None or layout == "ipc"]:
+        state = Path(bench.tmp.name) / f"{project}-{layout}-{_ms(latency)}.pt"
+        base = {"kind": "construct", "source": bench.source(f"many{args.construct_files}/{layout}", latency,
+                                                            many / "ipc"),
+                "batch_size": 64, "train": True, "feature": "waveform", "buffer": args.train_buffer,
+                "min_fill": args.train_min, "state_file": str(state)}
+        expected = None
+        for phase in ("cold", "resume"):
+            with_manifest = " +manifest" if layout == "manifest" else ""
+            meta = {"name": f"{project}:construct-{phase} {args.construct_files} files{with_manifest} "
+                            f"{_ms(latency)}",
+                    "project": project, "contender": f"construct-{phase}", "dataset": "many",
+                    "manifest": layout == "manifest",
+                    "format": "ipc", "latency_ms": latency, "files": args.construct_files}
+            spec = {**base, "phase": phase, "expected_next_index": expected}
+            # Cold means cold: a machine cache of this project, layout and latency only (the resume shares it).
+            cache = Path(bench.tmp.name) / f"machine-cache-{project}-{layout}-{_ms(latency)}"
+            result = bench.run(meta, spec, [sys.executable, str(HERE / "remote_child.py")],
+                               {**bench.env, "PYTHONPATH": str(path), "AUDIOLOADER_CACHE": str(cache)})
+            expected = result.get("next_index")
+            if not result.get("ok"):
+                break
 
 
 def run_peers(bench: Bench, python: Path, prefixes: dict[tuple[str, str], str]) -> None:
@@ -320,6 +327,15 @@ def prepare(bench: Bench) -> tuple[dict[str, Path], Path | None, Path | None, di
     if "construct" in args.contenders:
         many = remote_data.many_files(cache, args.construct_files, log)
         remote_data.upload_tree(bench.fs, many / "ipc", f"{BUCKET}/many{args.construct_files}/ipc")
+        if args.construct_manifest:  # the same files and their manifest, written by this checkout
+            from audioloader.shards.manifest_source import write_folder_manifest
+            from tests.s3_server import S3_ENVIRONMENT
+
+            os.environ.update(S3_ENVIRONMENT)  # the server's keys (unsigned: moto keeps the aws-chunked framing)
+            prefix = f"{BUCKET}/many{args.construct_files}/manifest"
+            remote_data.upload_tree(bench.fs, many / "ipc", prefix)
+            endpoint = bench.server.direct_endpoint
+            write_folder_manifest(f"s3://{prefix}?endpoint_override={endpoint}&scheme=http&region=us-east-1")
     python, prefixes = None, {}
     if any(p in args.contenders for p in PEERS):
         python = remote_data.peers_python(cache, log)
@@ -359,6 +375,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--peer-latency", help="ms for the peers' runs (50)")
     parser.add_argument("--peer-features", help="waveform,mel (full) or one of them")
     parser.add_argument("--construct-latency", help="ms for the construction runs (50); local is always run")
+    parser.add_argument("--construct-manifest", action="store_true",
+                        help="construct also over the same files with a dataset manifest (audioloader index)")
     parser.add_argument("--construct-files", type=int, help="small files for construct (full 1000, quick 200)")
     parser.add_argument("--measure-seconds", type=float, help="window after the first batch, seconds (2)")
     parser.add_argument("--speech-rows", type=int, default=2000, help="rows of the speech dataset (2000)")

@@ -159,9 +159,9 @@ def test_a_start_from_a_manifest_makes_no_list_and_no_request_per_file(s3, proxy
     assert rows_of(dataset, shuffle=False) == rows_of(al.ShardDataset(folder, split_rows=4), shuffle=False)
     counts = requests_by_kind(proxy)
     assert counts["LIST"] == 0
-    for i in range(len(ROWS)):  # a file's first read: its footer (pyarrow: after a HEAD), then its data
+    for i in range(len(ROWS)):  # a small file's first read fetches it whole, footer and data (pyarrow: a HEAD too)
         name = f"part-{i:05d}.{'arrow' if fmt == 'ipc_file' else fmt}"
-        assert counts[f"HEAD {name}"] == HEADS and counts[f"GET {name}"] == 2, counts
+        assert counts[f"HEAD {name}"] == HEADS and counts[f"GET {name}"] == 1, counts
 
 
 def test_loader_batches_and_resume_from_a_manifest_equal_local_disk(s3, tmp_path_factory):
@@ -257,3 +257,16 @@ def test_a_process_waiting_for_its_machine_times_out_naming_the_file_and_the_lea
     message = str(info.value)
     assert "the manifest of s3://b/d" in message and "pid 4242 on node-7" in message
     assert str(tmp_path / "shared" / "manifest-x.arrow") in message and "AUDIOLOADER_SHARED_TIMEOUT" in message
+
+
+def test_large_files_from_a_manifest_read_their_footer_then_their_units(s3, proxy, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("large")
+    make_shards(folder, [9, 7], "parquet", batch_rows=3, seconds=1.5)  # ~430 KiB a file: more than a first read
+    s3.upload(folder, "manifest/large")
+    write_folder_manifest(s3.url("manifest/large", direct=True))
+    proxy.clear()
+    dataset = al.ShardDataset(s3.url("manifest/large"), retry=FAST, split_rows=3)
+    for kwargs in ({"shuffle": False}, {"shuffle": True, "seed": 2}):
+        assert rows_of(dataset, **kwargs) == rows_of(al.ShardDataset(folder, split_rows=3), **kwargs)
+    counts = requests_by_kind(proxy)
+    assert counts["LIST"] == 0 and all(counts[f"GET part-{i:05d}.parquet"] >= 2 for i in range(2)), counts

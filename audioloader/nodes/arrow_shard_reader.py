@@ -257,6 +257,9 @@ class ArrowShardReader(BaseNode[RawSample]):
         self._ahead_from_here = True  # the read-ahead starts over at the next row (a new position)
         self._pass_units: int | None = None
         self.splits = self._splits_for_world()
+        if stats is not None:  # metadata_bytes, manifest_mapped_bytes (`ShardDataset.metadata_memory`)
+            for name, value in self.dataset.metadata_memory().items():
+                stats.set_gauge(name, value)
         self._eval_assignment = None if self.shuffle else balance_splits(self.splits, self.world_size)
         if self._eval_assignment is not None:
             self._warn_if_unbalanced()

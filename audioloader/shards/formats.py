@@ -175,6 +175,9 @@ class _FileMeta:
     # False: known from a manifest (`audioloader.shards.manifest`), the footer not read yet (no blocks, offsets,
     # Parquet metadata or tail): the dataset reads it when the file is first read (`ShardDataset.located`).
     located: bool = True
+    # A remote file's every byte, when its first read fetched it whole and the scan was asked to keep it
+    # (`formats._scan_once`); the dataset takes it away at once (`ShardDataset.located`).
+    whole: Any = None
 
 
 def _hasher() -> Any:
@@ -361,7 +364,9 @@ def _sniff_tail(sparse: SparseFile | None) -> str | None:
     return "ipc_file" if end == b"ARROW1" else "parquet" if end.endswith(b"PAR1") else None
 
 
-def _scan_once(loc: _Location, remote: RemoteFiles, cache: Any = None) -> _FileMeta:
+def _scan_once(loc: _Location, remote: RemoteFiles, cache: Any = None, keep_whole: bool = False) -> _FileMeta:
+    """`_scan_file` without its checks; ``keep_whole``: a remote file read whole by its first request keeps those
+    bytes in `_FileMeta.whole` (for the caller to serve its first data from)."""
     # The modification time first: a rewrite during the scan then shows as a change later.
     mtime = _local_mtime_ns(loc) if loc.fs is None else loc.mtime_ns
     if loc.fs is not None and mtime is None and loc.size is None:  # a manifest's file: none known, none asked for
@@ -379,6 +384,8 @@ def _scan_once(loc: _Location, remote: RemoteFiles, cache: Any = None) -> _FileM
         _check_size(loc, size)
         sparse = SparseFile(loc, loc.size, remote, [(loc.size - n, tail)] if n else [])
         meta = _scan_opened(loc, sparse.as_arrow(), sparse)
+        if keep_whole and n == loc.size:
+            meta.whole = tail
     else:  # pyarrow's open (a HEAD: the size and identity), then the tail, or the cache's copy
         opened = remote.opened(loc)
         etag = object_identity(opened)
@@ -446,13 +453,13 @@ def _check_listed(loc: _Location, meta: _FileMeta) -> _FileMeta:
     return meta
 
 
-def _scan_file(loc: _Location, remote: RemoteFiles, cache: Any = None) -> _FileMeta:
+def _scan_file(loc: _Location, remote: RemoteFiles, cache: Any = None, keep_whole: bool = False) -> _FileMeta:
     """Format, size, schema, batch / row-group boundaries and identity of one file, without reading audio.
 
     Remote: each request is retried on a transient fault (`RemoteFiles.read`).
     """
     try:
-        return _check_listed(loc, _scan_once(loc, remote, cache))
+        return _check_listed(loc, _scan_once(loc, remote, cache, keep_whole))
     except ShardReadError:
         raise
     except (OSError, EOFError, ValueError, struct.error, IndexError, pa.ArrowException) as error:
@@ -461,12 +468,12 @@ def _scan_file(loc: _Location, remote: RemoteFiles, cache: Any = None) -> _FileM
 
 
 def _scan_all(locations: list[_Location], retry: Retry = DEFAULT_RETRY, remote: RemoteFiles | None = None,
-              cache: Any = None) -> list[_FileMeta]:
+              cache: Any = None, keep_whole: bool = False) -> list[_FileMeta]:
     """Every file's `_FileMeta`, scanned concurrently (remote files: many at once, latency-bound); a remote file
     with a copy in ``cache`` (an `ObjectCache`) is scanned there."""
     remote = remote if remote is not None else RemoteFiles(retry)
     if len(locations) < 4:
-        return [_scan_file(loc, remote, cache) for loc in locations]
+        return [_scan_file(loc, remote, cache, keep_whole) for loc in locations]
     threads = _SCAN_THREADS_REMOTE if any(loc.fs is not None for loc in locations) else _SCAN_THREADS_LOCAL
     with ThreadPoolExecutor(max_workers=min(threads, len(locations)), thread_name_prefix="audioloader-scan") as pool:
-        return list(pool.map(lambda loc: _scan_file(loc, remote, cache), locations))
+        return list(pool.map(lambda loc: _scan_file(loc, remote, cache, keep_whole), locations))

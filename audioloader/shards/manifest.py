@@ -208,7 +208,9 @@ class Manifest:
             reader = pa.ipc.open_file(buffer)
             batch = reader.get_batch(0) if reader.num_record_batches else None
         except (OSError, pa.ArrowException, ValueError) as error:
-            raise ShardReadError(f"{where} is not an audioloader manifest ({error}); write it again with "
+            head = ("" if isinstance(source, (str, os.PathLike)) else
+                    f"; {source.size:,} bytes: {source[:12].to_pybytes()!r}...")
+            raise ShardReadError(f"{where} is not an audioloader manifest ({error}{head}); write it again with "
                                  "`audioloader index FOLDER`") from error
         metadata = reader.schema.metadata or {}
         version = metadata.get(b"audioloader_manifest")
@@ -235,6 +237,7 @@ class Manifest:
         names = batch.schema.names
         self._etags = batch.column("etag") if "etag" in names else None
         self._etag_parts = batch.column("etag_parts").to_numpy() if "etag_parts" in names else None
+        self._etag_bytes = memoryview(self._etags.buffers()[1]) if self._etag_parts is not None else None
         self._mtimes = batch.column("mtime_ns") if "mtime_ns" in names else None
 
     # ----------------------------------------------------------------- per file
@@ -261,8 +264,10 @@ class Manifest:
         return self._formats[self._format_codes[i]]
 
     def schema(self, i: int) -> pa.Schema:
-        """File ``i``'s schema (each distinct schema parsed once)."""
-        sid = int(self._schema_ids[i])
+        """File ``i``'s schema (each distinct schema parsed once, shared by its files)."""
+        return self._distinct_schema(int(self._schema_ids[i]))
+
+    def _distinct_schema(self, sid: int) -> pa.Schema:
         schema = self._schemas.get(sid)
         if schema is None:
             schema = self._schemas[sid] = pa.ipc.read_schema(pa.py_buffer(self._schema_bytes[sid]))
@@ -278,7 +283,8 @@ class Manifest:
         if self._etag_parts is None:
             return self._etags[i].as_py()
         parts = int(self._etag_parts[i])
-        return f'ETag:"{self._etags[i].as_py().hex()}{"" if parts < 0 else f"-{parts}"}"'
+        digest = self._etag_bytes[16 * i:16 * i + 16].hex()
+        return f'ETag:"{digest}{"" if parts < 0 else f"-{parts}"}"'
 
     def mtime_ns(self, i: int) -> int | None:
         return None if self._mtimes is None else self._mtimes[i].as_py()
@@ -289,7 +295,18 @@ class Manifest:
                          mtime_ns=self.mtime_ns(i), digest=self.digest(i), etag=self.etag(i), located=False)
 
     def metas(self) -> list[_FileMeta]:
-        return [self.meta(i) for i in range(self.num_files)]
+        """Every file's `meta` (columns converted once: a million files in a few seconds)."""
+        formats = [self._formats[c] for c in self._format_codes.tolist()]
+        schemas = [self._distinct_schema(s) for s in range(len(self._schema_bytes))]
+        schema_of = [schemas[s] for s in self._schema_ids.tolist()]
+        values, offsets = self._unit_values.tolist(), self._unit_offsets.tolist()
+        digests = [f"{d:016x}" for d in self._digests.tolist()]
+        etags = [self.etag(i) for i in range(self.num_files)] if self._etags is not None else None
+        mtimes = self._mtimes.to_pylist() if self._mtimes is not None else None
+        return [_FileMeta(formats[i], size, schema_of[i], tuple(values[offsets[i]:offsets[i + 1]]),
+                          mtime_ns=None if mtimes is None else mtimes[i], digest=digests[i],
+                          etag=None if etags is None else etags[i], located=False)
+                for i, size in enumerate(self.sizes.tolist())]
 
     def memory_bytes(self) -> int:
         """Bytes of the manifest this process holds beyond the map: the per-file arrays computed from it."""

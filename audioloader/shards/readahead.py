@@ -76,6 +76,7 @@ class ReadAhead:
         self._plan: Iterator[Unit] = iter(())
         self._next: tuple[Unit, list[tuple[int, int]]] | None = None  # a planned unit not yet submitted
         self._ahead: deque[Unit] = deque()  # planned units taken from the plan, not yet peeked at
+        self._locating: tuple[list[Unit], Any] | None = None  # the next planned units, their footers being read
         self._window: dict[Unit, deque[list[_Request]]] = {}
         self._held = 0
         self._units = 0  # units fetched (or in flight) and not yet read
@@ -101,6 +102,7 @@ class ReadAhead:
         self._units = 0
         self._next = None
         self._ahead.clear()
+        self._locating = None  # footers being read stay read (the dataset keeps them); the units are dropped
         self._plan = iter(())
         self._held = 0
         self._gauge()
@@ -146,20 +148,42 @@ class ReadAhead:
             if self._next is not None:
                 break
             if not self._ahead:
-                self._ahead.extend(itertools.islice(self._plan, _LOCATE_AHEAD))
-                if not self._ahead:
-                    return None
-                locate = getattr(self.dataset, "locate_files", None)
-                if locate is not None:  # files known from a manifest: their footers read together, concurrently
-                    locate([file_id for file_id, _ in self._ahead])
+                batch = self._located_batch()
+                if not batch:
+                    return None  # the plan's end, or footers still being read while the reader has units
+                self._ahead.extend(batch)
             key = self._ahead.popleft()
             ranges = self.dataset.unit_ranges(*key)
             if ranges is not None:
                 self._next = (key, ranges)
         return self._next
 
+    def _located_batch(self) -> list[Unit] | None:
+        """The next `_LOCATE_AHEAD` planned units, once their files' footers are read (`ShardDataset.locate_files`,
+        in the pool, the following batch started at once); None while they are read and the reader has units in
+        the window (it is not held), or at the plan's end."""
+        if self._locating is None:
+            self._locating = self._locate(list(itertools.islice(self._plan, _LOCATE_AHEAD)))
+        batch, future = self._locating
+        if not batch:
+            return None
+        if future is not None and not future.done() and self._units > 0:
+            return None
+        self._locating = None
+        if future is not None:
+            future.result()  # a changed file's ShardChangedError surfaces here
+        self._locating = self._locate(list(itertools.islice(self._plan, _LOCATE_AHEAD)))
+        return batch
+
+    def _locate(self, batch: list[Unit]) -> tuple[list[Unit], Any]:
+        locate = getattr(self.dataset, "locate_files", None)
+        if locate is None or not batch:
+            return batch, None
+        return batch, self.dataset.remote.submit(locate, [file_id for file_id, _ in batch])
+
     def _fill(self) -> None:
-        """Submit the next planned units while the budget allows, consecutive units of a file coalesced."""
+        """Submit the next planned units while the budget allows, consecutive units of a file coalesced (and the
+        footers of files known from a manifest read in the background, `_LOCATE_AHEAD` units' files at a time)."""
         while True:
             group: list[tuple[Unit, list[tuple[int, int]]]] = []
             full = False
@@ -185,9 +209,7 @@ class ReadAhead:
 
     def _submit(self, group: list[tuple[Unit, list[tuple[int, int]]]]) -> None:
         file_id = group[0][0][0]
-        loc = self.dataset._locations[file_id]
-        remote = self.dataset.remote
-        requests = [_Request(offset, length, remote.fetch(loc, offset, length))
+        requests = [_Request(offset, length, self.dataset.fetch(file_id, offset, length))
                     for offset, length in coalesce([r for _, ranges in group for r in ranges])]
         for key, ranges in group:
             used = [r for r in requests if any(r.offset <= o and o + n <= r.offset + r.length for o, n in ranges)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import pyarrow as pa
@@ -13,7 +14,7 @@ import pyarrow as pa
 from ..errors import ShardReadError
 from .formats import _cheapest_column, _open_local, cache_identity
 from .readers import _ConformedHandle, _IpcFileHandle, _IpcStreamHandle, _OrcHandle, _ParquetHandle
-from .remote import SparseFile
+from .remote import Parts, SparseFile
 from .units import coalesce, unit_ranges
 
 #: Bytes of remote units a random-access read (`ShardDataset.read_rows`) fetches at once.
@@ -142,7 +143,20 @@ class UnitReads:
         a file the cache keeps (read from its local copy), or where they are not known (ORC)."""
         if self._locations[file_id].fs is None or self.cache is not None:
             return None
-        return unit_ranges(self.located(file_id), unit, self._present_columns(file_id))
+        meta = self.located(file_id)
+        if self._whole_file(file_id) is not None:
+            return [(0, meta.size)]  # fetched whole with its footer: `fetch` serves it from memory
+        return unit_ranges(meta, unit, self._present_columns(file_id))
+
+    def fetch(self, file_id: int, offset: int, length: int) -> Parts:
+        """Bytes ``[offset, offset + length)`` of a remote file: from its first read's bytes while they are kept
+        (a small file read whole with its footer), else requested (`RemoteFiles.fetch`)."""
+        whole = self._whole_file(file_id)
+        if whole is not None and offset + length <= whole.size:
+            done: Future = Future()
+            done.set_result(whole.slice(offset, length))
+            return Parts([done])
+        return self.remote.fetch(self._locations[file_id], offset, length)
 
     def _present_columns(self, file_id: int) -> list[str]:
         schema = self._metas[file_id].schema
@@ -150,7 +164,12 @@ class UnitReads:
         return present or [_cheapest_column(schema)]
 
     def read_unit_from(self, file_id: int, unit: int, provided: list[tuple[int, pa.Buffer]]) -> list[pa.RecordBatch]:
-        """A remote unit read from bytes already fetched (``[(offset, buffer)]``, covering `unit_ranges`)."""
+        """A remote unit read from bytes already fetched (``[(offset, buffer)]``, covering `unit_ranges`; none when
+        the file's first read fetched it whole: those bytes, or fetched now if they were dropped since)."""
+        if not provided:
+            whole = self._whole_file(file_id)
+            provided = [] if whole is None else [(0, whole)]
+
         def read() -> list[pa.RecordBatch]:
             handle = self._handle(file_id)
             for offset, buffer in provided:
@@ -167,16 +186,18 @@ class UnitReads:
         """The bytes of remote units ``[(file_id, unit)]``, fetched concurrently (coalesced per file, long runs in
         parts: `RemoteFiles.fetch`): what `read_unit_from` takes. Units whose ranges are unknown (ORC) are left out."""
         wanted: dict[int, list[tuple[int, int]]] = {}
+        known = []
         for file_id, unit in units:
             ranges = self.unit_ranges(file_id, unit)
             if ranges is not None:
                 wanted.setdefault(file_id, []).extend(ranges)
-        futures = [(file_id, offset, self.remote.fetch(self._locations[file_id], offset, length))
+                known.append((file_id, unit))
+        futures = [(file_id, offset, self.fetch(file_id, offset, length))
                    for file_id, ranges in wanted.items() for offset, length in coalesce(ranges)]
         fetched: dict[int, list[tuple[int, pa.Buffer]]] = {}
         for file_id, offset, future in futures:
             fetched.setdefault(file_id, []).append((offset, future.result()))
-        return {(file_id, unit): fetched[file_id] for file_id, unit in units if file_id in fetched}
+        return {(file_id, unit): fetched.get(file_id, []) for file_id, unit in known}  # []: in memory already
 
     def _read_unit(self, file_id: int, unit: int) -> list[pa.RecordBatch]:
         """One record batch / row group: a remote one's bytes in as few requests as its ranges allow (retried
