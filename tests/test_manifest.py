@@ -270,3 +270,19 @@ def test_large_files_from_a_manifest_read_their_footer_then_their_units(s3, prox
         assert rows_of(dataset, **kwargs) == rows_of(al.ShardDataset(folder, split_rows=3), **kwargs)
     counts = requests_by_kind(proxy)
     assert counts["LIST"] == 0 and all(counts[f"GET part-{i:05d}.parquet"] >= 2 for i in range(2)), counts
+
+
+@pytest.mark.skipif(HEADS, reason="needs obstore (reads that send If-Match)")
+def test_a_file_rewritten_after_its_first_read_is_refused_by_the_store(s3, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("rewritten")
+    make_shards(folder, [9], "parquet", batch_rows=3, seconds=1.5)  # larger than a first read: data read later
+    s3.upload(folder, "manifest/rewritten")
+    write_folder_manifest(s3.url("manifest/rewritten", direct=True))
+    dataset = al.ShardDataset(s3.url("manifest/rewritten"), retry=FAST, split_rows=3)
+    assert dataset.located(0).located  # its first read: footer and ETag checked
+    data = bytearray((folder / "part-00000.parquet").read_bytes())
+    data[len(data) // 3] ^= 0xFF  # same size, same footer: another ETag
+    with s3.filesystem().open_output_stream("manifest/rewritten/part-00000.parquet") as out:
+        out.write(bytes(data))
+    with pytest.raises(al.ShardChangedError, match=r"part-00000\.parquet changed while it was being read"):
+        rows_of(dataset, shuffle=False)

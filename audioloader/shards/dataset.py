@@ -261,6 +261,10 @@ class ShardDataset(RowReads, UnitReads):
                                                                                 self.cache, keep_whole=True))
         return meta
 
+    def unlocated(self, file_ids: Sequence[int]) -> list[int]:
+        """Those of ``file_ids`` whose footers are not read yet (files known from a manifest), each once, sorted."""
+        return sorted({i for i in file_ids if not self._metas[i].located})
+
     def locate_files(self, file_ids: Sequence[int]) -> int:
         """Read the footers of files known from a manifest, concurrently (`located` for each; no-op for the rest);
         returns how many were read."""

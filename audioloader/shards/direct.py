@@ -63,8 +63,9 @@ def store_for(fs: Any) -> Any:
         config["region"] = options["region"]
     endpoint = options.get("endpoint_override")
     scheme = options.get("scheme") or "https"
-    if endpoint:
+    if endpoint:  # "host:port", or a URL (from AWS_ENDPOINT_URL): its scheme wins
         config["endpoint"] = endpoint if "://" in endpoint else f"{scheme}://{endpoint}"
+        scheme = config["endpoint"].split("://", 1)[0]
     if explicit:
         config.update(access_key_id=options["access_key"], secret_access_key=options["secret_key"])
         if options.get("session_token"):

@@ -176,10 +176,11 @@ class ReadAhead:
         return batch
 
     def _locate(self, batch: list[Unit]) -> tuple[list[Unit], Any]:
-        locate = getattr(self.dataset, "locate_files", None)
-        if locate is None or not batch:
+        unlocated = getattr(self.dataset, "unlocated", None)
+        files = [] if unlocated is None else unlocated([file_id for file_id, _ in batch])
+        if not files:  # every footer read already (a dataset scanned at construction): nothing to wait for
             return batch, None
-        return batch, self.dataset.remote.submit(locate, [file_id for file_id, _ in batch])
+        return batch, self.dataset.remote.submit(self.dataset.locate_files, files)
 
     def _fill(self) -> None:
         """Submit the next planned units while the budget allows, consecutive units of a file coalesced (and the
