@@ -8,7 +8,8 @@ in-process it also logs it (method, object, ``Range`` header, status, body
 bytes), so tests can prove what was read. It shapes the traffic like a remote
 store: ``latency`` seconds are waited before each request is forwarded (an S3
 GET's time to the first byte is 20-100 ms), and ``bandwidth`` bytes/s caps each
-connection's response bodies. It can answer with an HTTP 503 or 500, refuse
+connection's response bodies, and ``max_rate`` refuses the requests above a rate as a store that throttles
+does (503 SlowDown, as S3; or 429 Too Many Requests, as HTTP stores). It can answer with an HTTP 503 or 500, refuse
 access (403 AccessDenied), reset the connection, or stall (send nothing until the
 client gives up), a given number of times for matching requests. The server can also enforce real authentication
 (moto's IAM: unknown keys, wrong secrets and users without a policy are refused).
@@ -42,7 +43,13 @@ import pyarrow.fs as pafs
 STALL_CAP_SECONDS = 30.0
 
 FAULTS = ("503", "500", "403", "reset", "stall")
+#: The fault recorded for a request refused above ``max_rate``.
+THROTTLED = "throttled"
+#: Requests a throttling proxy accepts at once above its rate: this many seconds of it (S3 publishes no burst).
+THROTTLE_BURST_SECONDS = 0.1
 
+#: The error code in the body of each injected HTTP error (S3's names).
+_ERROR_CODES = {"503": "SlowDown", "500": "InternalError", "403": "AccessDenied", "429": "TooManyRequests"}
 _ERROR_BODY = ('<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>injected by the test '
                'proxy</Message></Error>')
 
@@ -83,11 +90,36 @@ def request_kind(method: str, path: str) -> str:
     return method
 
 
-def _check_shaping(latency: float, bandwidth: float | None) -> None:
+def _check_shaping(latency: float, bandwidth: float | None, max_rate: float | None = None,
+                   throttle_status: int = 503) -> None:
     if not latency >= 0:
         raise ValueError(f"latency={latency!r}: seconds >= 0")
     if bandwidth is not None and not bandwidth > 0:
         raise ValueError(f"bandwidth={bandwidth!r}: bytes per second > 0, or None for no cap")
+    if max_rate is not None and not max_rate > 0:
+        raise ValueError(f"max_rate={max_rate!r}: requests per second > 0, or None for no limit")
+    if throttle_status not in (503, 429):
+        raise ValueError(f"throttle_status={throttle_status!r}: 503 (S3's SlowDown) or 429 (Too Many Requests)")
+
+
+class _Admission:
+    """A token bucket of ``rate`` requests a second (a burst of `THROTTLE_BURST_SECONDS` of it): `admit` says
+    whether one more request is accepted now. Refused requests take no token (as a store that sheds load)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.capacity = max(1.0, rate * THROTTLE_BURST_SECONDS)
+        self.tokens = self.capacity
+        self.at = time.monotonic()
+
+    def admit(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
 
 
 class FaultProxy:
@@ -97,15 +129,20 @@ class FaultProxy:
         upstream: the server's (host, port).
         latency: seconds waited before each request is forwarded (also before an injected fault).
         bandwidth: bytes per second a connection's response bodies may use, or None for no cap.
+        max_rate: requests a second the proxy accepts (all connections together, after the latency); above it a
+            request is refused with ``throttle_status`` (503 and S3's ``SlowDown`` error, or 429), recorded as the
+            fault `THROTTLED` and counted in ``stats()["throttled"]``. None: no limit.
         keep_log: keep every `Request` in ``requests`` (a benchmark's long run keeps the counters only).
     """
 
     def __init__(self, upstream: tuple[str, int], *, latency: float = 0.0, bandwidth: float | None = None,
-                 keep_log: bool = True) -> None:
-        _check_shaping(latency, bandwidth)
+                 max_rate: float | None = None, throttle_status: int = 503, keep_log: bool = True) -> None:
+        _check_shaping(latency, bandwidth, max_rate, throttle_status)
         self.upstream = upstream
         self.latency = latency
         self.bandwidth = bandwidth
+        self.max_rate, self.throttle_status = max_rate, throttle_status
+        self._admission = None if max_rate is None else _Admission(max_rate)
         self.keep_log = keep_log
         self.requests: list[Request] = []
         self._faults: list[Fault] = []
@@ -126,10 +163,20 @@ class FaultProxy:
         host, port = self._server.server_address[:2]
         return f"{host}:{port}"
 
-    def configure(self, *, latency: float, bandwidth: float | None) -> None:
-        """The shaping of the requests that arrive from now on (``bandwidth=None``: no cap)."""
-        _check_shaping(latency, bandwidth)
-        self.latency, self.bandwidth = latency, bandwidth
+    def configure(self, *, latency: float, bandwidth: float | None, max_rate: float | None = None,
+                  throttle_status: int = 503) -> None:
+        """The shaping of the requests that arrive from now on (``bandwidth=None``: no cap; ``max_rate=None``: no
+        limit)."""
+        _check_shaping(latency, bandwidth, max_rate, throttle_status)
+        with self._lock:
+            self.latency, self.bandwidth = latency, bandwidth
+            self.max_rate, self.throttle_status = max_rate, throttle_status
+            self._admission = None if max_rate is None else _Admission(max_rate)
+
+    def admit(self) -> bool:
+        """Whether a request arriving now is under ``max_rate`` (always, without one)."""
+        with self._lock:
+            return self._admission is None or self._admission.admit()
 
     def inject(self, kind: str, times: int = 1, *, method: str = "GET", path: str = "") -> None:
         if kind not in FAULTS:
@@ -158,7 +205,7 @@ class FaultProxy:
             counts = self._counts
             kind = request_kind(request.method, request.path)
             for key, n in (("requests", 1), (kind, 1), ("bytes", request.body_bytes),
-                           ("faults", 1 if request.fault else 0)):
+                           ("faults", 1 if request.fault else 0), ("throttled", request.fault == THROTTLED)):
                 counts[key] = counts.get(key, 0) + n
 
     def log(self, method: str = "GET", path: str = "") -> list[Request]:
@@ -167,11 +214,12 @@ class FaultProxy:
 
     def stats(self) -> dict[str, int]:
         """Counters since the last `reset_counters`: ``requests``, per kind (``GET``, ``HEAD``, ``LIST``, ``PUT``,
-        ...), ``bytes`` (response bodies, as declared), ``faults``, ``max_in_flight`` (most requests held at once).
+        ...), ``bytes`` (response bodies, as declared), ``faults`` (``throttled`` among them: refused above
+        ``max_rate``), ``max_in_flight`` (most requests held at once).
 
         A request is counted before its body is sent, so a client holding its response finds it counted."""
         with self._lock:
-            out = {"requests": 0, "bytes": 0, "faults": 0, "GET": 0, "HEAD": 0, "LIST": 0}
+            out = {"requests": 0, "bytes": 0, "faults": 0, "throttled": 0, "GET": 0, "HEAD": 0, "LIST": 0}
             out.update(self._counts)
             return out
 
@@ -280,7 +328,7 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             proxy._open.wait()
             if proxy.latency:
                 proxy.stopping.wait(proxy.latency)  # the store's time to first byte, before the request goes on
-            fault = proxy.take_fault(self.command, path)
+            fault = proxy.take_fault(self.command, path) or ("" if proxy.admit() else THROTTLED)
             if fault:
                 self._inject(fault, path)
                 return
@@ -381,9 +429,10 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
 
         def _inject(self, fault: str, path: str) -> None:
             proxy.record(Request(self.command, path, self.headers.get("Range"), 0, 0, fault))
-            if fault in ("503", "500", "403"):
-                code = {"503": "SlowDown", "500": "InternalError", "403": "AccessDenied"}[fault]
-                payload = _ERROR_BODY.format(code=code).encode()
+            if fault == THROTTLED:
+                fault = str(proxy.throttle_status)
+            if fault in ("503", "500", "403", "429"):
+                payload = _ERROR_BODY.format(code=_ERROR_CODES[fault]).encode()
                 self.send_response(int(fault))
                 self.send_header("Content-Type", "application/xml")
                 self.send_header("Content-Length", str(len(payload)))
@@ -407,12 +456,13 @@ class ProxyProcess:
 
     ``python -m tests.s3_server proxy HOST:PORT`` prints its port, then answers one
     JSON line per JSON line on its standard input (``{"op": "stats"}``,
-    ``{"op": "reset"}``, ``{"op": "configure", "latency": s, "bandwidth": b or null}``), and
+    ``{"op": "reset"}``, ``{"op": "configure", "latency": s, "bandwidth": b or null, "max_rate": r or null}``), and
     stops when its standard input closes. No request log (counters only).
     """
 
-    def __init__(self, upstream: tuple[str, int], *, latency: float = 0.0, bandwidth: float | None = None) -> None:
-        _check_shaping(latency, bandwidth)
+    def __init__(self, upstream: tuple[str, int], *, latency: float = 0.0, bandwidth: float | None = None,
+                 max_rate: float | None = None) -> None:
+        _check_shaping(latency, bandwidth, max_rate)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH")) if p)
         self._process = subprocess.Popen(
@@ -425,7 +475,7 @@ class ProxyProcess:
         self.upstream = upstream
         self.endpoint = f"127.0.0.1:{int(line)}"
         self.pid = self._process.pid
-        self.configure(latency=latency, bandwidth=bandwidth)
+        self.configure(latency=latency, bandwidth=bandwidth, max_rate=max_rate)
 
     def _call(self, **message: Any) -> dict[str, Any]:
         self._process.stdin.write(json.dumps(message) + "\n")
@@ -435,8 +485,10 @@ class ProxyProcess:
             raise ValueError(answer["error"])
         return answer
 
-    def configure(self, *, latency: float, bandwidth: float | None) -> None:
-        self._call(op="configure", latency=latency, bandwidth=bandwidth)
+    def configure(self, *, latency: float, bandwidth: float | None, max_rate: float | None = None,
+                  throttle_status: int = 503) -> None:
+        self._call(op="configure", latency=latency, bandwidth=bandwidth, max_rate=max_rate,
+                   throttle_status=throttle_status)
 
     def stats(self) -> dict[str, int]:
         return self._call(op="stats")
@@ -468,8 +520,9 @@ def _serve_proxy(upstream: str) -> None:
                 proxy.reset_counters()
                 answer = {}
             elif message["op"] == "configure":
-                proxy.configure(latency=message["latency"], bandwidth=message["bandwidth"])
-                answer = {"latency": proxy.latency, "bandwidth": proxy.bandwidth}
+                proxy.configure(latency=message["latency"], bandwidth=message["bandwidth"],
+                                max_rate=message.get("max_rate"), throttle_status=message.get("throttle_status", 503))
+                answer = {"latency": proxy.latency, "bandwidth": proxy.bandwidth, "max_rate": proxy.max_rate}
             else:
                 answer = {"error": f"unknown op {message['op']!r}"}
         except ValueError as error:

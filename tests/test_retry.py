@@ -21,7 +21,7 @@ def flaky(failures: int, error: Exception):
 
 
 def test_transient_faults_are_retried_with_capped_exponential_backoff():
-    read, calls = flaky(5, OSError("AWS Error SLOW_DOWN (HTTP status 503)"))
+    read, calls = flaky(5, OSError("AWS Error INTERNAL_FAILURE (HTTP status 500)"))  # throttling: test_throttle.py
     waits = []
     retry = al.Retry(attempts=6, initial_delay=0.1, max_delay=0.3)
     assert with_retries(read, what="x", retry=retry, sleep=waits.append) == "data"

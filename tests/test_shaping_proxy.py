@@ -123,7 +123,7 @@ def test_counters_reset_and_name_the_request_kinds(proxy):
     proxy.reset_counters()
     stats = proxy.stats()
     assert stats.pop("max_in_flight") <= 1  # the last response may not have left the proxy yet
-    assert stats == {"requests": 0, "bytes": 0, "faults": 0, "GET": 0, "HEAD": 0, "LIST": 0}
+    assert stats == {"requests": 0, "bytes": 0, "faults": 0, "throttled": 0, "GET": 0, "HEAD": 0, "LIST": 0}
     assert [request_kind(*r) for r in (("GET", "/b"), ("GET", "/b/"), ("GET", "/b/k"), ("HEAD", "/b/k"))] == [
         "LIST", "LIST", "GET", "HEAD"]
 
@@ -169,3 +169,21 @@ def test_the_proxy_in_its_own_process_shapes_and_counts(s3):
         assert time.perf_counter() - started >= SIZE / (4 * 1024 * 1024)
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize("status, code", [(503, b"SlowDown"), (429, b"TooManyRequests")])
+def test_requests_above_max_rate_are_refused_as_a_throttling_store_does(proxy, status, code):
+    proxy.configure(latency=0.0, bandwidth=None, max_rate=0.01, throttle_status=status)  # one request, then none
+    connection = http.client.HTTPConnection(*proxy.endpoint.split(":"), timeout=60)
+    answers = []
+    for _ in range(5):
+        connection.request("GET", "/shaping/blob")
+        response = connection.getresponse()
+        answers.append((response.status, code in response.read()))
+    connection.close()
+    assert answers == [(200, False)] + [(status, True)] * 4
+    stats = proxy.stats()
+    assert (stats["requests"], stats["throttled"], stats["faults"]) == (5, 4, 4)
+    assert [r.fault for r in proxy.requests] == [""] + ["throttled"] * 4
+    with pytest.raises(ValueError, match="max_rate"):
+        proxy.configure(latency=0.0, bandwidth=None, max_rate=0)

@@ -92,6 +92,11 @@ def _count_request(stats: LoaderStats, nbytes: int) -> None:
     stats.count("remote_bytes", nbytes)
 
 
+def _count_throttle(stats: LoaderStats, refused: bool, seconds: float) -> None:
+    stats.count("throttled_requests", int(refused))
+    stats.add_seconds("throttle_wait", seconds)
+
+
 class ReaderPosition(NamedTuple):
     """A reader state, checked (`ArrowShardReader.position_of`): where the reader is in its read order."""
 
@@ -193,7 +198,8 @@ class ArrowShardReader(BaseNode[RawSample]):
         stats: optional `LoaderStats`: seconds under ``read`` (record batch reads and
             column conversion, per batch) and the ``rows_read`` counter; for remote files
             ``remote_requests`` and ``remote_bytes`` (after construction) and the read-ahead's
-            figures (`ReadAhead`).
+            figures (`ReadAhead`); ``throttled_requests`` (refused by the store for going too fast, construction
+            included) and ``seconds["throttle_wait"]`` (waited because of them: backoffs and the store's rate).
         interleave: splits read at once (1: one after the other). With ``k > 1`` the
             reader has ``k`` lanes, each reading one split of this rank's order at a
             time; rows come one per lane, round robin, the lanes of pass ``p`` in the
@@ -243,6 +249,11 @@ class ArrowShardReader(BaseNode[RawSample]):
         self._readahead = ReadAhead(self.dataset, budget, stats) if remote and budget else None
         if stats is not None and self.dataset.remote.on_read is None:
             self.dataset.remote.on_read = functools.partial(_count_request, stats)
+            # Throttling during construction (footer scans) counts too: what the dataset saw so far, then each.
+            if self.dataset.remote.throttled or self.dataset.remote.throttle_seconds:
+                _count_throttle(stats, False, self.dataset.remote.throttle_seconds)
+                stats.count("throttled_requests", self.dataset.remote.throttled)
+            self.dataset.remote.on_throttle = functools.partial(_count_throttle, stats)
         self._ahead_from_here = True  # the read-ahead starts over at the next row (a new position)
         self._pass_units: int | None = None
         self.splits = self._splits_for_world()

@@ -234,7 +234,12 @@ class ObjectCache:
                 os.fsync(out.fileno())  # the rename must not publish a copy whose bytes a crash could lose
 
         with_retries(attempt, what=f"the download of shard {loc.path} into the cache {self.directory}",
-                     retry=self.retry)
+                     retry=self.retry, store=loc.path, on_throttle=self._count_throttle)
+
+    def _count_throttle(self, refused: bool, seconds: float) -> None:
+        if self._stats is not None:  # as `ArrowShardReader` counts a dataset's own requests
+            self._stats.count("throttled_requests", int(refused))
+            self._stats.add_seconds("throttle_wait", seconds)
 
     # ----------------------------------------------------------------- space
 

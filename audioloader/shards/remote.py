@@ -69,13 +69,17 @@ class RemoteFiles:
 
     Attributes:
         requests, bytes: requests made and bytes received (successful ones), since creation.
+        throttled, throttle_seconds: requests the store refused for going too fast (503 SlowDown, 429), and
+            seconds waited because of such refusals (backoffs, and waits for a slot in the store's learned rate:
+            `audioloader.shards.throttle`), since creation.
 
     Thread-safe. Pickles as its settings: open files and the pool stay in the process that made them.
     """
 
     def __init__(self, retry: Retry, max_requests: int = DEFAULT_MAX_REQUESTS) -> None:
         self.retry, self.max_requests = retry, max_requests
-        self.requests = self.bytes = 0
+        self.requests = self.bytes = self.throttled = 0
+        self.throttle_seconds = 0.0
         self._lock = threading.Lock()
         self._files: OrderedDict[tuple[int, str], Any] = OrderedDict()
         self._opening: dict[tuple[int, str], threading.Lock] = {}
@@ -83,6 +87,7 @@ class RemoteFiles:
         self._stores: dict[int, tuple[Any, Any]] = {}  # id(filesystem) -> (it, its direct reads or None)
         self._identities: OrderedDict[str, str] = OrderedDict()  # identities the first reads of files saw
         self.on_read: Callable[[int], Any] | None = None  # called with each request's bytes (stats)
+        self.on_throttle: Callable[[bool, float], Any] | None = None  # (refused, seconds waited) (stats)
 
     # ----------------------------------------------------------------- the seam
 
@@ -100,13 +105,22 @@ class RemoteFiles:
             return data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
 
         data = with_retries(attempt, what=f"bytes {offset}-{offset + length - 1} of shard {loc.path}",
-                            retry=self.retry, on_failure=lambda: self._forget(loc))
+                            retry=self.retry, on_failure=lambda: self._forget(loc), store=loc.path,
+                            on_throttle=self.count_throttle)
         with self._lock:
             self.requests += 1
             self.bytes += length
         if self.on_read is not None:
             self.on_read(length)
         return data
+
+    def count_throttle(self, refused: bool, seconds: float) -> None:
+        """A request refused for going too fast (``refused``) and/or ``seconds`` waited for the store's rate."""
+        with self._lock:
+            self.throttled += refused
+            self.throttle_seconds += seconds
+        if self.on_throttle is not None:
+            self.on_throttle(refused, seconds)
 
     def read_identified(self, loc: Any, offset: int, length: int) -> tuple[pa.Buffer, str | None, int | None]:
         """``(bytes, identity, size)``: `read`, and the object's identity (`identity.object_identity`) and size
@@ -141,7 +155,7 @@ class RemoteFiles:
             return response
 
         response = with_retries(attempt, what=f"bytes {offset}-{offset + length - 1} of shard {loc.path}",
-                                retry=self.retry)
+                                retry=self.retry, store=loc.path, on_throttle=self.count_throttle)
         with self._lock:
             self.requests += 1
             self.bytes += length
@@ -209,7 +223,7 @@ class RemoteFiles:
     def opened(self, loc: Any) -> Any:
         """The open pyarrow file of ``loc`` (opened now if needed: pyarrow's HEAD, whose headers carry the ETag)."""
         return with_retries(lambda: self._file(loc), what=f"shard {loc.path}", retry=self.retry,
-                            on_failure=lambda: self._forget(loc))
+                            on_failure=lambda: self._forget(loc), store=loc.path, on_throttle=self.count_throttle)
 
     def _forget(self, loc: Any) -> None:
         """Drop a file's handle after a failed request (its connection may be broken)."""
@@ -221,7 +235,7 @@ class RemoteFiles:
     def size(self, loc: Any) -> int:
         """A remote file's size (asks the store when its listing did not say)."""
         return with_retries(lambda: self._file(loc).size(), what=f"the size of shard {loc.path}", retry=self.retry,
-                            on_failure=lambda: self._forget(loc))
+                            on_failure=lambda: self._forget(loc), store=loc.path, on_throttle=self.count_throttle)
 
     def close(self) -> None:
         with self._lock:

@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from .. import checks
 from ..errors import AccessDeniedError, ShardReadError, redacted
+from .throttle import store_rate
 
 T = TypeVar("T")
 
@@ -44,7 +45,8 @@ class Retry:
         attempts: tries per read, the first included (>= 1).
         initial_delay: seconds before the second try; doubles each time ...
         max_delay: ... up to this cap. Each wait is drawn uniformly from
-            ``[delay / 2, delay]`` (jitter, so many ranks do not retry in step).
+            ``[delay / 2, delay]`` (jitter, so many ranks do not retry in step); after a throttled
+            request from ``[0, delay]`` (full jitter: many ranks refused at once spread out most).
         timeout: seconds a request may stall (no byte received) before it counts as
             failed. Applied to the S3 filesystems audioloader builds from ``s3://``
             URLs; a ``filesystem=`` you pass keeps its own settings.
@@ -64,11 +66,13 @@ class Retry:
         if self.timeout == 0:
             raise ValueError("Retry.timeout=0: must be > 0 seconds")
 
-    def delay(self, failures: int) -> float:
-        """Seconds to wait after ``failures`` failed attempts (1, 2, ...), jitter included."""
+    def delay(self, failures: int, full_jitter: bool = False) -> float:
+        """Seconds to wait after ``failures`` failed attempts (1, 2, ...), jitter included (``full_jitter``: drawn
+        from ``[0, cap]`` instead of ``[cap / 2, cap]``)."""
         cap = min(self.max_delay, self.initial_delay * 2 ** (failures - 1))
         with _JITTER_LOCK:
-            return cap * (0.5 + 0.5 * _JITTER.random())
+            draw = _JITTER.random()
+        return cap * draw if full_jitter else cap * (0.5 + 0.5 * draw)
 
 
 DEFAULT_RETRY = Retry()
@@ -107,6 +111,24 @@ def is_access_refused(error: BaseException) -> bool:
     return bool(_REFUSED_CODES.search(text) or _REFUSED_STATUS.search(text) or _EXPIRED_TOKEN.search(text))
 
 
+# How the stores and clients say "too fast": S3's SlowDown (pyarrow: SLOW_DOWN; a HEAD has no body, so only its
+# status), HTTP 429 / 503 in pyarrow's, aiohttp's and requests' words, AWS's and GCS's throttling codes, Azure's.
+_THROTTLED = re.compile(r"\b(?:SlowDown|SLOW_DOWN|TooManyRequests|Too Many Requests|Throttling|ThrottlingException|"
+                        r"THROTTLING|RequestLimitExceeded|REQUEST_LIMIT_EXCEEDED|rateLimitExceeded|"
+                        r"Please reduce your request rate|ServerBusy)\b"
+                        r"|(?:\b(?:HTTP|status|response code)\D{0,12}\b(?:429|503)\b|\b(?:429|503), message=)",
+                        re.IGNORECASE)
+
+
+def is_throttled(error: BaseException) -> bool:
+    """Whether the store refused a request for being asked too fast (S3's ``503 SlowDown``, HTTP ``429``, a
+    throttling code): worth trying again, later, and worth slowing every request to that store down."""
+    for attribute in ("code", "status", "status_code"):
+        if getattr(error, attribute, None) in (429, 503):
+            return True
+    return bool(_THROTTLED.search(str(error)))
+
+
 def is_transient(error: BaseException) -> bool:
     """Whether a failed remote read may succeed when tried again.
 
@@ -135,28 +157,52 @@ def refused(error: BaseException, what: str) -> AccessDeniedError:
 
 
 def with_retries(read: Callable[[], T], *, what: str, retry: Retry, on_failure: Callable[[], Any] | None = None,
-                 sleep: Callable[[float], Any] = time.sleep) -> T:
+                 sleep: Callable[[float], Any] = time.sleep, store: str | None = None,
+                 on_throttle: Callable[[bool, float], Any] | None = None) -> T:
     """``read()``, tried up to ``retry.attempts`` times while it fails with a transient error.
 
     ``on_failure()`` runs after each failed attempt (e.g. to drop a file handle
     whose connection broke). ``what`` names the object in the final error.
+    ``store``: the object's URL (or path in its filesystem): each attempt first waits for its slot in the
+    process's rate for that store (`audioloader.shards.throttle.store_rate`), and tells it whether the store
+    throttled it. ``on_throttle(refused, seconds)`` is called for each throttled attempt (``refused=True``, with
+    the backoff waited after it) and each wait for a slot (``refused=False``).
     """
+    rate = store_rate(store) if store is not None else None
     start = time.monotonic()
-    attempts = 0
+    attempts = throttled = 0
     while True:
+        epoch, waited = rate.acquire() if rate is not None else (0, 0.0)
+        if waited and on_throttle is not None:
+            on_throttle(False, waited)
         try:
-            return read()
+            result = read()
         except Exception as error:
             if not isinstance(error, ShardReadError) and is_access_refused(error):
                 raise refused(error, what) from error
             if not is_transient(error):
                 raise
             attempts += 1
+            slow_down = is_throttled(error)
+            if slow_down:
+                throttled += 1
+                if rate is not None:
+                    rate.refused(epoch)
             if on_failure is not None:
                 on_failure()
             if attempts == retry.attempts:
+                said = (f" ({throttled} of them refused for going too fast: the store accepts fewer requests than "
+                        "this job sends; fewer ranks or Storage(max_requests=...) send fewer)" if throttled else "")
                 raise ShardReadError(
                     f"cannot read {redacted(what)}: {attempts} attempt{'s' if attempts > 1 else ''} failed over "
-                    f"{time.monotonic() - start:.1f} s; last error: {redacted(str(error).strip())}. Check the storage "
-                    "endpoint and the network; Retry(attempts=..., timeout=...) sets how hard to try") from error
-            sleep(retry.delay(attempts))
+                    f"{time.monotonic() - start:.1f} s{said}; last error: {redacted(str(error).strip())}. Check the "
+                    "storage endpoint and the network; Retry(attempts=..., timeout=...) sets how hard to try"
+                ) from error
+            wait = retry.delay(attempts, full_jitter=slow_down)
+            if slow_down and on_throttle is not None:
+                on_throttle(True, wait)
+            sleep(wait)
+        else:
+            if rate is not None:
+                rate.succeeded()
+            return result

@@ -1,0 +1,185 @@
+"""Throttling survived: a store's "slow down" (S3's 503 SlowDown, HTTP 429) is retried with full-jitter backoff and
+slows the process's requests to that store (an AIMD rate per store), counted in the loader's stats.
+
+The end-to-end test puts moto behind the shaping proxy with ``max_rate``: it refuses every request above that rate
+with 503 SlowDown, as S3 does while a prefix scales. No timing is asserted: counts only.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import audioloader as al
+from audioloader.shards.retry import is_throttled, is_transient, with_retries
+from audioloader.shards.throttle import FLOOR, INCREASE, StoreRate, forget_rates, store_of, store_rate
+from tests.helpers import SMALL, make_shards
+from tests.s3_server import S3_ENVIRONMENT, THROTTLED, S3Server
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_no_limit_until_the_store_refuses():
+    clock = FakeClock()
+    rate = StoreRate("s3://b", clock=clock, sleep=clock.sleep)
+    for _ in range(1000):
+        rate.acquire()
+    assert rate.rate is None and clock.slept == []
+
+
+def test_a_refusal_halves_the_rate_sent_once_per_epoch_and_successes_grow_it():
+    clock = FakeClock()
+    rate = StoreRate("s3://b", clock=clock, sleep=clock.sleep)
+    epochs = []
+    for _ in range(200):  # 200 requests sent in the same instant: 200 a second over the window
+        epochs.append(rate.acquire()[0])
+    for epoch in epochs[:24]:  # 24 requests in flight refused together: one decrease, not 24
+        rate.refused(epoch)
+    assert rate.rate == 100.0 and rate.decreases == 1 and rate.throttled == 24
+    epoch, _ = rate.acquire()
+    rate.refused(epoch)  # sent after the decrease: the store still refuses, halve again
+    assert rate.rate == 50.0 and rate.decreases == 2
+    for _ in range(8):
+        rate.succeeded()
+    assert rate.rate == 50.0 + 8 * INCREASE
+
+
+def test_a_limited_rate_paces_every_request_never_a_tight_loop():
+    clock = FakeClock()
+    rate = StoreRate("s3://b", clock=clock, sleep=clock.sleep)
+    for _ in range(40):
+        rate.acquire()
+    clock.now += 2.0  # a quiet moment: 0 requests sent in the last second
+    rate.refused(rate.acquire()[0])  # one request a second sent: the floor, not 0
+    assert rate.rate == FLOOR
+    start = clock.now
+    for _ in range(5):
+        rate.acquire()
+    assert clock.now - start >= 4 / FLOOR  # 5 requests at 0.5 a second: >= 8 s between the first and the last
+    assert rate.waited == pytest.approx(sum(clock.slept))
+
+
+def test_stores_are_named_without_secrets_and_shared_per_process():
+    assert store_of("s3://KEY:SECRET@bucket/a/b.arrow?endpoint_override=x") == "s3://bucket"
+    assert store_of("https://host:8080/data/x.parquet") == "https://host:8080"
+    assert store_of("bucket/prefix/x.arrow") == "bucket"
+    assert store_rate("s3://same-bucket/a") is store_rate("s3://same-bucket/b/c")
+    assert store_rate("s3://same-bucket/a") is not store_rate("s3://other-bucket/a")
+
+
+@pytest.mark.parametrize("text", [
+    # pyarrow's words for S3's answers, as seen from moto behind the proxy (a HEAD has no body: the status only)
+    "When reading information for key 'k' in bucket 'b': AWS Error UNKNOWN (HTTP status 503) during HeadObject "
+    "operation: No response body.",
+    "When listing objects under key '' in bucket 'b': AWS Error SLOW_DOWN during ListObjectsV2 operation: Please "
+    "reduce your request rate.",
+    "AWS Error UNKNOWN (HTTP status 429) during ListObjectsV2 operation: Unable to parse ExceptionName: "
+    "TooManyRequests Message: slow down",
+    "429, message='Too Many Requests', url='https://huggingface.co/x'",  # aiohttp (fsspec's http)
+    "Throttling: Rate exceeded",
+])
+def test_throttling_is_recognised_in_every_clients_words(text):
+    assert is_throttled(OSError(text)) and is_transient(OSError(text))
+
+
+@pytest.mark.parametrize("text", ["AWS Error ACCESS_DENIED (HTTP status 403)", "HTTP status 500 InternalError",
+                                  "Connection reset by peer", "NoSuchKey (HTTP status 404)"])
+def test_other_faults_are_not_taken_for_throttling(text):
+    assert not is_throttled(OSError(text))
+
+
+def test_throttled_attempts_back_off_with_full_jitter_and_are_reported():
+    calls, reports = [], []
+
+    def read():
+        calls.append(1)
+        if len(calls) <= 40:
+            raise OSError("AWS Error SLOW_DOWN during GetObject operation: Please reduce your request rate.")
+        return "data"
+
+    waits: list[float] = []
+    retry = al.Retry(attempts=41, initial_delay=0.1, max_delay=0.1)
+    assert with_retries(read, what="x", retry=retry, sleep=waits.append,
+                        on_throttle=lambda refused, s: reports.append((refused, s))) == "data"
+    assert len(waits) == 40 and all(0 <= w <= 0.1 for w in waits)
+    assert min(waits) < 0.05  # drawn from [0, cap], not [cap / 2, cap]
+    assert reports == [(True, w) for w in waits]
+
+
+def test_a_read_throttled_to_the_end_says_so():
+    def read():
+        raise OSError("AWS Error UNKNOWN (HTTP status 503) during HeadObject operation: No response body.")
+
+    with pytest.raises(al.ShardReadError, match="3 of them refused for going too fast"):
+        with_retries(read, what="shard s3://b/x.arrow", retry=al.Retry(attempts=3), sleep=lambda s: None)
+
+
+# ----------------------------------------------------------------------------------------- end to end, on moto
+
+FILES, ROWS_PER_FILE = 12, 8
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in S3_ENVIRONMENT.items():
+            env.setenv(name, value)
+        server = S3Server()
+        folder = tmp_path_factory.mktemp("throttled")
+        make_shards(folder, [ROWS_PER_FILE] * FILES, "ipc_file", batch_rows=2, seconds=0.2)
+        server.upload(folder, "throttle/data")
+        try:
+            yield server
+        finally:
+            server.close()
+
+
+def eval_indices(s3, retry):
+    """Every row index of one eval pass over the shards (through the proxy), and the loader's counters."""
+    loader = al.AudioLoader(s3.url("throttle/data"), batch_size=8, train=False, seed=0, features=SMALL,
+                            workers=al.Workers(num_workers=0),
+                            storage=al.Storage(split_rows=2, index="off", retry=retry, readahead_bytes=0))
+    with loader:
+        indices = sorted(i for batch in loader for i in batch["index"][batch["valid"]].tolist())
+        stats = loader.stats()
+    return indices, stats
+
+
+@pytest.mark.parametrize("status", [503, 429])
+def test_a_store_that_refuses_requests_above_a_rate_is_read_exactly(s3, status):
+    patient = al.Retry(attempts=12, initial_delay=0.02, max_delay=0.5, timeout=5.0)
+    s3.proxy.configure(latency=0.0, bandwidth=None)
+    s3.proxy.reset_counters()
+    expected, _ = eval_indices(s3, patient)
+    needed = s3.proxy.stats()["requests"]
+    assert expected == list(range(FILES * ROWS_PER_FILE)) and s3.proxy.stats()["throttled"] == 0
+
+    forget_rates()  # what this process learned of the store in an earlier test is not this test's
+    s3.proxy.configure(latency=0.0, bandwidth=None, max_rate=20.0, throttle_status=status)
+    s3.proxy.clear()
+    s3.proxy.reset_counters()
+    try:
+        got, stats = eval_indices(s3, patient)
+    finally:
+        s3.proxy.configure(latency=0.0, bandwidth=None)
+    seen = s3.proxy.stats()
+    assert got == expected  # every row exactly once
+    assert seen["throttled"] > 0, "the loader never went above the rate: the test proves nothing"
+    assert {r.fault for r in s3.proxy.requests if r.fault} == {THROTTLED}
+    # Bounded: the refusals stay a fraction of the work (a tight loop would make them dominate).
+    assert seen["requests"] <= 3 * needed, (seen, needed)
+    # What the store refused is what the loader counted, construction (listing excepted) and reads together.
+    # (The listing's requests, a LIST and a look for a Hugging Face state.json, are not the dataset's reads.)
+    refused_listing = sum(1 for r in s3.proxy.requests if r.fault and not r.path.endswith(".arrow"))
+    assert stats["counters"]["throttled_requests"] == seen["throttled"] - refused_listing
+    assert stats["seconds"]["throttle_wait"] > 0
