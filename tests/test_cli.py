@@ -205,7 +205,7 @@ def test_pack_errors_name_options_as_the_command_line_spells_them(tmp_path, src,
     assert "--overwrite" not in str(info.value)
     shards = str(tmp_path / "out")
     for argv, says, python_spelling in [
-            (["inspect", shards, "--audio-column", "nope"], "Pass --audio-column NAME with one of", "audio_column="),
+            (["inspect", shards, "--audio-column", "nope"], "one of them with --audio-column NAME", "audio_column="),
             (["inspect", shards, "--sample", "-1"], "--sample -1: must be", "sample="),
             (["inspect", shards, "--split-rows", "0"], "--split-rows 0: must be", "split_rows")]:
         capsys.readouterr()

@@ -481,7 +481,8 @@ def test_no_file_descriptor_or_thread_leak_over_epochs():
     for _ in range(4):
         run(rows(8), num_workers=3)
     gc.collect()
-    assert fds() <= before_fds and threading.active_count() == before_threads
+    # At most as many as before: threads of earlier tests (a Lightning or Ray helper) may end meanwhile.
+    assert fds() <= before_fds and threading.active_count() <= before_threads
 
 
 def test_augment_may_return_views_and_read_only_arrays():

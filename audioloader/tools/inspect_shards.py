@@ -284,15 +284,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 #: `inspect`'s keywords, named in messages as ``keyword=value``, and this command's options for them.
 _KEYWORD = re.compile(r"\b(sample|audio_column|label_column|split_rows)=(\S*)")
+#: The library's fix for a column ("al.Source(..., audio_column=...)"): on the command line, the option itself.
+_SOURCE_FIX = re.compile(r"al\.Source\(\.\.\., (audio_column|label_column)=([^)]*)\)")
 
 
 def _as_options(error: ValueError) -> OptionError:
     """``error`` with `inspect`'s keywords named as this command's options (``--audio-column NAME``, not
     ``audio_column=``): the command line's user never wrote the keyword."""
     def option(match: re.Match[str]) -> str:
-        return f"--{match.group(1).replace('_', '-')} {match.group(2) or 'NAME'}"
+        value = match.group(2)
+        return f"--{match.group(1).replace('_', '-')} {'NAME' if value in ('', '...') else value}"
 
-    return OptionError(str(error), _KEYWORD.sub(option, str(error)))
+    text = _SOURCE_FIX.sub(lambda m: f"{m.group(1)}={m.group(2)}", str(error))
+    return OptionError(str(error), _KEYWORD.sub(option, text))
 
 
 def run(args: argparse.Namespace) -> int:
