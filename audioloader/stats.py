@@ -232,6 +232,18 @@ class LoaderStats:
         with self._lock:
             self.counters[name] += n
 
+    def count_request(self, nbytes: int) -> None:
+        """One remote request of ``nbytes`` bytes (``remote_requests``, ``remote_bytes``)."""
+        with self._lock:
+            self.counters["remote_requests"] += 1
+            self.counters["remote_bytes"] += nbytes
+
+    def count_throttle(self, refused: bool, seconds: float) -> None:
+        """A request the store refused for going too fast (``refused``), and ``seconds`` waited for its slot."""
+        with self._lock:
+            self.counters["throttled_requests"] += int(refused)
+            self.seconds["throttle_wait"] += seconds
+
     def add_seconds(self, stage: str, seconds: float) -> None:
         with self._lock:
             self.seconds[stage] += seconds

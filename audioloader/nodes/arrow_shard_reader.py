@@ -87,16 +87,6 @@ def _checked_interleave(interleave: Any) -> int:
     return int(interleave)
 
 
-def _count_request(stats: LoaderStats, nbytes: int) -> None:
-    stats.count("remote_requests")
-    stats.count("remote_bytes", nbytes)
-
-
-def _count_throttle(stats: LoaderStats, refused: bool, seconds: float) -> None:
-    stats.count("throttled_requests", int(refused))
-    stats.add_seconds("throttle_wait", seconds)
-
-
 class ReaderPosition(NamedTuple):
     """A reader state, checked (`ArrowShardReader.position_of`): where the reader is in its read order."""
 
@@ -248,12 +238,11 @@ class ArrowShardReader(BaseNode[RawSample]):
                                                     for i, f in enumerate(self.dataset.files))
         self._readahead = ReadAhead(self.dataset, budget, stats) if remote and budget else None
         if stats is not None and self.dataset.remote.on_read is None:
-            self.dataset.remote.on_read = functools.partial(_count_request, stats)
+            self.dataset.remote.on_read = stats.count_request
             # Throttling during construction (footer scans) counts too: what the dataset saw so far, then each.
-            if self.dataset.remote.throttled or self.dataset.remote.throttle_seconds:
-                _count_throttle(stats, False, self.dataset.remote.throttle_seconds)
-                stats.count("throttled_requests", self.dataset.remote.throttled)
-            self.dataset.remote.on_throttle = functools.partial(_count_throttle, stats)
+            stats.count("throttled_requests", self.dataset.remote.throttled)
+            stats.add_seconds("throttle_wait", self.dataset.remote.throttle_seconds)
+            self.dataset.remote.on_throttle = stats.count_throttle
         self._ahead_from_here = True  # the read-ahead starts over at the next row (a new position)
         self._pass_units: int | None = None
         self.splits = self._splits_for_world()
@@ -520,20 +509,14 @@ class ArrowShardReader(BaseNode[RawSample]):
                 if lane is None:  # nothing left to take
                     if not any(self._lanes):
                         self._end_of_order()
-                    else:
-                        self._skip_empty_lanes()
+                    else:  # on to the next lane with rows (16 turns a row at the end of a pass, in a profile)
+                        while self._lanes[self._lane_order[1][self._turn]] is None:
+                            self._turn = (self._turn + 1) % self.interleave
                     continue
             sample = lane.next(self)
             if lane.row == lane.rows:
                 self._lanes[lane_id] = None
             return sample
-
-    def _skip_empty_lanes(self) -> None:
-        """Move the turn on to the next lane that has rows, once no split is left to open: the lane the loop of
-        `_next_interleaved` would reach turn by turn (16 turns a row at the end of a pass, in a profile)."""
-        lanes = self._lane_order[1]
-        while self._lanes[lanes[self._turn]] is None:
-            self._turn = (self._turn + 1) % self.interleave
 
     def _take_turn(self) -> int:
         """The lane whose turn it is, and the round robin one step on."""
