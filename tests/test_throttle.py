@@ -183,3 +183,27 @@ def test_a_store_that_refuses_requests_above_a_rate_is_read_exactly(s3, status):
     refused_listing = sum(1 for r in s3.proxy.requests if r.fault and not r.path.endswith(".arrow"))
     assert stats["counters"]["throttled_requests"] == seen["throttled"] - refused_listing
     assert stats["seconds"]["throttle_wait"] > 0
+
+
+def test_a_throttled_listing_teaches_the_stores_rate(monkeypatch):
+    # A LIST that S3 refuses for going too fast slows this process's later requests to the same bucket too.
+    import pyarrow.fs as pafs
+
+    from audioloader.shards import sources
+
+    forget_rates()
+    monkeypatch.setattr("audioloader.shards.retry.time.sleep", lambda seconds: None)
+    calls = []
+
+    class ThrottlingFilesystem:
+        def get_file_info(self, selector):
+            calls.append(selector)
+            if len(calls) == 1:
+                raise OSError("AWS Error SLOW_DOWN during ListObjectsV2 operation: Please reduce your request rate.")
+            return pafs.FileInfo(selector, pafs.FileType.File, size=10)
+
+    sources._expand_remote("s3://listed-bucket/data", ThrottlingFilesystem(), "listed-bucket/data",
+                           al.Retry(attempts=3, initial_delay=0.0, max_delay=0.0))
+    assert len(calls) >= 2  # refused, then tried again
+    assert store_rate("s3://listed-bucket/other").rate is not None  # the bucket's rate is limited from now on
+    forget_rates()

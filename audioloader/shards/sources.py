@@ -195,7 +195,9 @@ def _expand_remote(item: str, fs: Any, fs_path: str, retry: Retry,
                            and i.path.rsplit("/", 1)[-1] == INDEX_NAME)
 
     def listing(selector: Any) -> list[pafs.FileInfo]:
-        return with_retries(lambda: fs.get_file_info(selector), what=f"the listing of {item!r}", retry=retry)
+        # Paced by the store's learnt rate like every other request: a LIST throttled by S3 slows the others too.
+        return with_retries(lambda: fs.get_file_info(selector), what=f"the listing of {item!r}", retry=retry,
+                            store=item)
 
     if any(c in fs_path for c in _GLOB_CHARS):
         parts = fs_path.split("/")
