@@ -121,3 +121,11 @@ class DeprecatedKeywordWarning(FutureWarning):
     """A keyword of 0.2 that still works for one release (``AudioLoader(num_workers=...)``, ...): the message names
     its option group. A class of its own, so that a test suite or an application can make these warnings errors
     wherever the warning's stack level points (pytest: ``"error::audioloader.errors.DeprecatedKeywordWarning"``)."""
+
+
+class WorkerError(RuntimeError):
+    """A worker process could not start, or died while it held work."""
+
+
+class CudaInWorkerError(WorkerError):
+    """Code in a worker process tried to initialise CUDA (device work belongs in the main process)."""

@@ -15,8 +15,8 @@ import torch
 import audioloader as al
 from audioloader.dsp import audio
 from audioloader.tools import cli
-from audioloader.tools.layouts import collect_inputs, detect_format
-from audioloader.tools.pack import pack, pack_dataset
+from audioloader.tools.layouts import detect_format
+from audioloader.tools.pack import collect_inputs, pack, pack_dataset
 from tests.helpers import encode, tone
 from tests.test_pack import read_rows
 

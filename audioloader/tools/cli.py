@@ -50,7 +50,31 @@ def _pack(p: argparse.ArgumentParser) -> None:
 
     p.description = _first_paragraph(pack.__doc__)
     pack.add_arguments(p)
-    p.set_defaults(func=pack.run)
+    p.set_defaults(func=_run_pack)
+
+
+def _run_pack(args: argparse.Namespace) -> int:
+    """Run ``audioloader pack`` with parsed ``args`` (here, not in `pack`: the Ray runner imports `pack`)."""
+    from audioloader.tools.pack import pack_dataset
+
+    options = dict(fmt=args.fmt, input_format=args.input_format, shard_rows=args.shard_rows,
+                   shard_mb=args.shard_mb or None, rows_per_batch=args.rows_per_batch, sample_rate=args.sample_rate,
+                   codec=args.codec, workers=args.workers, shuffle_seed=args.shuffle_seed, overwrite=args.overwrite,
+                   progress=not args.quiet)
+    if args.ray is not None:
+        if args.part is not None:
+            raise ValueError("--part and --ray: --ray runs every part itself; give --parts N instead")
+        from audioloader.integrations import ray as ray_pack
+
+        summary = ray_pack.pack(args.src, args.out, parts=args.parts,
+                                address=None if args.ray == "auto" else args.ray, **options)
+    else:
+        if args.parts is not None:
+            raise ValueError("--parts N is for --ray; to run one part yourself, give --part K/N")
+        summary = pack_dataset(args.src, args.out, part=args.part, **options)
+    if not args.quiet:
+        print(summary.text())
+    return 0
 
 
 def _inspect(p: argparse.ArgumentParser) -> None:

@@ -27,9 +27,8 @@ import pyarrow as pa
 from audioloader.errors import OptionError
 
 from .manifests import Entry, Inputs, Skips, Table, build_inputs, iter_lines, read_table
-from .remote_files import is_url
 
-__all__ = ["AUDIO_EXTENSIONS", "INPUT_FORMATS", "collect_inputs", "detect_format"]
+__all__ = ["AUDIO_EXTENSIONS", "INPUT_FORMATS", "collect_local_inputs", "detect_format"]
 
 #: File name suffixes (lower case) treated as audio when scanning a folder.
 AUDIO_EXTENSIONS = frozenset({".wav", ".wave", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aif", ".aiff",
@@ -103,12 +102,12 @@ def detect_format(src: Path) -> str:
     return "csv"
 
 
-def collect_inputs(src: str | os.PathLike[str], input_format: str | None = None) -> Inputs:
+def collect_local_inputs(src: str | os.PathLike[str], input_format: str | None = None) -> Inputs:
     """Read the source's rows (`Inputs`): the files, their columns and labels, and what was left out.
 
     Args:
-        src: a folder or a manifest file; a URL for a manifest or class folders in object storage
-            (`audioloader.tools.remote_inputs`).
+        src: a folder or a manifest file on this machine (in object storage: `remote_inputs.remote_inputs`;
+            `pack.collect_inputs` takes either).
         input_format: one of `INPUT_FORMATS`, or None / ``"auto"`` to detect it.
 
     Raises:
@@ -116,10 +115,6 @@ def collect_inputs(src: str | os.PathLike[str], input_format: str | None = None)
         ValueError: an unknown format, a format that does not fit ``src``, a malformed manifest (the
             message names the file and line), or no row left to pack.
     """
-    if is_url(os.fspath(src)):
-        from .remote_inputs import remote_inputs
-
-        return remote_inputs(os.fspath(src), input_format)
     path = Path(src)
     if not path.exists():
         raise FileNotFoundError(f"SRC {str(path)!r} does not exist; give a folder of audio files or a manifest "

@@ -50,7 +50,7 @@ from audioloader.errors import OptionError
 from audioloader.shards.writer import FORMATS, ShardWriter
 
 from .. import checks
-from .layouts import AUDIO_EXTENSIONS, INPUT_FORMATS, collect_inputs
+from .layouts import AUDIO_EXTENSIONS, INPUT_FORMATS, collect_local_inputs
 from .manifests import EXAMPLES_PER_REASON, Entry, Inputs, Skips
 from .pack_audio import CODECS, Packed, Skipped, forget_decoded, load_entry, reencode
 from .pack_journal import (
@@ -67,9 +67,10 @@ from .pack_journal import (
 )
 from .pack_store import LocalOut, RemoteOut, crash_point, forget_crash_points, open_out
 from .remote_files import is_url
+from .remote_inputs import remote_inputs
 
 __all__ = ["AUDIO_EXTENSIONS", "CODECS", "INPUT_FORMATS", "PackSummary", "add_arguments", "collect_inputs", "pack",
-           "pack_dataset", "reencode", "run"]
+           "pack_dataset", "reencode"]
 
 _EXTENSION = {"ipc_file": "arrow", "parquet": "parquet"}
 _OVERWRITE = ("overwrite=True", "--overwrite")
@@ -194,6 +195,14 @@ def _check_args(fmt: str, shard_rows: int | None, shard_mb: float | None, rows_p
         raise bad("codec", "--codec", codec, f"must be one of {', '.join(CODECS)}, or None")
     if not positive_int(workers):
         raise bad("workers", "--workers", workers, "must be a positive integer")
+
+
+def collect_inputs(src: str | os.PathLike[str], input_format: str | None = None) -> Inputs:
+    """The rows to pack (`Inputs`): `layouts.collect_local_inputs` for a folder or manifest here,
+    `remote_inputs.remote_inputs` for a URL (a manifest or class folders in object storage)."""
+    if is_url(os.fspath(src)):
+        return remote_inputs(os.fspath(src), input_format)
+    return collect_local_inputs(src, input_format)
 
 
 def _check_out_not_in_src(src: str | os.PathLike[str], store: LocalOut | RemoteOut) -> None:
@@ -514,25 +523,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="replace the shards of an earlier pack in OUT (without it, a pack with the same "
                              "arguments continues where it stopped, and one with other arguments is refused)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run ``audioloader pack`` with parsed ``args``; returns the exit status."""
-    options = dict(fmt=args.fmt, input_format=args.input_format, shard_rows=args.shard_rows,
-                   shard_mb=args.shard_mb or None, rows_per_batch=args.rows_per_batch, sample_rate=args.sample_rate,
-                   codec=args.codec, workers=args.workers, shuffle_seed=args.shuffle_seed, overwrite=args.overwrite,
-                   progress=not args.quiet)
-    if args.ray is not None:
-        if args.part is not None:
-            raise ValueError("--part and --ray: --ray runs every part itself; give --parts N instead")
-        from audioloader.integrations import ray as ray_pack
-
-        summary = ray_pack.pack(args.src, args.out, parts=args.parts,
-                                address=None if args.ray == "auto" else args.ray, **options)
-    else:
-        if args.parts is not None:
-            raise ValueError("--parts N is for --ray; to run one part yourself, give --part K/N")
-        summary = pack_dataset(args.src, args.out, part=args.part, **options)
-    if not args.quiet:
-        print(summary.text())
-    return 0

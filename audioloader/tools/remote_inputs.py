@@ -22,6 +22,7 @@ import pyarrow.fs as pafs
 
 from audioloader.errors import redacted
 
+from .layouts import AUDIO_EXTENSIONS, INPUT_FORMATS, detect_format
 from .manifests import Entry, Inputs, Skips, Table, build_inputs, read_table
 from .remote_files import RemoteFile, fetch, open_url
 
@@ -32,8 +33,6 @@ _MANIFEST_FORMATS = ("csv", "tsv", "jsonl", "commonvoice")
 
 def remote_inputs(url: str, input_format: str | None) -> Inputs:
     """The rows of a manifest or class-folder tree in object storage (see the module docstring)."""
-    from .layouts import AUDIO_EXTENSIONS, INPUT_FORMATS
-
     fs, path = open_url(url)
     info = fs.get_file_info(path)
     shown = redacted(url)
@@ -54,8 +53,6 @@ def remote_inputs(url: str, input_format: str | None) -> Inputs:
 
 
 def _manifest(file: RemoteFile, fmt: str | None) -> Inputs:
-    from .layouts import detect_format
-
     with tempfile.TemporaryDirectory(prefix="audioloader-manifest-") as folder:
         local = Path(folder) / (file.name or "manifest.csv")
         local.write_bytes(fetch(file))

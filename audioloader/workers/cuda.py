@@ -28,6 +28,8 @@ import os
 import sys
 from typing import Any
 
+from ..errors import CudaInWorkerError
+
 #: What a worker process raises when it would initialise CUDA.
 CUDA_IN_WORKER_MESSAGE = (
     "audioloader: code running in a {what} process tried to initialise CUDA. Worker processes never use "
@@ -75,8 +77,6 @@ class _Refusal:
         self.what = what
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
-        from .pool import CudaInWorkerError  # here: pool imports the worker side, which imports this module
-
         raise CudaInWorkerError(CUDA_IN_WORKER_MESSAGE.format(what=self.what))
 
 

@@ -42,6 +42,7 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from multiprocessing import reduction
 from typing import Any
 
+from ..errors import CudaInWorkerError, WorkerError  # noqa: F401 - importable from here as before
 from . import cuda, forks, wire
 from .process_worker import _RemoteFailure, run_chunk, worker_main
 from .recycle import Recycler
@@ -149,14 +150,6 @@ _PRELOAD = ["audioloader.workers.preload"]
 
 class PoolClosed(Exception):
     """The pool was shut down while a result was awaited (the consumer is being stopped)."""
-
-
-class WorkerError(RuntimeError):
-    """A worker process could not start, or died while it held work."""
-
-
-class CudaInWorkerError(WorkerError):
-    """Code in a worker process tried to initialise CUDA (device work belongs in the main process)."""
 
 
 # ---------------------------------------------------------------------------------------- threads
