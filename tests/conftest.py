@@ -33,3 +33,19 @@ def ipc_shards(tmp_path_factory) -> Path:
 def mix_root(tmp_path_factory) -> Path:
     """Sources a, b, c, a noise source and an impulse-response source (`tests.helpers.make_sources`)."""
     return make_sources(tmp_path_factory.mktemp("mix"))
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on loopback behind the test proxy (`tests.s3_server.S3Server`), one a test module, with the
+    credentials and endpoint in the environment. A module that needs its own data defines its own ``s3``."""
+    from tests.s3_server import S3_ENVIRONMENT, S3Server
+
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in S3_ENVIRONMENT.items():
+            env.setenv(name, value)
+        server = S3Server()
+        try:
+            yield server
+        finally:
+            server.close()

@@ -17,7 +17,6 @@ import audioloader as al
 from audioloader.shards.cache import ObjectCache
 from tests.ddp_worker import SMALL
 from tests.helpers import make_shards
-from tests.s3_server import S3_ENVIRONMENT, S3Server
 from tests.test_audio_loader import assert_same_batches
 from tests.test_s3 import flip_audio_bytes
 
@@ -29,18 +28,6 @@ RETRY = al.Retry(attempts=3, initial_delay=0.01, max_delay=0.05, timeout=5.0)
 
 def storage(cache_dir=None, cache_limit=None) -> al.Storage:
     return al.Storage(split_rows=4, retry=RETRY, cache_dir=cache_dir, cache_limit=cache_limit)
-
-
-@pytest.fixture(scope="module")
-def s3():
-    with pytest.MonkeyPatch.context() as env:
-        for name, value in S3_ENVIRONMENT.items():
-            env.setenv(name, value)
-        server = S3Server()
-        try:
-            yield server
-        finally:
-            server.close()
 
 
 @pytest.fixture

@@ -10,22 +10,9 @@ import pyarrow.fs as pafs
 import pytest
 
 from audioloader.tools.pack import pack_dataset
-from tests.s3_server import S3_ENVIRONMENT, S3Server
 from tests.test_pack_resume import content_hash, rows_of
 
 OPTIONS = dict(shard_rows=4, rows_per_batch=2, progress=False, workers=4)
-
-
-@pytest.fixture(scope="module")
-def s3():
-    with pytest.MonkeyPatch.context() as env:
-        for name, value in S3_ENVIRONMENT.items():
-            env.setenv(name, value)
-        server = S3Server()
-        try:
-            yield server
-        finally:
-            server.close()
 
 
 def upload_tree(s3, local, prefix):

@@ -17,23 +17,10 @@ from audioloader.shards import index as shard_index
 from audioloader.shards import remote
 from audioloader.shards.storage import RemoteReads
 from tests.helpers import make_shards
-from tests.s3_server import S3_ENVIRONMENT, S3Server
 
 ROWS = [23, 17, 30]  # 70 rows in three files, record batches / row groups of 4 rows
 FAST = al.Retry(attempts=6, initial_delay=0.01, max_delay=0.05, timeout=1.0)
 UNIT_BYTES = 4 * 12_844  # 4 rows of 0.4 s PCM16 WAV at 16 kHz (12,800 bytes of samples + header)
-
-
-@pytest.fixture(scope="module")
-def s3():
-    with pytest.MonkeyPatch.context() as env:
-        for name, value in S3_ENVIRONMENT.items():
-            env.setenv(name, value)
-        server = S3Server()
-        try:
-            yield server
-        finally:
-            server.close()
 
 
 @pytest.fixture(scope="module")

@@ -10,23 +10,10 @@ import pytest
 import audioloader as al
 from audioloader.shards.formats import WHOLE_FILE_BYTES
 from tests.helpers import assert_same_batches, loader_factory, make_shards, take, write_filter_shards
-from tests.s3_server import S3_ENVIRONMENT, S3Server
 
 ROWS = [13, 9, 18]  # 40 rows in three files
 FORMATS = ["ipc_file", "ipc_stream", "parquet", "orc"]
 FAST = al.Retry(attempts=4, initial_delay=0.01, max_delay=0.05, timeout=1.0)
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as env:
-        for name, value in S3_ENVIRONMENT.items():
-            env.setenv(name, value)
-        server = S3Server()
-        try:
-            yield server
-        finally:
-            server.close()
 
 
 @pytest.fixture(scope="module")

@@ -11,22 +11,10 @@ import pytest
 import audioloader as al
 from audioloader.shards.identity import ETagCheck, etag_part_sizes, md5_etag
 from tests.helpers import SMALL, make_shards, take
-from tests.s3_server import S3_ENVIRONMENT, S3Server
+from tests.s3_server import S3Server
 
 PREFIX = "identity/shards"
 FILE = "part-00001.arrow"
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as env:
-        for name, value in S3_ENVIRONMENT.items():
-            env.setenv(name, value)
-        server = S3Server()
-        try:
-            yield server
-        finally:
-            server.close()
 
 
 def client(s3: S3Server):
