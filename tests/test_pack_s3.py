@@ -42,16 +42,9 @@ def remote_names(s3, prefix):
 
 @pytest.fixture
 def src(tmp_path):
-    from tests.test_pack_resume import CLASSES, FILES_PER_CLASS, encode, tone
+    from tests.test_pack_resume import class_tree
 
-    root = tmp_path / "src"
-    for i, cls in enumerate(CLASSES):
-        (root / cls).mkdir(parents=True)
-        for j in range(FILES_PER_CLASS):
-            rate = (8000, 11025, 16000)[(i + j) % 3]
-            data = encode(tone(0.05 + 0.01 * j, rate, freq=150 + 40 * i + 7 * j, seed=j), rate)
-            (root / cls / f"{j:02d}.wav").write_bytes(b"not audio" if (cls, j) == ("cat", 0) else data)
-    return root
+    return class_tree(tmp_path / "src")
 
 
 @pytest.mark.parametrize("codec", [None, "flac"])
