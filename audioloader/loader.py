@@ -164,13 +164,22 @@ def stop_threads(root: BaseNode) -> None:
     deepest node first: a thread above it that is waiting for items (a shuffle
     buffer filling up, say) then sees the end of its source at once instead of
     finishing the fill before it can notice the stop.
+
+    Nodes with their own ``shutdown()`` are told twice: once on the way up, and again once every thread
+    has ended, because a thread may have been resetting a node below it (starting its worker processes)
+    when that node was told to stop; what that reset started is stopped by the second call.
     """
-    for node in reversed(list(iter_nodes(root))):
+    nodes = list(iter_nodes(root))
+    own_shutdowns = []
+    for node in reversed(nodes):
         own = getattr(node, "shutdown", None)
         if callable(own):
             own()
+            own_shutdowns.append(own)
             continue
         stop_threads_of(node)
+    for own in own_shutdowns:
+        own()
 
 
 # ------------------------------------------------------------------------------ DataLoader-like iterators

@@ -427,6 +427,39 @@ def test_every_start_method_gives_the_same_results(method):
     assert [r["i"] for r in got] == list(range(5)) and torch.equal(got[4]["data"], torch.full((300, 7), 4.0))
 
 
+def test_shutdown_while_another_thread_starts_the_workers_leaves_none_running():
+    # Ctrl-C in the main thread while a background thread resets the chain (starting the decode workers): the
+    # shutdown must return only once no worker runs (CI saw 2 of 2 still alive when the interrupt arrived).
+    pool = ProcessPool(slow_square, 2, start_method="spawn")
+    launch, launched, started = pool._launch, threading.Event(), []
+
+    def launch_then_wait_for_the_shutdown(context, index):
+        worker = launch(context, index)
+        started.append(worker.process)
+        launched.set()
+        pool._closed.wait(30)  # the shutdown has begun; this start goes on from the middle of its work
+        return worker
+
+    pool._launch = launch_then_wait_for_the_shutdown
+    outcome = []
+
+    def start():
+        try:
+            pool.start()
+            outcome.append("started")
+        except _pool.PoolClosed:
+            outcome.append("closed")
+
+    starter = threading.Thread(target=start)
+    starter.start()
+    assert launched.wait(60)
+    pool.shutdown()
+    assert started and [p.is_alive() for p in started] == [False] * len(started)
+    starter.join(60)
+    assert outcome == ["closed"]
+    assert not pool._workers
+
+
 def test_fork_only_while_this_is_the_only_python_thread(monkeypatch):
     from audioloader.workers.pool import DEFAULT_START_METHOD, choose_start_method
 

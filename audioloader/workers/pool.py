@@ -268,6 +268,10 @@ class ProcessPool:
         self._waited = 0.0  # seconds `result` waited for answers, since `take_waited`
         self._closed = threading.Event()
         self._io_lock = threading.Lock()
+        # start() and shutdown() exclude each other: a loader stopped (Ctrl-C in the main thread) while a
+        # background thread is starting the workers waits for that start to give up, so that no worker
+        # outlives the shutdown() call.
+        self._lifecycle = threading.RLock()
         self._pid = os.getpid()
         self.method_used: str | None = None  # set by start(), with the reason for it
         self.start_reason = ""
@@ -275,15 +279,21 @@ class ProcessPool:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._workers:
-            return
+        """Start the workers and wait until each is ready; a `shutdown` from another thread meanwhile makes
+        this stop the ones started and raise `PoolClosed`."""
+        with self._lifecycle:
+            if self._workers:
+                return
+            self._closed.clear()
+            self._start_workers()
+
+    def _start_workers(self) -> None:
         import multiprocessing
 
-        self._closed.clear()
         method, self.start_reason = start_method_and_reason(self.start_method)
         if self.start_method is not None and method != self.start_method:
             warnings.warn(f"audioloader: {self.what} processes start with {method!r}: {self.start_reason}",
-                          RuntimeWarning, stacklevel=3)
+                          RuntimeWarning, stacklevel=4)
         self.method_used = method
         context = multiprocessing.get_context(method)
         if method == "forkserver":
@@ -292,6 +302,8 @@ class ProcessPool:
             free_mkl_buffers()  # see there: a child could otherwise hang in its first FFT
         try:
             for index in range(self.num_workers):
+                if self._closed.is_set():
+                    raise PoolClosed
                 self._workers.append(self._launch(context, index))
             self._free_slots = [list(range(self.depth)) for _ in self._workers]
             for index, worker in enumerate(self._workers):
@@ -299,7 +311,7 @@ class ProcessPool:
                 if reply[0] != "ready":
                     raise WorkerError(f"{self.what} {index} could not start: {reply[1]}")
         except BaseException:
-            self.shutdown()
+            self._stop_workers()
             raise
 
     def _launch(self, context: Any, index: int) -> _Worker:
@@ -312,17 +324,29 @@ class ProcessPool:
                 process.start()
         except RuntimeError as error:
             raise WorkerError(_start_failed_message(self.what, error)) from error
-        theirs.close()
-        forks.forget_in_forked_children(process)  # a child forked from us must not stop it at its exit
-        control = wire.SharedSlot.create(8)
-        _set_generation(control, self._generation)
-        slots = [wire.SharedSlot.create(self.slot_bytes) for _ in range(self.depth)]
-        for slot in [control, *slots]:
-            reduction.send_handle(ours, slot.fd, process.pid)
+        try:
+            theirs.close()
+            forks.forget_in_forked_children(process)  # a child forked from us must not stop it at its exit
+            control = wire.SharedSlot.create(8)
+            _set_generation(control, self._generation)
+            slots = [wire.SharedSlot.create(self.slot_bytes) for _ in range(self.depth)]
+            for slot in [control, *slots]:
+                reduction.send_handle(ours, slot.fd, process.pid)
+        except BaseException:  # Ctrl-C between the start and the return: this process is in no list yet
+            process.kill()
+            process.join()
+            ours.close()
+            raise
         return _Worker(process, ours, slots, control)
 
     def shutdown(self) -> None:
-        """Stop every worker: ask, wait `STOP_GRACE_SECONDS`, then terminate; idempotent."""
+        """Stop every worker: ask, wait `STOP_GRACE_SECONDS`, then terminate; idempotent. Returns once no
+        worker of this pool runs, also when another thread was starting them (that start raises `PoolClosed`)."""
+        self._closed.set()  # first: a start under way in another thread gives up instead of waiting for workers
+        with self._lifecycle:
+            self._stop_workers()
+
+    def _stop_workers(self) -> None:
         self._closed.set()
         workers, self._workers = self._workers, []
         if os.getpid() != self._pid:
