@@ -22,12 +22,13 @@ import numpy as np
 import torch
 
 from . import budget, checkpoint, elastic
+from .budget import Shuffle
 from .chain import build_chain, count_batches, duration_buckets, open_sources, pinned_source, resumed_batches
 from .dsp.config import FeatureConfig, LengthPolicy
 from .errors import CheckpointMismatchError
 from .loader import Loader, Stream, StreamIterator, batches_ahead_of_framework, shutdown_keeping_error
 from .mix import Mix, Source
-from .options import Bucketing, OnError, Shuffle, Storage, Workers, fold_moved_keywords, resolve
+from .options import Bucketing, OnError, Storage, Workers, fold_moved_keywords, resolve
 from .shards import IcebergTable
 from .stats import LoaderStats, feature_stage
 

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 
 from . import checks
+from .budget import Shuffle, ShuffleSettings
+from .budget import resolve as resolve_shuffle
 from .errors import DeprecatedKeywordWarning
 from .shards.cache import parse_bytes
 from .shards.splits import resolve_rank
@@ -97,49 +99,6 @@ class Bucketing:
     def to_dict(self) -> dict[str, Any]:
         """The fields, with ``num_buckets`` as `buckets` (a checkpoint records the count used, not "None")."""
         return {**dataclasses.asdict(self), "num_buckets": self.buckets}
-
-
-@dataclass(frozen=True)
-class Shuffle:
-    """The shuffle buffer: how much it holds, in rows and in bytes, and how soon the first batch leaves.
-
-    ``buffer_size``: most rows held; ``max_bytes``: most bytes held ahead of decoding
-    (the reader's lanes, the buffer and a bucketer after it together; raw rows count
-    their own audio copies, nothing for memory-mapped Arrow IPC shards; decoded
-    samples their features; see docs/concepts.md, "Memory"). ``min_size`` rows or
-    ``min_bytes`` bytes, whichever comes first, are held before the first item leaves
-    (the first batch waits for no more). None takes the mode's preset
-    (`audioloader.budget`): train 10000 rows / 256 MiB, first fill 8000 rows / 32 MiB;
-    eval 1 / 0 (no shuffle). In training from one source a buffer never holds two
-    passes: a corpus smaller than the buffer is shuffled whole each pass.
-
-    ``before_decode``: hold raw rows and decode after the buffer (far less memory,
-    fast resume, same batches); None: yes for local Arrow IPC shards, remote shards,
-    and with ``batching=`` (the bucketer groups rows before they are decoded; False
-    is refused there).
-
-    ``interleave``: splits the reader reads at once, taking one row of each in turn
-    (a seeded order each round; `ArrowShardReader`), so that consecutive rows rarely
-    come from one split and a small buffer mixes far better (docs/lakehouse.md,
-    "Interleaving"). 1: one split after the other. None: the preset (training: as
-    many as half the byte budget holds, up to 16; 16 on memory-mapped IPC shards,
-    whose lanes cost nothing; evaluation: 1). Costs a record batch / row group /
-    stripe in memory per split read at once (nothing for memory-mapped IPC shards).
-    """
-
-    buffer_size: int | None = None
-    min_size: int | None = None
-    before_decode: bool | None = None
-    interleave: int | None = None
-    max_bytes: int | None = None
-    min_bytes: int | None = None
-
-    def __post_init__(self) -> None:
-        checks.field_count(self, "buffer_size", allow_none=True)
-        checks.field_count(self, "min_size", minimum=0, allow_none=True)
-        checks.field_count(self, "interleave", allow_none=True)
-        checks.field_count(self, "max_bytes", allow_none=True)
-        checks.field_count(self, "min_bytes", minimum=0, allow_none=True)
 
 
 @dataclass(frozen=True)
@@ -452,7 +411,7 @@ class Settings:
     batching: Bucketing | None
     augmentations: Any  # an Augmentations, or None
     columns: tuple[str, ...]
-    shuffle: Any  # a budget.ShuffleSettings
+    shuffle: ShuffleSettings
     workers: Workers
     storage: Storage
     device: torch.device | None
@@ -463,7 +422,6 @@ def resolve(*, batch_size: Any, train: Any, seed: Any, infinite: Any, features: 
             augment: Any, columns: Any, shuffle: Any, workers: Any, storage: Any, device: Any, drop_last: Any,
             on_error: Any, source: Any = None) -> Settings:
     """Check the front's arguments and fill in the mode's presets; errors name the argument and the fix."""
-    from . import budget
     from .dsp.augment import Augmentations
     from .dsp.config import LengthPolicy, MelSpectrogramConfig, check_features
 
@@ -497,7 +455,7 @@ def resolve(*, batch_size: Any, train: Any, seed: Any, infinite: Any, features: 
                          "Shuffle(before_decode=...) out")
     from .mix import Mix
 
-    shuffle = budget.resolve(shuffle, train=train, bucketing=batching is not None, mixed=isinstance(source, Mix))
+    shuffle = resolve_shuffle(shuffle, train=train, bucketing=batching is not None, mixed=isinstance(source, Mix))
     return Settings(
         train=train, batch_size=batch_size, seed=seed, infinite=bool(preset.infinite if infinite is None else infinite),
         drop_last=bool(drop_last), features=features, length=length, batching=batching, augmentations=augmentations,
