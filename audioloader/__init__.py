@@ -36,7 +36,7 @@ _LAZY_NAMES: dict[str, str] = {
     "MelSpectrogramConfig": ".dsp.config",
     "Mix": ".mix",
     "Mixup": ".dsp.augment",
-    "OnError": ".options",
+    "OnError": ".errors",
     "RawSample": ".samples",
     "Retry": ".shards",
     "Reverb": ".dsp.augment",
@@ -70,13 +70,14 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time the names c
         CheckpointMismatchError,
         DecodeError,
         ErrorBudgetExceeded,
+        OnError,
         SchemaError,
         ShardChangedError,
         ShardReadError,
     )
     from .loader import Loader
     from .mix import Mix, Source
-    from .options import Bucketing, OnError, Storage, Workers
+    from .options import Bucketing, Storage, Workers
     from .samples import BadRow, Key, RawSample, Sample
     from .shards import IcebergTable, Retry, ShardDataset, SourceNotFoundError
     from .shards.writer import ShardWriter

@@ -139,7 +139,7 @@ class ShuffleSettings:
     one_pass: bool
     bucketing: bool
     preset_fields: frozenset[str]
-    before_decode: bool | None = None  # None: decided by the shards (`chain.open_sources`)
+    before_decode: bool | None = None  # None until `chain.settle` decides it by the shards
     lane_bytes: int = 0
     legacy: bool = False
 
@@ -167,7 +167,7 @@ class ShuffleSettings:
 
     def fitted(self, lane_bytes: int) -> ShuffleSettings:
         """These settings for readers whose lanes hold ``lane_bytes`` each (`lane_bytes`): a preset's interleave
-        becomes `fit_interleave`'s."""
+        becomes `fit_interleave`'s (`chain.settle`, before the readers are built)."""
         interleave = self.interleave
         if "interleave" in self.preset_fields and not self.legacy and self.max_bytes is not None:
             interleave = fit_interleave(self.max_bytes, lane_bytes)
@@ -193,20 +193,6 @@ class ShuffleSettings:
                    if name in self.preset_fields and value is not None}
         return dataclasses.replace(self, **changes, max_bytes=None, min_bytes=None, one_pass=False, legacy=True)
 
-    def configure(self, buffer: Any, bucketer: Any, readers: Sequence[Any]) -> None:
-        """Set these settings on nodes built with others (before they start): the readers' interleave, the
-        buffer's and the bucketer's limits."""
-        if buffer is not None:
-            buffer.capacity, buffer.min_size = self.buffer_size, self.min_size
-            buffer.max_bytes, buffer.min_bytes, buffer.one_pass = self.buffer_max_bytes, self.min_bytes, self.one_pass
-            buffer.describe()
-        if bucketer is not None:
-            bucketer.max_bytes, bucketer.distinct = self.bucketer_max_bytes, self.one_pass
-            bucketer.describe()
-        for reader in readers:
-            if reader.interleave != self.interleave:
-                reader.set_interleave(self.interleave)
-
 
 def fit_interleave(max_bytes: int, lane_bytes: int) -> int:
     """Splits read at once by default: `MAX_INTERLEAVE` where a lane costs nothing (memory-mapped shards), else
@@ -230,7 +216,7 @@ def resolve(shuffle: Shuffle, *, train: bool, bucketing: bool, mixed: bool) -> S
     ``one_pass`` (a buffer holds one pass; a bucket never holds an utterance twice) is on
     in training from one source; a `Mix` draws its sources' passes at their weights, so
     passes of different sources always overlap there. A preset's interleave is 1 until
-    `ShuffleSettings.fitted` knows the readers' units.
+    `chain.settle` fits it to the shards' units (`ShuffleSettings.fitted`), before any reader exists.
     """
     preset = TRAIN if train else EVAL
     given = {"buffer_size": shuffle.buffer_size, "min_size": shuffle.min_size, "max_bytes": shuffle.max_bytes,

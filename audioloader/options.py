@@ -20,7 +20,7 @@ import torch
 from . import checks
 from .budget import Shuffle, ShuffleSettings
 from .budget import resolve as resolve_shuffle
-from .errors import DeprecatedKeywordWarning
+from .errors import ON_ERROR_ACTIONS, DeprecatedKeywordWarning, OnError
 from .shards.cache import parse_bytes
 from .shards.splits import resolve_rank
 from .shards.storage import DEFAULT_REMOTE_READS, RemoteReads
@@ -93,12 +93,45 @@ class Bucketing:
     @property
     def buckets(self) -> int:
         """``num_buckets``, or `DEFAULT_NUM_BUCKETS` when it is None: the most a fitted count can be, and the
-        count recorded with explicit ``boundaries`` (the count a loader uses is `chain.Buckets.count`)."""
+        count recorded with explicit ``boundaries`` (the count a loader uses is `Buckets.count`)."""
         return DEFAULT_NUM_BUCKETS if self.num_buckets is None else self.num_buckets
 
     def to_dict(self) -> dict[str, Any]:
         """The fields, with ``num_buckets`` as `buckets` (a checkpoint records the count used, not "None")."""
         return {**dataclasses.asdict(self), "num_buckets": self.buckets}
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """The duration buckets of a loader with bucketing (`chain.duration_buckets`).
+
+    ``count``: buckets asked for (the edges may be fewer: equal durations merge); ``boundaries``: their
+    edges in seconds; ``fitted``: the count was fitted to the data (``Bucketing(num_buckets=None)``);
+    ``pass_seconds``: the estimated seconds of audio in one pass of a rank (None when the edges were given).
+    """
+
+    count: int
+    boundaries: list[float]
+    fitted: bool = False
+    pass_seconds: float | None = None
+
+    def report(self, max_duration: float) -> dict[str, Any]:
+        """``stats()["bucketing"]``: the count, the edges, and, when fitted, why that many."""
+        out: dict[str, Any] = {"num_buckets": self.count, "boundaries": list(self.boundaries),
+                               "fitted": self.fitted, "pass_seconds": self.pass_seconds}
+        if self.pass_seconds is None:
+            return out
+        if self.fitted and self.count < DEFAULT_NUM_BUCKETS:
+            out["why"] = (f"{self.count} bucket(s), not {DEFAULT_NUM_BUCKETS}: a pass of this rank holds about "
+                          f"{self.pass_seconds:.0f} s of audio, and each bucket should get at least "
+                          f"{FULL_BATCHES_PER_BUCKET} batch(es) of {max_duration:g} s of it; more buckets would cut "
+                          "batches small (Bucketing(num_buckets=...) sets the count)")
+        elif self.pass_seconds / self.count < max_duration:
+            out["why"] = (f"each of the {self.count} buckets gets about {self.pass_seconds / self.count:.1f} s of a "
+                          f"pass of this rank, less than a batch of {max_duration:g} s: batches leave smaller. Fewer "
+                          "buckets make them fuller (a count given, or a checkpoint's: on a new run, "
+                          "Bucketing(num_buckets=None) fits the count to the data)")
+        return out
 
 
 @dataclass(frozen=True)
@@ -198,33 +231,6 @@ class Storage:
     def remote_reads(self) -> RemoteReads:
         """The settings the shard readers take (`audioloader.shards.RemoteReads`)."""
         return RemoteReads(self.readahead_bytes, self.max_requests, self.index)
-
-
-@dataclass(frozen=True)
-class OnError:
-    """What a row whose audio cannot be decoded does.
-
-    ``action="skip"``: it is skipped, counted and reported in ``stats()`` (a skip is
-    deterministic: the same rows are skipped on every run and resume), until more
-    than ``max_fraction`` of at least ``min_rows`` decoded rows failed; then
-    `ErrorBudgetExceeded` stops the run (a corrupt dataset should not train
-    silently). ``action="raise"``: the first bad row raises `DecodeError` naming
-    its file and row. ``on_error="skip"`` / ``"raise"`` are shorthands.
-    """
-
-    action: str = "skip"
-    max_fraction: float = 0.01
-    min_rows: int = 100
-
-    def __post_init__(self) -> None:
-        checks.one_of("OnError.action", self.action, ON_ERROR_ACTIONS)
-        value = self.max_fraction
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-            raise checks.field_error(self, "max_fraction", "must be a fraction in [0, 1]")
-        checks.field_count(self, "min_rows")
-
-
-ON_ERROR_ACTIONS = ("skip", "raise")
 
 
 #: 0.2's flat keywords of `AudioLoader` that moved into a group: name -> (argument, field). Accepted for one
@@ -397,8 +403,12 @@ def resolve_device(device: Any, features: Any) -> torch.device | None:
 class Settings:
     """Every option of an `AudioLoader`, checked, with the mode's presets filled in (see `resolve`).
 
-    ``shuffle`` is a `budget.ShuffleSettings`: its ``before_decode`` may still be None (it depends on the
-    shards, `chain.open_sources`), and a preset's interleave is fitted to the shards' units there.
+    Where each setting becomes final: `resolve` checks the arguments and fills in the presets (every field
+    but the four below); `chain.settle`, once the sources' shards are open and before any node is built,
+    decides what depends on the shards: ``shuffle.interleave`` and ``shuffle.lane_bytes`` (a preset's
+    interleave fitted to the byte budget and the shards' units), ``shuffle.before_decode`` (None until then),
+    ``buckets`` and ``num_batches``; `chain.settle_for_checkpoint` gives the settings a checkpoint was taken
+    with (its bucket count, a legacy buffer), from which the chain is built anew. Nodes never change them.
     """
 
     train: bool
@@ -416,6 +426,8 @@ class Settings:
     storage: Storage
     device: torch.device | None
     on_error: OnError
+    buckets: Buckets | None = None  # with batching: the count and edges (`chain.settle`)
+    num_batches: int | None = None  # evaluation: batches every rank yields (`chain.settle`)
 
 
 def resolve(*, batch_size: Any, train: Any, seed: Any, infinite: Any, features: Any, length: Any, batching: Any,
