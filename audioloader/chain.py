@@ -269,9 +269,8 @@ def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: Bas
     fetch = sources.fetch() if all(_raw_rows_are_free(d) for d in sources.datasets) else None
     length = sources.lengths[0] if len(set(sources.lengths)) == 1 else sources.lengths
     return DecodeSpectrogram(
-        rows, s.features, seed=s.seed, train=s.train, num_workers=s.workers.num_workers,
-        augment=s.augmentations, on_error=s.on_error, stats=stats, worker_type=s.workers.kind, fetch=fetch,
-        start_method=s.workers.start_method, compute_features=s.device is None, length=length,
+        rows, s.features, seed=s.seed, train=s.train, workers=s.workers, augment=s.augmentations,
+        on_error=s.on_error, stats=stats, fetch=fetch, compute_features=s.device is None, length=length,
         guard=file_guard(sources.datasets), segments=sources.segments,
         max_bytes_in_flight=s.shuffle.decode_max_bytes, collate_into=collate_into)
 

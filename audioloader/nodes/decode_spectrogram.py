@@ -23,7 +23,7 @@ from ..dsp.features import compute_features, prepare
 from ..errors import ON_ERROR_ACTIONS, DecodeError, ErrorBudgetExceeded, OnError
 from ..samples import BadRow, BatchEnd, Key, RawSample, Sample, held_bytes
 from ..stats import MAX_REPORTED_BAD_ROWS, LoaderStats, feature_stage
-from ..workers import memory
+from ..workers import Workers, memory
 from ..workers.recycle import BatchArenas
 from ..workers.threads import pin_worker_to_one_thread
 from .held import RowsHeld
@@ -253,8 +253,9 @@ class DecodeSpectrogram(BaseNode[Sample]):
         features: the spectrogram parameters.
         seed: seeds the crop offsets and the augmentation RNGs.
         train: random crop + end padding; else centre crop + centred padding.
-        num_workers: decode threads or processes; 0 decodes inline in the calling thread; ``"auto"``: as many
-            processes as the consumer needs, sized while running (`audioloader.workers.autotune`; threads: 2 a core).
+        num_workers: decode threads or processes (None: 4); 0 decodes inline in the calling thread; ``"auto"``: as
+            many processes as the consumer needs, sized while running (`audioloader.workers.autotune`; threads: 2
+            a core).
         augment: optional ``augment(waveform float32 [clip_samples], rng) -> array [clip_samples]``
             applied to the cropped waveform before the mel; ``rng`` is a
             ``numpy.random.Generator`` seeded from ``(seed, key)``. Its exceptions
@@ -279,7 +280,7 @@ class DecodeSpectrogram(BaseNode[Sample]):
             resume never decodes an item twice.
         window: decode only the crop window where the format allows (same result,
             less work); False always decodes whole files (the reference path).
-        worker_type: ``"thread"`` (libsndfile, soxr and torch release the GIL;
+        worker_type: ``"thread"`` (None: threads; libsndfile, soxr and torch release the GIL;
             no start-up cost) or ``"process"`` (no GIL: scales with cores, and
             leaves the training loop's Python alone; rows and results travel
             through shared memory).
@@ -299,6 +300,8 @@ class DecodeSpectrogram(BaseNode[Sample]):
             they weigh. The bytes in flight are reported in ``stats()["memory"]["decode_in_flight"]``.
         collate_into: `BatchArenas` shared with the `Batcher` that reads this node's samples in order (processes
             only): the features are copied out of the workers straight into batch memory.
+        workers: a `Workers` group (as `AudioLoader` takes it, its ``kind`` and ``num_workers`` decided) instead of
+            ``num_workers``, ``worker_type`` and ``start_method``.
 
     State: ``{"mapper": <ParallelMap state>, "rows_seen": n, "bad_rows": k}``;
     the same for every ``num_workers`` and ``worker_type``.
@@ -309,16 +312,18 @@ class DecodeSpectrogram(BaseNode[Sample]):
     BAD_ROWS_KEY = "bad_rows"
 
     def __init__(self, source: BaseNode[RawSample], features: FeatureConfig = DEFAULT_FEATURES, *,
-                 seed: int = 0, train: bool = True, num_workers: int = 4, augment: Any = None,
+                 seed: int = 0, train: bool = True, num_workers: int | str | None = None, augment: Any = None,
                  on_error: str | OnError = "skip", max_error_fraction: float | None = None,
                  error_budget_min_rows: int | None = None,
                  stats: LoaderStats | None = None, snapshot_frequency: int = 1, window: bool = True,
-                 worker_type: str = "thread", fetch: Fetch | None = None, start_method: str | None = None,
+                 worker_type: str | None = None, fetch: Fetch | None = None, start_method: str | None = None,
                  chunk_size: int | None = None, compute_features: bool = True,
                  length: LengthPolicy | Sequence[LengthPolicy] = DEFAULT_LENGTH,
                  guard: Callable[[str], None] | None = None, segments: Segments | None = None,
-                 max_bytes_in_flight: int | None = None, collate_into: BatchArenas | None = None) -> None:
+                 max_bytes_in_flight: int | None = None, collate_into: BatchArenas | None = None,
+                 workers: Workers | None = None) -> None:
         super().__init__()
+        num_workers, worker_type, start_method = _who_decodes(workers, num_workers, worker_type, start_method)
         if segments is not None and not isinstance(segments, Segments):
             raise TypeError(f"segments must be a Segments or None, got {type(segments).__name__}")
         _validate(source, features, seed, num_workers, on_error, max_error_fraction,
@@ -512,3 +517,19 @@ def _error_policy(on_error: str | OnError, max_error_fraction: float | None,
         return on_error
     budget = {"max_fraction": max_error_fraction, "min_rows": error_budget_min_rows}
     return OnError(on_error, **{name: value for name, value in budget.items() if value is not None})
+
+
+def _who_decodes(workers: Workers | None, num_workers: Any, worker_type: Any,
+                 start_method: Any) -> tuple[Any, Any, Any]:
+    """``(num_workers, worker_type, start_method)``: the `Workers` group's, or the keywords (None: 4 threads)."""
+    if workers is None:
+        return 4 if num_workers is None else num_workers, worker_type or "thread", start_method
+    if not isinstance(workers, Workers):
+        raise TypeError(f"workers must be an audioloader.Workers or None, got {type(workers).__name__}")
+    if (num_workers, worker_type, start_method) != (None, None, None):
+        raise ValueError("workers=Workers(...) says who decodes: give num_workers=, kind= and start_method= there, "
+                         "not num_workers= / worker_type= / start_method= beside it")
+    if workers.kind == "auto" or workers.num_workers is None:
+        raise ValueError(f"{workers}: a DecodeSpectrogram needs kind='thread' or 'process' and a num_workers "
+                         "(AudioLoader decides 'auto' and None for the machine)")
+    return workers.num_workers, workers.kind, workers.start_method
