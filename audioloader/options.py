@@ -466,6 +466,7 @@ def resolve(*, batch_size: Any, train: Any, seed: Any, infinite: Any, features: 
     from . import budget
     from .dsp.augment import Augmentations
     from .dsp.config import LengthPolicy, MelSpectrogramConfig, check_features
+    from .shards.augment_rows import AugmentRows
 
     train = bool(train)
     preset = TRAIN if train else EVAL
@@ -482,7 +483,8 @@ def resolve(*, batch_size: Any, train: Any, seed: Any, infinite: Any, features: 
         length.clip_samples(features)  # a crop needs a length: fail here, naming the fix
     workers = resolve_workers(checks.instance("workers", workers, Workers, default=Workers()), train, augment)
     device = resolve_device(device, features)
-    augmentations = Augmentations.of(augment, seed, features, per_batch_features=device is not None)
+    augmentations = Augmentations.of(augment, seed, features, per_batch_features=device is not None,
+                                     open_rows=AugmentRows)
     if augmentations is not None and augmentations.mixup is not None:
         if not train:
             raise ValueError("Mixup with train=False: an evaluation pass should see each sample as it is; "

@@ -22,6 +22,7 @@ from ..dsp.config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, Segm
 from ..dsp.features import compute_features, prepare
 from ..errors import DecodeError, ErrorBudgetExceeded
 from ..samples import BadRow, BatchEnd, Key, RawSample, Sample, held_bytes
+from ..shards.augment_rows import AugmentRows
 from ..stats import MAX_REPORTED_BAD_ROWS, LoaderStats, feature_stage
 from ..workers import memory
 from ..workers.recycle import BatchArenas
@@ -326,7 +327,8 @@ class DecodeSpectrogram(BaseNode[Sample]):
         self.train = bool(train)
         self.num_workers = num_workers if num_workers == AUTO else int(num_workers)
         self.worker_type = worker_type
-        self.augment = Augmentations.of(augment, int(seed), features, per_batch_features=not compute_features)
+        self.augment = Augmentations.of(augment, int(seed), features, per_batch_features=not compute_features,
+                                        open_rows=AugmentRows)
         self.on_error = on_error
         self.max_error_fraction = float(max_error_fraction)
         self.error_budget_min_rows = int(error_budget_min_rows)
