@@ -9,6 +9,7 @@ same readers.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import warnings
@@ -46,9 +47,9 @@ from .workers.recycle import BatchArenas
 ARENA_BATCHES = 8
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Sources:
-    """The readers of a loader's source and what the chain needs to know about them.
+    """The readers of a loader's source and what the chain needs to know about them (built by keyword, whole).
 
     ``rows`` is the node the chain reads from: the one reader, or a `WeightedMix` of
     a mix's readers. ``lengths`` holds each source's `LengthPolicy`; ``names`` the
@@ -255,27 +256,28 @@ def open_sources(source: Any, settings: Settings, stats: LoaderStats) -> Sources
         sources = _open_mix(source, settings, stats)
     else:
         sources = _open_one(source if isinstance(source, Source) else Source(source), settings, stats)
-    before = settings.shuffle.before_decode
-    # With batching the rows are grouped before they are decoded: whatever holds them holds raw rows.
-    sources.shuffle_before_decode = (True if settings.batching is not None else
-                                     all(_raw_rows_by_default(r) for r in sources.readers)
-                                     if before is None else bool(before))
     stats.shuffle.configure([_split_rows_of(reader) for reader in sources.readers],
                             sources.mix.weights if sources.mix is not None else [1.0], settings.batch_size)
     return sources
 
 
 def _open_one(source: Source, settings: Settings, stats: LoaderStats) -> Sources:
-    s, storage = settings, settings.storage
-    dataset = ShardDataset(source.data, audio_column=source.audio_column, label_column=source.label_column,
-                           columns=s.columns, split_rows=storage.split_rows, filesystem=_filesystem(source, storage),
-                           retry=storage.retry, filter=source.filter, cache_dir=storage.cache_dir,
-                           cache_limit=storage.cache_limit, remote_reads=storage.remote_reads())
-    duration_column, dataset = _with_duration_column(dataset, settings, source.segments)
-    reader = ArrowShardReader(dataset, seed=s.seed, rank=storage.rank, world_size=storage.world_size,
-                              shuffle=s.train, infinite=s.infinite, stats=stats, interleave=s.shuffle.interleave)
-    return Sources([reader], reader, [source.length or s.length], (), None, source.label_column is not None,
-                   duration_column, False, source.audio_column, source.label_column, source.segments)
+    s = settings
+    duration_column, dataset = _with_duration_column(_dataset(source, settings), settings, source.segments)
+    reader = _reader(dataset, settings, seed=s.seed, infinite=s.infinite, stats=stats)
+    return Sources(readers=[reader], rows=reader, lengths=[source.length or s.length], names=(), mix=None,
+                   has_labels=source.label_column is not None, duration_column=duration_column,
+                   shuffle_before_decode=_before_decode(settings, [reader]), audio_column=source.audio_column,
+                   label_column=source.label_column, segments=source.segments)
+
+
+def _before_decode(settings: Settings, readers: Sequence[ArrowShardReader]) -> bool:
+    """Whether the shuffle buffer holds raw rows: with batching always (the rows are grouped before they are
+    decoded: whatever holds them holds raw rows), else ``Shuffle(before_decode=...)``, else by the shards."""
+    before = settings.shuffle.before_decode
+    if settings.batching is not None:
+        return True
+    return all(_raw_rows_by_default(r) for r in readers) if before is None else bool(before)
 
 
 def _with_duration_column(dataset: ShardDataset, settings: Settings,
@@ -309,8 +311,24 @@ def _check_segment_columns(schema: pa.Schema, segments: Segments) -> None:
                          "only say where it was). Leave segments= out")
 
 
-def _filesystem(source: Source, storage: Any) -> Any:
-    return source.filesystem if source.filesystem is not None else storage.filesystem
+def _dataset(source: Source, settings: Settings) -> ShardDataset:
+    """The `ShardDataset` of one source: its files, columns and filter, read as ``settings.storage`` says (with the
+    source's own filesystem, when it has one)."""
+    storage = settings.storage
+    if source.filesystem is not None:
+        storage = dataclasses.replace(storage, filesystem=source.filesystem)
+    return ShardDataset(source.data, audio_column=source.audio_column, label_column=source.label_column,
+                        columns=settings.columns, filter=source.filter, storage=storage)
+
+
+def _reader(dataset: ShardDataset, settings: Settings, *, seed: int, infinite: bool, stats: LoaderStats | None = None,
+            rank: int | None = None) -> ArrowShardReader:
+    """The reader of ``dataset`` with the loader's settings: the chain's (``stats``: counted), or, with ``rank``,
+    one that plans that rank's batches. The single source, a mix's sources and the planning all read through it."""
+    s = settings
+    return ArrowShardReader(dataset, seed=seed, rank=s.storage.rank if rank is None else rank,
+                            world_size=s.storage.world_size, shuffle=s.train, infinite=infinite, stats=stats,
+                            interleave=s.shuffle.interleave)
 
 
 def _open_mix(mix: Mix, settings: Settings, stats: LoaderStats) -> Sources:
@@ -344,19 +362,15 @@ def _open_mix(mix: Mix, settings: Settings, stats: LoaderStats) -> Sources:
     stats.describe_sources(mix.names, mix.weights)
     rows = WeightedMix(dict(zip(mix.names, readers, strict=True)), dict(zip(mix.names, mix.weights, strict=True)),
                        stop=stop, infinite=s.infinite, seed=s.seed, rank=s.storage.rank, stats=stats)
-    return Sources(readers, rows, lengths, mix.names, mix, all(labelled.values()), None, False)
+    return Sources(readers=readers, rows=rows, lengths=lengths, names=mix.names, mix=mix,
+                   has_labels=all(labelled.values()), duration_column=None,
+                   shuffle_before_decode=_before_decode(settings, readers))
 
 
 def _mix_reader(position: int, entry: Any, settings: Settings, stats: LoaderStats) -> ArrowShardReader:
-    source, storage = entry.source, settings.storage
     try:
-        return ArrowShardReader(
-            source.data, audio_column=source.audio_column, label_column=source.label_column,
-            columns=settings.columns, seed=source_seed(settings.seed, position), rank=storage.rank,
-            world_size=storage.world_size, shuffle=settings.train, infinite=False, split_rows=storage.split_rows,
-            filesystem=_filesystem(source, storage), stats=stats, retry=storage.retry, filter=source.filter,
-            interleave=settings.shuffle.interleave, cache_dir=storage.cache_dir, cache_limit=storage.cache_limit,
-            remote_reads=storage.remote_reads())
+        return _reader(_dataset(entry.source, settings), settings, seed=source_seed(settings.seed, position),
+                       infinite=False, stats=stats)
     except Exception as error:
         if hasattr(error, "add_note"):  # Python 3.11+
             error.add_note(f"(in Mix source {entry.name!r})")
@@ -368,8 +382,6 @@ def pinned_source(source: Any, sources: Sources) -> Any:
     table = source.data if isinstance(source, Source) else source
     if not isinstance(table, IcebergTable) or table.snapshot_id is not None:
         return source
-    import dataclasses
-
     pinned = dataclasses.replace(table, snapshot_id=sources.readers[0].dataset.table.snapshot_id)
     return dataclasses.replace(source, data=pinned) if isinstance(source, Source) else pinned
 
@@ -479,8 +491,7 @@ def planned_batches(settings: Settings, sources: Sources, boundaries: list[float
     (interleaved too), from the pass's start or, after an elastic resume (``start``), from its carry."""
     s, counts = settings, []
     for rank in range(s.storage.world_size):
-        rows = ArrowShardReader(sources.reader.dataset, seed=s.seed, rank=rank, world_size=s.storage.world_size,
-                                shuffle=s.train, infinite=False, interleave=s.shuffle.interleave)
+        rows = _reader(sources.reader.dataset, settings, seed=s.seed, infinite=False, rank=rank)
         if start is not None:
             rows.start_from(start.state_for(rows))
         counts.append(len(plan((sources.seconds_of(r) for r in rows), boundaries,
