@@ -119,15 +119,14 @@ class AudioLoader:
         source = arguments["source"] = _with_source_fields(arguments["source"], source_fields)
         self.settings = resolve(**arguments)
         self.stats_counters = LoaderStats(feature_stage(self.settings.features.batch_key))
-        self.sources = open_sources(source, self.settings, self.stats_counters)
+        # A mix's columns are its sources'; 0.2 recorded the flat ones (the fingerprint still holds them).
+        mix_columns = (source_fields.get("audio_column", "audio"), source_fields.get("label_column", "label"))
+        self.sources = open_sources(source, self.settings, self.stats_counters, mix_columns=mix_columns)
         # A preset's interleave, fitted to the byte budget and the shards' units (`budget.fit_interleave`).
         self.settings = dataclasses.replace(self.settings, shuffle=self.settings.shuffle.fitted(
             budget.lane_bytes(self.sources.datasets)))
         self.settings.shuffle.configure(None, None, self.sources.readers)
         self._note_memory()
-        if self.sources.mix is not None:  # a mix's columns are its sources'; 0.2 recorded the flat ones
-            self.sources.audio_column = source_fields.get("audio_column", "audio")
-            self.sources.label_column = source_fields.get("label_column", "label")
         # The arguments, to rebuild this loader elsewhere (pickling: see __reduce__).
         self._arguments = {**arguments, "source": pinned_source(source, self.sources)}
         self._chain = build_chain(self.settings, self.sources, self.stats_counters)

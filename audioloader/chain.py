@@ -47,7 +47,7 @@ from .workers.recycle import BatchArenas
 ARENA_BATCHES = 8
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class Sources:
     """The readers of a loader's source and what the chain needs to know about them (built by keyword, whole).
 
@@ -250,10 +250,12 @@ def _has_cuda() -> bool:
 # -- sources ------------------------------------------------------------------------------------------------
 
 
-def open_sources(source: Any, settings: Settings, stats: LoaderStats) -> Sources:
-    """The readers of ``source`` (shards, an `IcebergTable`, a `Source` or a `Mix`), checked against each other."""
+def open_sources(source: Any, settings: Settings, stats: LoaderStats,
+                 mix_columns: tuple[str | None, str | None] = ("audio", "label")) -> Sources:
+    """The readers of ``source`` (shards, an `IcebergTable`, a `Source` or a `Mix`), checked against each other.
+    ``mix_columns``: the audio and label column a `Mix` records (0.2's flat keywords; its sources have their own)."""
     if isinstance(source, Mix):
-        sources = _open_mix(source, settings, stats)
+        sources = _open_mix(source, settings, stats, mix_columns)
     else:
         sources = _open_one(source if isinstance(source, Source) else Source(source), settings, stats)
     stats.shuffle.configure([_split_rows_of(reader) for reader in sources.readers],
@@ -331,7 +333,7 @@ def _reader(dataset: ShardDataset, settings: Settings, *, seed: int, infinite: b
                             interleave=s.shuffle.interleave)
 
 
-def _open_mix(mix: Mix, settings: Settings, stats: LoaderStats) -> Sources:
+def _open_mix(mix: Mix, settings: Settings, stats: LoaderStats, columns: tuple[str | None, str | None]) -> Sources:
     """One reader per source of the `Mix`, interleaved by a `WeightedMix` node."""
     s = settings
     with_segments = [e.name for e in mix.entries if e.source.segments is not None]
@@ -364,7 +366,8 @@ def _open_mix(mix: Mix, settings: Settings, stats: LoaderStats) -> Sources:
                        stop=stop, infinite=s.infinite, seed=s.seed, rank=s.storage.rank, stats=stats)
     return Sources(readers=readers, rows=rows, lengths=lengths, names=mix.names, mix=mix,
                    has_labels=all(labelled.values()), duration_column=None,
-                   shuffle_before_decode=_before_decode(settings, readers))
+                   shuffle_before_decode=_before_decode(settings, readers), audio_column=columns[0],
+                   label_column=columns[1])
 
 
 def _mix_reader(position: int, entry: Any, settings: Settings, stats: LoaderStats) -> ArrowShardReader:
