@@ -64,6 +64,8 @@ def test_a_share_given_twice_or_files_beside_a_dataset_are_refused(folder):
     dataset = ShardDataset(folder, split_rows=4)
     with pytest.raises(ValueError, match="gives only this rank's share"):
         ArrowShardReader(dataset, storage=al.Storage(split_rows=8))
+    with pytest.raises(ValueError, match=r"ArrowShardReader\(storage=\.\.\., split_rows=\.\.\.\): give it once"):
+        ArrowShardReader(folder, storage=al.Storage(), split_rows=8)
     shared = ArrowShardReader(dataset, storage=al.Storage(rank=1, world_size=2), shuffle=False)
     assert keys(shared) == keys(ArrowShardReader(dataset, rank=1, world_size=2, shuffle=False))
 

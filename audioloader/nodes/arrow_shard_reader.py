@@ -228,7 +228,8 @@ class ArrowShardReader(BaseNode[RawSample]):
         self.stats = stats
         checks.integer("seed", seed)
         self.interleave = _checked_interleave(interleave)
-        rank, world_size = reader_share(checks.instance("storage", storage, Storage), rank, world_size)
+        rank, world_size = reader_share(checks.instance("storage", storage, Storage), rank, world_size,
+                                        has_files=isinstance(source_or_dataset, ShardDataset))
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.seed, self.shuffle, self.infinite = int(seed), bool(shuffle), bool(infinite)
         self.dataset = self._dataset(source_or_dataset, audio_column, label_column, columns, split_rows, filesystem,
@@ -272,11 +273,12 @@ class ArrowShardReader(BaseNode[RawSample]):
                  cache: tuple[str | None, int | None] = (None, None),
                  remote_reads: RemoteReads | None = None, storage: Storage | None = None) -> ShardDataset:
         if not isinstance(source, ShardDataset):
+            if storage is not None:  # the group's fields, each left out here
+                split_rows, filesystem, retry, *cache, remote_reads = storage.dataset_fields(
+                    "ArrowShardReader", split_rows, filesystem, retry, *cache, remote_reads)
             return ShardDataset(source, audio_column=audio_column, label_column=label_column, columns=columns,
                                 split_rows=split_rows, filesystem=filesystem, retry=retry, filter=filter,
-                                cache_dir=cache[0], cache_limit=cache[1], remote_reads=remote_reads, storage=storage)
-        if storage is not None:
-            storage.check_share_only()
+                                cache_dir=cache[0], cache_limit=cache[1], remote_reads=remote_reads)
         given = {"audio_column": (audio_column, "audio", source.audio_column),
                  "label_column": (label_column, "label", source.label_column),
                  "columns": (list(columns), [], list(source.columns)),

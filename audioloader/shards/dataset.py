@@ -127,8 +127,7 @@ class ShardDataset(RowReads, UnitReads):
         if storage is not None:
             split_rows, filesystem, retry, cache_dir, cache_limit, remote_reads = checks.instance(
                 "storage", storage, Storage).dataset_fields(
-                "ShardDataset", split_rows=split_rows, filesystem=filesystem, retry=retry, cache_dir=cache_dir,
-                cache_limit=cache_limit, remote_reads=remote_reads)
+                "ShardDataset", split_rows, filesystem, retry, cache_dir, cache_limit, remote_reads)
         self.audio_column, self.label_column = audio_column, label_column
         self.columns = self._check_arguments(audio_column, label_column, columns, split_rows, filesystem)
         self.split_rows = split_rows

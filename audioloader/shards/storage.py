@@ -108,11 +108,12 @@ class Storage:
         """The settings the shard readers take (`audioloader.shards.RemoteReads`)."""
         return RemoteReads(self.readahead_bytes, self.max_requests, self.index)
 
-    def dataset_fields(self, owner: str, **given: Any) -> tuple[Any, ...]:
+    def dataset_fields(self, owner: str, *given: Any) -> tuple[Any, ...]:
         """What a `ShardDataset` takes from this group: ``(split_rows, filesystem, retry, cache_dir, cache_limit,
-        remote_reads)``. ``given``: the same fields as ``owner`` (``"ShardDataset"``, ``"ArrowShardReader"``) got them
-        one by one; beside ``storage=`` each must be left at its default (`ValueError` naming it)."""
-        for name, value in given.items():
+        remote_reads)``. ``given``: the same fields, in that order, as ``owner`` (``"ShardDataset"``,
+        ``"ArrowShardReader"``) got them one by one; beside ``storage=`` each must be left at its default
+        (`ValueError` naming it)."""
+        for name, value in zip(DATASET_DEFAULTS, given, strict=True):
             if value != DATASET_DEFAULTS[name]:
                 where = ("readahead_bytes=..., max_requests=..., index=..." if name == "remote_reads" else
                          f"{name}={value!r}")
@@ -120,17 +121,17 @@ class Storage:
                                  f"storage=Storage({where}, ...)")
         return (self.split_rows, self.filesystem, self.retry, self.cache_dir, self.cache_limit, self.remote_reads())
 
-    def check_share_only(self) -> None:
-        """Beside a `ShardDataset` (which has its files) the group may give only a reader's rank and world size."""
-        if dataclasses.replace(self, rank=None, world_size=None) != Storage():
-            raise ValueError("storage= with a ShardDataset gives only this rank's share (Storage(rank=..., "
-                             "world_size=...)): the dataset already has its files (build it with the storage)")
 
 
-def reader_share(storage: Storage | None, rank: int | None, world_size: int | None) -> tuple[Any, Any]:
-    """A reader's ``(rank, world_size)``: the group's when ``storage`` is given (the keywords then left at 0, 1)."""
+def reader_share(storage: Storage | None, rank: int | None, world_size: int | None, *,
+                 has_files: bool = False) -> tuple[Any, Any]:
+    """A reader's ``(rank, world_size)``: the group's when ``storage`` is given (the keywords then left at 0, 1).
+    Beside a `ShardDataset` (``has_files``: it has its files) the group may give only the share."""
     if storage is None:
         return rank, world_size
+    if has_files and dataclasses.replace(storage, rank=None, world_size=None) != Storage():
+        raise ValueError("storage= with a ShardDataset gives only this rank's share (Storage(rank=..., "
+                         "world_size=...)): the dataset already has its files (build it with the storage)")
     if (rank, world_size) != (0, 1):
         raise ValueError("ArrowShardReader(storage=..., rank=/world_size=...): give this rank's share once, in the "
                          "group: Storage(rank=..., world_size=...)")
