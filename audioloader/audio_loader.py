@@ -120,10 +120,10 @@ class AudioLoader:
         source = arguments["source"] = _with_source_fields(arguments["source"], source_fields)
         resolved = resolve(**arguments)  # the arguments checked, the mode's presets filled in
         self.stats_counters = LoaderStats(feature_stage(resolved.features.batch_key))
-        self.sources = open_sources(source, resolved, self.stats_counters)  # the shards opened; no node yet
-        if self.sources.mix is not None:  # a mix's columns are its sources'; 0.2 recorded the flat ones
-            self.sources.audio_column = source_fields.get("audio_column", "audio")
-            self.sources.label_column = source_fields.get("label_column", "label")
+        # A mix's columns are its sources'; 0.2 recorded the flat ones (the fingerprint still holds them).
+        mix_columns = (source_fields.get("audio_column", "audio"), source_fields.get("label_column", "label"))
+        # The shards opened; no node yet.
+        self.sources = open_sources(source, resolved, self.stats_counters, mix_columns=mix_columns)
         # The arguments, to rebuild this loader elsewhere (pickling: see __reduce__).
         self._arguments = {**arguments, "source": pinned_source(source, self.sources)}
         self._build(settle(resolved, self.sources))  # every setting final, then the chain

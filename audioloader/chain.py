@@ -51,9 +51,10 @@ from .workers.recycle import BatchArenas
 ARENA_BATCHES = 8
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Sources:
-    """The opened datasets of a loader's source and what the chain needs to know about them (no node).
+    """The opened datasets of a loader's source and what the chain needs to know about them (no node; built
+    by keyword, whole).
 
     ``datasets``: one per source (the mix's in its order); ``lengths`` holds each
     source's `LengthPolicy`; ``names`` the mix's source names (empty for one source);
@@ -306,28 +307,21 @@ def _has_cuda() -> bool:
 # -- sources ------------------------------------------------------------------------------------------------
 
 
-def open_sources(source: Any, settings: Settings, stats: LoaderStats) -> Sources:
+def open_sources(source: Any, settings: Settings, stats: LoaderStats,
+                 mix_columns: tuple[str | None, str | None] = ("audio", "label")) -> Sources:
     """The datasets of ``source`` (shards, an `IcebergTable`, a `Source` or a `Mix`), checked against each other;
-    no node is built (`build_chain` builds the readers, with the settings `settle` makes final)."""
+    no node is built (`build_chain` builds the readers, with the settings `settle` makes final).
+    ``mix_columns``: the audio and label column a `Mix` records (0.2's flat keywords; its sources have their own)."""
     if isinstance(source, Mix):
-        return _open_mix(source, settings, stats)
+        return _open_mix(source, settings, stats, mix_columns)
     return _open_one(source if isinstance(source, Source) else Source(source), settings)
 
 
 def _open_one(source: Source, settings: Settings) -> Sources:
     duration_column, dataset = _with_duration_column(_dataset(source, settings), settings, source.segments)
-    return Sources([dataset], [source.length or settings.length], (), None, source.label_column is not None,
-                   duration_column, source.audio_column, source.label_column, source.segments)
-
-
-def _dataset(source: Source, settings: Settings) -> ShardDataset:
-    """The `ShardDataset` of one source: its files, columns and filter, read as ``settings.storage`` says."""
-    storage = settings.storage
-    return ShardDataset(source.data, audio_column=source.audio_column, label_column=source.label_column,
-                        columns=settings.columns, split_rows=storage.split_rows,
-                        filesystem=_filesystem(source, storage), retry=storage.retry, filter=source.filter,
-                        cache_dir=storage.cache_dir, cache_limit=storage.cache_limit,
-                        remote_reads=storage.remote_reads())
+    return Sources(datasets=[dataset], lengths=[source.length or settings.length], names=(), mix=None,
+                   has_labels=source.label_column is not None, duration_column=duration_column,
+                   audio_column=source.audio_column, label_column=source.label_column, segments=source.segments)
 
 
 def _with_duration_column(dataset: ShardDataset, settings: Settings,
@@ -361,11 +355,17 @@ def _check_segment_columns(schema: pa.Schema, segments: Segments) -> None:
                          "only say where it was). Leave segments= out")
 
 
-def _filesystem(source: Source, storage: Any) -> Any:
-    return source.filesystem if source.filesystem is not None else storage.filesystem
+def _dataset(source: Source, settings: Settings) -> ShardDataset:
+    """The `ShardDataset` of one source: its files, columns and filter, read as ``settings.storage`` says (with the
+    source's own filesystem, when it has one)."""
+    storage = settings.storage
+    if source.filesystem is not None:
+        storage = dataclasses.replace(storage, filesystem=source.filesystem)
+    return ShardDataset(source.data, audio_column=source.audio_column, label_column=source.label_column,
+                        columns=settings.columns, filter=source.filter, storage=storage)
 
 
-def _open_mix(mix: Mix, settings: Settings, stats: LoaderStats) -> Sources:
+def _open_mix(mix: Mix, settings: Settings, stats: LoaderStats, columns: tuple[str | None, str | None]) -> Sources:
     """One dataset per source of the `Mix` (`build_chain` interleaves their readers with a `WeightedMix`)."""
     s = settings
     with_segments = [e.name for e in mix.entries if e.source.segments is not None]
@@ -394,7 +394,8 @@ def _open_mix(mix: Mix, settings: Settings, stats: LoaderStats) -> Sources:
     datasets = [_mix_dataset(entry, settings) for entry in mix.entries]
     check_columns(mix.names, [dataset.schema for dataset in datasets], s.columns)
     stats.describe_sources(mix.names, mix.weights)
-    return Sources(datasets, lengths, mix.names, mix, all(labelled.values()), None, stop=stop)
+    return Sources(datasets=datasets, lengths=lengths, names=mix.names, mix=mix, has_labels=all(labelled.values()),
+                   duration_column=None, audio_column=columns[0], label_column=columns[1], stop=stop)
 
 
 def _mix_dataset(entry: Any, settings: Settings) -> ShardDataset:

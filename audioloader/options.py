@@ -21,9 +21,8 @@ from . import checks
 from .budget import Shuffle, ShuffleSettings
 from .budget import resolve as resolve_shuffle
 from .errors import ON_ERROR_ACTIONS, DeprecatedKeywordWarning, OnError
-from .shards.cache import parse_bytes
 from .shards.splits import resolve_rank
-from .shards.storage import DEFAULT_REMOTE_READS, RemoteReads
+from .shards.storage import Storage  # the group lives with the shards it reads; its old home still names it
 from .workers import AUTO_WORKERS, Workers
 
 #: The most duration buckets `Bucketing` uses when ``num_buckets`` is None (fewer on small data, see
@@ -127,66 +126,6 @@ class Buckets:
                           "buckets make them fuller (a count given, or a checkpoint's: on a new run, "
                           "Bucketing(num_buckets=None) fits the count to the data)")
         return out
-
-
-@dataclass(frozen=True)
-class Storage:
-    """Which rows this loader reads and how its shard files are read.
-
-    Attributes:
-        rank, world_size: this process's share of the splits (rank ``r`` of ``w`` reads
-            every ``w``-th split of a pass); None: from ``torch.distributed`` when a process
-            group is initialized, else 0 / 1.
-        split_rows: target rows per split, the unit assigned to ranks (a split never
-            crosses a record batch, row group or stripe).
-        filesystem: a ``pyarrow.fs.FileSystem`` for the source paths (None: from the URL scheme).
-        retry: how remote reads are retried and timed out (`Retry`; docs/storage.md).
-        readahead_bytes: bytes of upcoming record batches / row groups a reader of remote
-            shards fetches ahead and holds at most (0: no read-ahead); size it to bandwidth x
-            latency x a few (docs/storage.md, "Read-ahead"). Local shards are memory-mapped.
-        max_requests: remote requests in flight at once per source (construction, read-ahead,
-            random access).
-        index: ``"auto"``: the folder's dataset manifest (``_audioloader_manifest.arrow``) when there
-            is one (no listing, no request per file), else a 0.3 metadata index
-            (``_audioloader_index.arrow``, or this machine's cached one) while the listing agrees with
-            it; ``"off"``: ignore both and read every file's footer (docs/storage.md).
-        cache_dir: a folder on a local disk where whole remote shard files are kept after their
-            first read, so later passes (and restarts) read them from disk, memory-mapped, instead
-            of the network. Shared safely by every rank and process of the machine (one download
-            per file). A folder of its own (new or empty: the cache deletes what it evicts). None:
-            no cache (docs/storage.md, "A local cache of remote shards").
-        cache_limit: bytes the cache may hold (an int, or e.g. ``"200GB"``); the least recently
-            used files are evicted past it. At least the largest shard; best the whole dataset
-            (then every pass after the first reads nothing remote). None: no limit.
-    """
-
-    rank: int | None = None
-    world_size: int | None = None
-    split_rows: int = 512
-    filesystem: Any = None
-    retry: Any = None
-    cache_dir: str | os.PathLike | None = None
-    cache_limit: int | str | None = None
-    readahead_bytes: int = DEFAULT_REMOTE_READS.readahead_bytes
-    max_requests: int = DEFAULT_REMOTE_READS.max_requests
-    index: str = DEFAULT_REMOTE_READS.index
-
-    def __post_init__(self) -> None:
-        checks.field_count(self, "split_rows")
-        if self.cache_dir is not None:
-            if not isinstance(self.cache_dir, (str, os.PathLike)) or not os.fspath(self.cache_dir):
-                raise checks.field_error(self, "cache_dir", "must be a folder path (str or Path) or None")
-            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
-        if self.cache_limit is not None:
-            if self.cache_dir is None:
-                raise ValueError(f"Storage(cache_limit={self.cache_limit!r}) without cache_dir: give the cache a "
-                                 "folder, Storage(cache_dir='/local/disk/audioloader-cache', cache_limit=...)")
-            object.__setattr__(self, "cache_limit", parse_bytes(self.cache_limit, "Storage.cache_limit"))
-        self.remote_reads()  # checks readahead_bytes, max_requests, index
-
-    def remote_reads(self) -> RemoteReads:
-        """The settings the shard readers take (`audioloader.shards.RemoteReads`)."""
-        return RemoteReads(self.readahead_bytes, self.max_requests, self.index)
 
 
 #: 0.2's flat keywords of `AudioLoader` that moved into a group: name -> (argument, field). Accepted for one
@@ -392,6 +331,7 @@ def resolve(*, batch_size: Any, train: Any, seed: Any, infinite: Any, features: 
     """Check the front's arguments and fill in the mode's presets; errors name the argument and the fix."""
     from .dsp.augment import Augmentations
     from .dsp.config import LengthPolicy, MelSpectrogramConfig, check_features
+    from .shards.augment_rows import AugmentRows
 
     train = bool(train)
     preset = TRAIN if train else EVAL
@@ -408,7 +348,8 @@ def resolve(*, batch_size: Any, train: Any, seed: Any, infinite: Any, features: 
         length.clip_samples(features)  # a crop needs a length: fail here, naming the fix
     workers = resolve_workers(checks.instance("workers", workers, Workers, default=Workers()), train, augment)
     device = resolve_device(device, features)
-    augmentations = Augmentations.of(augment, seed, features, per_batch_features=device is not None)
+    augmentations = Augmentations.of(augment, seed, features, per_batch_features=device is not None,
+                                     open_rows=AugmentRows)
     if augmentations is not None and augmentations.mixup is not None:
         if not train:
             raise ValueError("Mixup with train=False: an evaluation pass should see each sample as it is; "

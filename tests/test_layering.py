@@ -19,8 +19,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "audioloader"
 #: public face.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundations", ("audioloader.errors", "audioloader.samples", "audioloader.stats", "audioloader.checks")),
+    ("dsp", ("audioloader.dsp",)),  # pure functions on arrays: augmentations are handed their noise rows
     ("shards", ("audioloader.shards",)),
-    ("dsp", ("audioloader.dsp",)),  # above shards: augmentations read noise and impulse-response shards
     ("workers", ("audioloader.workers",)),
     ("nodes", ("audioloader.nodes",)),
     ("front", ("audioloader",)),  # every other module at the package root, and the package itself

@@ -41,7 +41,7 @@ from ..samples import Key, RawSample
 from ..shards import Retry, ShardDataset, Split, subdivide
 from ..shards.readahead import ReadAhead
 from ..shards.splits import resolve_rank
-from ..shards.storage import RemoteReads
+from ..shards.storage import RemoteReads, Storage, reader_share
 from ..stats import LoaderStats
 from .read_order import segment_units, units_ahead
 from .rows import fetch_rows, owned_audio
@@ -178,6 +178,8 @@ class ArrowShardReader(BaseNode[RawSample]):
     Args:
         source_or_dataset: a `ShardDataset`, or a source for one (folder, glob, file,
             URL or a list of them; see `ShardDataset`).
+        storage: how the files are read and this rank's share, as one group (`Storage`; its rank and world size
+            then replace ``rank``/``world_size``). With a `ShardDataset` it gives only the share.
         audio_column, label_column, columns, split_rows, filesystem, retry, filter, cache_dir, cache_limit: passed to
             `ShardDataset` (when a dataset is given they must match it or be left at their defaults).
         seed: seeds the split order of each pass (``shuffle=True``).
@@ -221,15 +223,17 @@ class ArrowShardReader(BaseNode[RawSample]):
                  shuffle: bool = True, infinite: bool = False, split_rows: int = 512, filesystem: Any = None,
                  stats: LoaderStats | None = None, retry: Retry | None = None, filter: Any = None,
                  interleave: int = 1, cache_dir: str | None = None, cache_limit: int | None = None,
-                 remote_reads: RemoteReads | None = None):
+                 remote_reads: RemoteReads | None = None, storage: Storage | None = None):
         super().__init__()
         self.stats = stats
         checks.integer("seed", seed)
         self.interleave = _checked_interleave(interleave)
+        rank, world_size = reader_share(checks.instance("storage", storage, Storage), rank, world_size,
+                                        has_files=isinstance(source_or_dataset, ShardDataset))
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.seed, self.shuffle, self.infinite = int(seed), bool(shuffle), bool(infinite)
         self.dataset = self._dataset(source_or_dataset, audio_column, label_column, columns, split_rows, filesystem,
-                                     retry, filter, (cache_dir, cache_limit), remote_reads)
+                                     retry, filter, (cache_dir, cache_limit), remote_reads, storage)
         if stats is not None and self.dataset.cache is not None:
             self.dataset.cache.report_to(stats)
         budget = self.dataset.remote_reads.readahead_bytes
@@ -267,8 +271,11 @@ class ArrowShardReader(BaseNode[RawSample]):
     def _dataset(source: Any, audio_column: str, label_column: str | None, columns: Sequence[str],
                  split_rows: int, filesystem: Any, retry: Retry | None, filter: Any,
                  cache: tuple[str | None, int | None] = (None, None),
-                 remote_reads: RemoteReads | None = None) -> ShardDataset:
+                 remote_reads: RemoteReads | None = None, storage: Storage | None = None) -> ShardDataset:
         if not isinstance(source, ShardDataset):
+            if storage is not None:  # the group's fields, each left out here
+                split_rows, filesystem, retry, *cache, remote_reads = storage.dataset_fields(
+                    "ArrowShardReader", split_rows, filesystem, retry, *cache, remote_reads)
             return ShardDataset(source, audio_column=audio_column, label_column=label_column, columns=columns,
                                 split_rows=split_rows, filesystem=filesystem, retry=retry, filter=filter,
                                 cache_dir=cache[0], cache_limit=cache[1], remote_reads=remote_reads)

@@ -22,6 +22,7 @@ from ..dsp.config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, Segm
 from ..dsp.features import compute_features, prepare
 from ..errors import ON_ERROR_ACTIONS, DecodeError, ErrorBudgetExceeded, OnError
 from ..samples import BadRow, BatchEnd, Key, RawSample, Sample, held_bytes
+from ..shards.augment_rows import AugmentRows
 from ..stats import MAX_REPORTED_BAD_ROWS, LoaderStats, feature_stage
 from ..workers import Workers, memory
 from ..workers.recycle import BatchArenas
@@ -334,7 +335,8 @@ class DecodeSpectrogram(BaseNode[Sample]):
         self.train = bool(train)
         self.num_workers = num_workers if num_workers == AUTO else int(num_workers)
         self.worker_type = worker_type
-        self.augment = Augmentations.of(augment, int(seed), features, per_batch_features=not compute_features)
+        self.augment = Augmentations.of(augment, int(seed), features, per_batch_features=not compute_features,
+                                        open_rows=AugmentRows)
         policy = _error_policy(on_error, max_error_fraction, error_budget_min_rows)
         self.on_error = policy.action
         self.max_error_fraction = float(policy.max_fraction)

@@ -36,7 +36,7 @@ from .row_reads import RowReads
 from .schema import _check_schema, _label_names, check_columns, unify
 from .sources import IcebergTable, TableSnapshot, resolve_iceberg, resolve_source
 from .splits import Split, _file_splits, _numbered
-from .storage import DEFAULT_REMOTE_READS, RemoteReads
+from .storage import DEFAULT_REMOTE_READS, RemoteReads, Storage
 from .unit_reads import UnitReads
 
 #: Bytes of small remote files a dataset keeps after their first read fetched them whole with their footer (files
@@ -78,6 +78,9 @@ class ShardDataset(RowReads, UnitReads):
         audio_column: encoded audio, binary/large_binary or a struct with a binary ``bytes`` field.
         label_column: integer class ids, or ``None`` for unlabeled data.
         columns: extra columns carried with each row (any type, converted to Python values).
+        storage: how the files are read, as one group (`Storage`: ``split_rows``, ``filesystem``, ``retry``,
+            ``cache_dir``, ``cache_limit`` and the remote reads; its ``rank``/``world_size`` are a reader's). The
+            same settings are also taken one by one (below); beside ``storage`` they stay at their defaults.
         split_rows: target rows per split (batches / row groups are merged up to this).
         filesystem: a ``pyarrow.fs.FileSystem`` in which the source paths are resolved.
         retry: how remote reads are retried (`Retry`); local reads are never retried.
@@ -117,9 +120,14 @@ class ShardDataset(RowReads, UnitReads):
     """
 
     def __init__(self, source: Any, *, audio_column: str = "audio", label_column: str | None = "label",
-                 columns: Sequence[str] = (), split_rows: int = 512, filesystem: Any = None,
-                 retry: Retry | None = None, filter: Any = None, cache_dir: str | None = None,
-                 cache_limit: int | None = None, remote_reads: RemoteReads | None = None):
+                 columns: Sequence[str] = (), filter: Any = None, storage: Storage | None = None,
+                 split_rows: int = 512, filesystem: Any = None, retry: Retry | None = None,
+                 cache_dir: str | None = None, cache_limit: int | None = None,
+                 remote_reads: RemoteReads | None = None):
+        if storage is not None:
+            split_rows, filesystem, retry, cache_dir, cache_limit, remote_reads = checks.instance(
+                "storage", storage, Storage).dataset_fields(
+                "ShardDataset", split_rows, filesystem, retry, cache_dir, cache_limit, remote_reads)
         self.audio_column, self.label_column = audio_column, label_column
         self.columns = self._check_arguments(audio_column, label_column, columns, split_rows, filesystem)
         self.split_rows = split_rows
