@@ -107,7 +107,7 @@ class _Pieces:
 
     def add_rest_of(self, old: ArrowShardReader, at: ReaderPosition, last_pass: int) -> None:
         """What ``old`` (a reader of the old layout) has left from position ``at`` up to the end of ``last_pass``."""
-        order = order_at(old, at)
+        order = order_at(old, at.pass_index, at.carry)
         for pos, row in at.lanes:  # an interleaving reader: the rest of each split its lanes were reading
             if pos >= 0:
                 self.segments.append(self.skip(order[pos], row))
