@@ -169,6 +169,9 @@ class Walk(Generic[L]):
                 if lane is None:
                     if not any(self.lanes):
                         return None
+                    # On to the next lane with rows (at the end of a pass most turns are of empty lanes).
+                    while self.lanes[turns[self.turn]] is None:
+                        self.turn = (self.turn + 1) % len(turns)
                     continue
             return lane_id, lane
 
