@@ -343,11 +343,10 @@ class ShardDataset(RowReads, UnitReads):
 
     def with_columns(self, columns: Sequence[str]) -> ShardDataset:
         """This dataset with other extra ``columns`` (checked against the schema; no file is read again)."""
-        other = copy.copy(self)
+        other = copy.copy(self)  # through __getstate__/__setstate__: its own handles (they read the old columns)
         other.columns = self._check_arguments(self.audio_column, self.label_column, columns, self.split_rows, None)
         check_columns(self._unified, [f.path for f, m in zip(self.files, self._metas, strict=True)
                                       if m.schema is not None], self.audio_column, self.label_column, other.columns)
-        other._tls = threading.local()  # open handles read the old columns
         return other
 
     # ----------------------------------------------------------------- filter
