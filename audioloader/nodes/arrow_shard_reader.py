@@ -293,12 +293,6 @@ class ArrowShardReader(BaseNode[RawSample]):
             return len(segment.take)
         return self.dataset.kept_count(segment.file_id, segment.start, segment.stop)
 
-    def set_interleave(self, interleave: int) -> None:
-        """Read ``interleave`` splits at once from now on; only before the reader starts (a resume sets it)."""
-        self.interleave = _checked_interleave(interleave)
-        at = self._walk.position()
-        self._walk_from(ReaderPosition(at.pass_index, at.split_pos, at.row, at.carry))
-
     def start_from(self, state: dict[str, Any]) -> None:
         """Start the next fresh pass (``reset(None)``) at ``state`` instead (a carry: `audioloader.elastic`)."""
         self.position_of(state)
