@@ -2,6 +2,7 @@
 
 Usage: torchrun --nproc_per_node=2 tests/ddp_worker.py SHARDS OUT.json
 Rank 0 writes what every rank saw to OUT.json for the test to check.
+Its `SMALL`, `gather` and `rows_of` serve the other torchrun scripts (elastic_worker.py, multinode_worker.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,19 @@ import torch.distributed as dist
 import audioloader as al
 
 SMALL = al.MelSpectrogramConfig(sample_rate=8000, clip_seconds=0.25, n_fft=256, hop_length=128, n_mels=16)
+
+
+def gather(value) -> list:
+    """``value`` of every rank, in rank order (`torch.distributed.all_gather_object`)."""
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+def rows_of(batch) -> list[int]:
+    """The row indices of a batch's valid rows."""
+    index = batch["index"]
+    return index[batch["valid"]].tolist() if "valid" in batch else index.tolist()
 
 
 def make(shards: str, **kwargs) -> al.AudioLoader:
@@ -68,8 +82,7 @@ def main() -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     report = {"eval": eval_report(shards), "train_pass0": train_first_pass(shards)}
     report["resume_exact"], state = resume_report(shards)
-    states: list = [None] * world_size
-    dist.all_gather_object(states, state)
+    states = gather(state)
     # Loading another rank's checkpoint must be refused, naming the rank.
     other = states[(rank + 1) % world_size]
     try:
@@ -78,8 +91,7 @@ def main() -> None:
         report["foreign_state"] = "loaded"
     except al.CheckpointMismatchError as error:
         report["foreign_state"] = sorted(error.fields)
-    reports: list = [None] * world_size
-    dist.all_gather_object(reports, report)
+    reports = gather(report)
     if rank == 0:
         with open(out, "w") as f:
             json.dump(reports, f)

@@ -17,7 +17,7 @@ import sys
 
 import torch
 import torch.distributed as dist
-from ddp_worker import SMALL  # a sibling script: this folder is on sys.path
+from ddp_worker import SMALL, gather, rows_of  # a sibling script: this folder is on sys.path
 
 import audioloader as al
 
@@ -28,17 +28,6 @@ MODES = {"train": {"train": True, "infinite": False, "shuffle": al.Shuffle(buffe
 def make(shards: str, mode: str) -> al.AudioLoader:
     return al.AudioLoader(shards, batch_size=4, features=SMALL, seed=11, storage=al.Storage(split_rows=4),
                           workers=al.Workers(num_workers=1), **MODES[mode])
-
-
-def rows_of(batch) -> list[int]:
-    index = batch["index"]
-    return index[batch["valid"]].tolist() if "valid" in batch else index.tolist()
-
-
-def gather(value):
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return out
 
 
 def main() -> None:

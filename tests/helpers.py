@@ -123,6 +123,42 @@ def make_shards(folder: Path, rows_per_file: list[int], fmt: str = "ipc_file", b
 # -- bad audio -----------------------------------------------------------------------------------------------
 
 
+def upload_shards(s3, folder: Path, prefix: str, rows_per_file: list[int], fmt: str = "ipc_file",
+                  batch_rows: int = 4, seconds: float = 0.4) -> tuple[Path, str]:
+    """`make_shards` into ``folder``, the files then uploaded to ``prefix`` (``bucket/folder``) of ``s3`` (an
+    `tests.s3_server.S3Server`): ``(folder, prefix)``, the same rows local and remote."""
+    make_shards(folder, rows_per_file, fmt, batch_rows=batch_rows, seconds=seconds)
+    s3.upload(folder, prefix)
+    return folder, prefix
+
+
+def flip_audio_bytes(path, row: int, count: int = 64) -> None:
+    """Flip ``count`` bytes inside row ``row``'s audio samples of an IPC shard, in place: same size, same footer."""
+    audio = pa.ipc.open_file(pa.memory_map(str(path))).read_all().column("audio")[row].as_py()
+    data = bytearray(path.read_bytes())
+    start = data.find(audio) + len(audio) // 2  # past the WAV header, in the samples
+    data[start:start + count] = bytes(b ^ 0xFF for b in data[start:start + count])
+    path.write_bytes(bytes(data))
+
+
+#: `class_tree`'s classes, each a folder of FILES_PER_CLASS clips (15 files; the first of "cat" is broken: skipped as
+#: undecodable).
+CLASSES = ["bird", "cat", "dog"]
+FILES_PER_CLASS = 5
+
+
+def class_tree(root: Path) -> Path:
+    """``root/<class>/NN.wav`` (``audioloader pack``'s class folders): FILES_PER_CLASS short tones a class at 8-16 kHz,
+    the first of "cat" not audio."""
+    for i, cls in enumerate(CLASSES):
+        (root / cls).mkdir(parents=True)
+        for j in range(FILES_PER_CLASS):
+            rate = (8000, 11025, 16000)[(i + j) % 3]
+            data = encode(tone(0.05 + 0.01 * j, rate, freq=150 + 40 * i + 7 * j, seed=j), rate)
+            (root / cls / f"{j:02d}.wav").write_bytes(b"not audio" if (cls, j) == ("cat", 0) else data)
+    return root
+
+
 def truncated_flac() -> bytes:
     """The first two thirds of a 1.3 s FLAC of a loud tone: a stream cut short."""
     data = encode(tone(1.3, 16000, freq=330.0, amplitude=0.9, seed=16001), 16000, "FLAC", "PCM_16")
@@ -261,6 +297,18 @@ def loader_factory(*, train_options: dict | None = None, eval_options: dict | No
 #: The common test loader: batches of 8, seed 1, two workers, a 12-row shuffle buffer (min 6) in training.
 loader_for = loader_factory(batch_size=8, seed=1, workers=al.Workers(num_workers=2),
                             train_options={"shuffle": al.Shuffle(buffer_size=12, min_size=6)})
+
+
+def state_holding(state, key: str) -> dict | None:
+    """The first nested dict of a loader's ``state`` that holds ``key`` (depth first), or None."""
+    if isinstance(state, dict):
+        if key in state:
+            return state
+        for value in state.values():
+            found = state_holding(value, key)
+            if found is not None:
+                return found
+    return None
 
 
 def take(loader, n):

@@ -29,8 +29,8 @@ import torch.distributed as dist
 from torch import nn
 
 import audioloader as al
+from tests.ddp_worker import SMALL, gather, rows_of  # the launcher puts the repository on PYTHONPATH
 
-SMALL = al.MelSpectrogramConfig(sample_rate=8000, clip_seconds=0.25, n_fft=256, hop_length=128, n_mels=16)
 SAVE_AT, STEPS = 3, 7
 
 
@@ -40,17 +40,6 @@ def make() -> al.AudioLoader:
                           shuffle=al.Shuffle(buffer_size=8, min_size=4), workers=al.Workers(num_workers=1),
                           storage=al.Storage(split_rows=4, cache_dir=cache,
                                              retry=al.Retry(attempts=6, initial_delay=0.05, timeout=10.0)))
-
-
-def gather(value):
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return out
-
-
-def rows_of(batch) -> list[int]:
-    index = batch["index"]
-    return index[batch["valid"]].tolist() if "valid" in batch else index.tolist()
 
 
 def main() -> None:

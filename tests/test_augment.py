@@ -331,10 +331,8 @@ def test_masks_on_whole_utterances_per_batch_equal_the_per_sample_path(tmp_path)
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("mixup")
-    make_shards(folder, [12, 9], batch_rows=4, seconds=0.6)
-    return folder
+def shards(shard_folder) -> Path:
+    return shard_folder([12, 9], batch_rows=4, seconds=0.6)
 
 
 def mixup_loader(shards, augment, **kwargs) -> al.AudioLoader:

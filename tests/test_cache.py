@@ -15,10 +15,7 @@ import torch
 
 import audioloader as al
 from audioloader.shards.cache import ObjectCache
-from tests.ddp_worker import SMALL
-from tests.helpers import make_shards
-from tests.test_audio_loader import assert_same_batches
-from tests.test_s3 import flip_audio_bytes
+from tests.helpers import SMALL, assert_same_batches, flip_audio_bytes, upload_shards
 
 ROOT = Path(__file__).parent.parent
 ROWS = [10, 10, 10, 10]
@@ -33,11 +30,7 @@ def storage(cache_dir=None, cache_limit=None) -> al.Storage:
 @pytest.fixture
 def shards(s3, tmp_path, request):
     """Four IPC shards, local and on S3 under a prefix of this test's own (so copies never carry over)."""
-    folder = tmp_path / "local"
-    make_shards(folder, ROWS, "ipc_file", batch_rows=4, seconds=0.4)
-    prefix = f"cache/{request.node.name.replace('[', '-').rstrip(']')}"
-    s3.upload(folder, prefix)
-    return folder, prefix
+    return upload_shards(s3, tmp_path / "local", f"cache/{request.node.name.replace('[', '-').rstrip(']')}", ROWS)
 
 
 def batches(source, cache_dir=None, cache_limit=None):

@@ -17,7 +17,7 @@ from audioloader.nodes.parallel_map import ParallelMap
 from audioloader.stats import LoaderStats
 from audioloader.workers import cuda
 from audioloader.workers.pool import CudaInWorkerError, WorkerError, start_method_and_reason
-from tests.helpers import SMALL, assert_same_batches, make_shards, take
+from tests.helpers import SMALL, assert_same_batches, take
 from tests.test_parallel_map import Items, drain, tensor_of
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork is chosen on Linux only")
@@ -131,10 +131,8 @@ def test_an_explicit_fork_is_refused_with_a_warning_when_cuda_is_initialised(cud
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("cuda-workers")
-    make_shards(folder, [10, 7], batch_rows=4, seconds=0.4)
-    return folder
+def shards(shard_folder):
+    return shard_folder([10, 7], batch_rows=4, seconds=0.4)
 
 
 def loader(shards, *, train: bool, augment=None, workers: al.Workers | None = None) -> al.AudioLoader:

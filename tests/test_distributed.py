@@ -12,16 +12,14 @@ import pytest
 import torch
 
 import audioloader as al
-from tests.helpers import SMALL, make_shards
+from tests.helpers import SMALL
 
 UNEVEN = [7, 5, 11, 3]  # 26 rows, splits of up to 4 rows -> uneven shares
 
 
 @pytest.fixture(scope="module")
-def uneven_shards(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("uneven")
-    make_shards(folder, UNEVEN, "ipc_file", batch_rows=4, seconds=0.3)
-    return folder
+def uneven_shards(shard_folder) -> Path:
+    return shard_folder(UNEVEN, "ipc_file", batch_rows=4, seconds=0.3)
 
 
 def eval_loader(source, rank, world_size, batch_size=4):

@@ -197,6 +197,86 @@ def test_concepts_draws_every_node_of_the_default_chain():
     assert sorted(name for name in nodes if name not in flow) == [], "docs/concepts.md's Data flow misses a node"
 
 
+_CODE_SPAN = re.compile(r"`([^`]+)`")
+
+
+def layer_rows(page: Path) -> list[tuple[str, list[str], list[str]]]:
+    """The rows of the table under a page's "## The layers": ``(layer, code spans of its package cell, code spans of
+    its what-it-holds cell)``."""
+    text = page.read_text(encoding="utf-8")
+    section = text[text.index("## The layers"):]
+    end = section.find("\n## ")
+    section = section[:end] if end >= 0 else section
+    rows = []
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 3 and cells[0] != "layer" and set(cells[0]) - set("-:"):
+            rows.append((cells[0], _CODE_SPAN.findall(cells[1]), _CODE_SPAN.findall(cells[2])))
+    return rows
+
+
+def module_table_problems(page: Path, package: Path) -> list[str]:
+    """What the layer table of ``page`` gets wrong about ``package``'s modules: each module it names must exist, and
+    each module must be named. A row's package cell names folders (``shards/``: its ``__init__.py``) or modules at the
+    package root; its what-it-holds cell names modules (``x.py``) and sub-packages (``bench/``) inside the row's one
+    folder (or at the root, for a row without a folder). Other code spans (``chain.build_chain``) are not paths."""
+    problems, named, folder_rows = [], set(), {}
+    for layer, packages, holds in layer_rows(page):
+        folders = [name for name in packages if name.endswith("/")]
+        base = folders[0] if len(folders) == 1 else ""
+        folder_rows.update({folder: layer for folder in folders})
+        for name, where in [*((name, "") for name in packages), *((name, base) for name in holds)]:
+            if not name.endswith((".py", "/")):
+                continue
+            path = where + name + ("__init__.py" if name.endswith("/") else "")
+            named.add(path)
+            if not (package / path).is_file():
+                problems.append(f"{page.name}: the {layer!r} row of the layer table names `{name}`, which is not a "
+                                f"module of {package.name}/ ({package.name}/{path} does not exist): correct or drop it")
+    for path in sorted(p.relative_to(package).as_posix() for p in package.rglob("*.py")):
+        if path in named:
+            continue
+        top = path.split("/")[0] + "/" if "/" in path else None
+        where = (f"the {folder_rows[top]!r} row (package `{top}`)" if top in folder_rows else
+                 f"a new row for `{top}`" if top else "the row of its layer (tests/test_layering.py's LAYERS)")
+        problems.append(f"{package.name}/{path} is in no row of {page.name}'s layer table: add it, with a few words on "
+                        f"what it holds, to {where}")
+    return problems
+
+
+def test_the_architecture_tables_name_every_module_and_no_other():
+    assert module_table_problems(ROOT / "docs" / "architecture.md", ROOT / "audioloader") == []
+
+
+def test_a_module_left_out_or_gone_is_caught(tmp_path):
+    """The check itself, on a small package: a module missing from the table and a name without a module."""
+    package = tmp_path / "lib"
+    for path in ("__init__.py", "front.py", "shards/__init__.py", "shards/reads.py", "tools/bench/__init__.py",
+                 "tools/__init__.py", "tools/cli.py"):
+        (package / path).parent.mkdir(parents=True, exist_ok=True)
+        (package / path).write_text("")
+    page = tmp_path / "architecture.md"
+    page.write_text("# A\n\n## The layers\n\n| layer | package | what it holds |\n|---|---|---|\n"
+                    "| files | `shards/` | reads (`reads.py`) and `ShardDataset` (`dataset.py`) |\n"
+                    "| front | `__init__.py`, `front.py` | `front.build` |\n"
+                    "| tools | `tools/` | the command (`cli.py`) and `bench/` |\n\n## The chain\n\n`gone.py`\n")
+    assert module_table_problems(page, package) == [
+        "architecture.md: the 'files' row of the layer table names `dataset.py`, which is not a module of lib/ "
+        "(lib/shards/dataset.py does not exist): correct or drop it"]
+    (package / "shards" / "dataset.py").write_text("")
+    (package / "shards" / "readahead.py").write_text("")
+    (package / "nodes").mkdir()
+    (package / "nodes" / "batcher.py").write_text("")
+    (package / "checks.py").write_text("")
+    assert module_table_problems(page, package) == [
+        "lib/checks.py is in no row of architecture.md's layer table: add it, with a few words on what it holds, to "
+        "the row of its layer (tests/test_layering.py's LAYERS)",
+        "lib/nodes/batcher.py is in no row of architecture.md's layer table: add it, with a few words on what it "
+        "holds, to a new row for `nodes/`",
+        "lib/shards/readahead.py is in no row of architecture.md's layer table: add it, with a few words on what it "
+        "holds, to the 'files' row (package `shards/`)"]
+
+
 def _names_at_depth_one(text: str, start: int) -> set[str]:
     """The quoted names directly inside the ``{...}`` that opens at ``text[start]`` (not those nested deeper)."""
     depth, names = 0, set()

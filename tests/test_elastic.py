@@ -13,17 +13,15 @@ import pytest
 import torch
 
 import audioloader as al
-from tests.helpers import loader_factory, make_shards, roundtrip
+from tests.helpers import loader_factory, roundtrip
 
 ROWS = [13, 9, 18, 7]  # 47 rows
 TOTAL = sum(ROWS)
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("elastic")
-    make_shards(folder, ROWS, "ipc_file", batch_rows=4, seconds=0.3)
-    return folder
+def shards(shard_folder):
+    return shard_folder(ROWS, "ipc_file", batch_rows=4, seconds=0.3)
 
 
 _loader = loader_factory(batch_size=4, seed=7, workers=al.Workers(num_workers=1, kind="thread"),

@@ -19,10 +19,8 @@ TOTAL = sum(ROWS)
 
 
 @pytest.fixture(scope="module", params=["ipc_file", "parquet"])
-def shards(request, tmp_path_factory):
-    folder = tmp_path_factory.mktemp(request.param)
-    make_shards(folder, ROWS, request.param, batch_rows=3, seconds=0.3)
-    return folder
+def shards(request, shard_folder):
+    return shard_folder(ROWS, request.param, batch_rows=3, seconds=0.3)
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,7 @@ from audioloader.nodes import ArrowShardReader
 from audioloader.shards import machine_cache
 from audioloader.shards.manifest import MANIFEST_NAME, Manifest, manifest_columns, write_manifest
 from audioloader.shards.manifest_source import write_folder_manifest
-from tests.helpers import SMALL, assert_same_batches, make_shards, take
-from tests.s3_server import S3_ENVIRONMENT, S3Server
+from tests.helpers import SMALL, assert_same_batches, make_shards, take, upload_shards
 
 FAST = al.Retry(attempts=4, initial_delay=0.01, max_delay=0.05, timeout=2.0)
 ROWS = [13, 9, 18, 7]
@@ -28,28 +27,13 @@ FORMATS = ["ipc_file", "ipc_stream", "parquet", "orc"]
 HEADS = 0 if importlib.util.find_spec("obstore") and os.environ.get("AUDIOLOADER_DIRECT_READS") != "0" else 1
 
 
-@pytest.fixture(scope="module")
-def s3():
+@pytest.fixture(scope="module", autouse=True)
+def _no_launchers_job():
+    """This module's processes belong to no launcher's job (which would name the copies a machine shares)."""
     with pytest.MonkeyPatch.context() as env:
-        for name, value in S3_ENVIRONMENT.items():
-            env.setenv(name, value)
-        env.delenv("AUDIOLOADER_JOB_ID", raising=False)
-        env.delenv("TORCHELASTIC_RUN_ID", raising=False)
-        env.delenv("SLURM_JOB_ID", raising=False)
-        server = S3Server()
-        try:
-            yield server
-        finally:
-            server.close()
-
-
-@pytest.fixture
-def proxy(s3):
-    s3.proxy.clear()
-    try:
-        yield s3.proxy
-    finally:
-        s3.proxy.clear()
+        for name in ("AUDIOLOADER_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+            env.delenv(name, raising=False)
+        yield
 
 
 def requests_by_kind(proxy) -> Counter:
@@ -75,9 +59,7 @@ def loader(source, **kwargs) -> al.AudioLoader:
 
 
 def upload_with_manifest(s3, tmp_path_factory, fmt: str, prefix: str):
-    folder = tmp_path_factory.mktemp(fmt)
-    make_shards(folder, ROWS, fmt, batch_rows=4, seconds=0.2)
-    s3.upload(folder, prefix)
+    folder, _ = upload_shards(s3, tmp_path_factory.mktemp(fmt), prefix, ROWS, fmt, seconds=0.2)
     write_folder_manifest(s3.url(prefix, direct=True))
     return folder
 
@@ -231,9 +213,7 @@ def test_processes_of_a_machine_fetch_the_manifest_once(s3, proxy, tmp_path_fact
 
 
 def test_without_a_manifest_a_machine_lists_and_scans_once(s3, proxy, tmp_path_factory, tmp_path):
-    folder = tmp_path_factory.mktemp("unindexed")
-    make_shards(folder, ROWS, "parquet", batch_rows=4, seconds=0.2)
-    s3.upload(folder, "manifest/unindexed")
+    upload_shards(s3, tmp_path_factory.mktemp("unindexed"), "manifest/unindexed", ROWS, "parquet", seconds=0.2)
     proxy.clear()
     origins = start_ranks(s3.url("manifest/unindexed"), 3, str(tmp_path / "machine"), "job-b")
     assert sorted(origins) == [("listing", sum(ROWS))] + [("machine", sum(ROWS))] * 2
@@ -260,9 +240,9 @@ def test_a_process_waiting_for_its_machine_times_out_naming_the_file_and_the_lea
 
 
 def test_large_files_from_a_manifest_read_their_footer_then_their_units(s3, proxy, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("large")
-    make_shards(folder, [9, 7], "parquet", batch_rows=3, seconds=1.5)  # ~430 KiB a file: more than a first read
-    s3.upload(folder, "manifest/large")
+    # ~430 KiB a file: more than a first read
+    folder, _ = upload_shards(s3, tmp_path_factory.mktemp("large"), "manifest/large", [9, 7], "parquet", batch_rows=3,
+                              seconds=1.5)
     write_folder_manifest(s3.url("manifest/large", direct=True))
     proxy.clear()
     dataset = al.ShardDataset(s3.url("manifest/large"), retry=FAST, split_rows=3)
@@ -274,9 +254,9 @@ def test_large_files_from_a_manifest_read_their_footer_then_their_units(s3, prox
 
 @pytest.mark.skipif(HEADS, reason="needs obstore (reads that send If-Match)")
 def test_a_file_rewritten_after_its_first_read_is_refused_by_the_store(s3, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("rewritten")
-    make_shards(folder, [9], "parquet", batch_rows=3, seconds=1.5)  # larger than a first read: data read later
-    s3.upload(folder, "manifest/rewritten")
+    # larger than a first read: data read later
+    folder, _ = upload_shards(s3, tmp_path_factory.mktemp("rewritten"), "manifest/rewritten", [9], "parquet",
+                              batch_rows=3, seconds=1.5)
     write_folder_manifest(s3.url("manifest/rewritten", direct=True))
     dataset = al.ShardDataset(s3.url("manifest/rewritten"), retry=FAST, split_rows=3)
     assert dataset.located(0).located  # its first read: footer and ETag checked

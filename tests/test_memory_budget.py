@@ -24,6 +24,7 @@ from tests.helpers import (
     encode,
     make_shards,
     roundtrip,
+    state_holding,
     take,
     tone,
     write_ipc_file,
@@ -294,7 +295,7 @@ def test_elastic_resume_delivers_the_row_set_aside_for_the_next_pass_once(tmp_pa
         with build(rank, 2) as loader:  # each rank holds its 20 rows of pass 0; the first of pass 1 waits
             before += [b["index"].item() for b in take(loader, 5)]
             states.append(roundtrip(loader.state_dict()))
-    assert all(ShuffleBuffer.keys_of(_find(s, "draws"))[-1].pass_index == 1 for s in states)
+    assert all(ShuffleBuffer.keys_of(state_holding(s, "draws"))[-1].pass_index == 1 for s in states)
     carried = []
     for rank in range(3):
         with build(rank, 3) as loader:
@@ -304,17 +305,6 @@ def test_elastic_resume_delivers_the_row_set_aside_for_the_next_pass_once(tmp_pa
             carried += [b["index"].item() for b in take(loader, n)]  # one pass at a time: the carry comes first
     counts = Counter(before + carried)
     assert sorted(counts) == list(range(40)) and set(counts.values()) == {2}  # passes 0 and 1, each row once each
-
-
-def _find(state, key):
-    if isinstance(state, dict):
-        if key in state:
-            return state
-        for value in state.values():
-            found = _find(value, key)
-            if found is not None:
-                return found
-    return None
 
 
 # ---------------------------------------------------------------------------------------- old checkpoints

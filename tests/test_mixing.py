@@ -17,7 +17,16 @@ import audioloader as al
 from audioloader.nodes import ArrowShardReader, WeightedMix
 from tests.helpers import MIX_ROWS as ROWS
 from tests.helpers import MIX_WEIGHTS as WEIGHTS
-from tests.helpers import assert_same_batches, audio_table, mix_loader, mix_of, roundtrip, take, write_ipc_file
+from tests.helpers import (
+    assert_same_batches,
+    audio_table,
+    mix_loader,
+    mix_of,
+    roundtrip,
+    state_holding,
+    take,
+    write_ipc_file,
+)
 
 
 def every_augmentation(root: Path) -> list:
@@ -225,22 +234,10 @@ def test_single_source_checkpoints_have_exactly_the_old_fields(mix_root):
             take(loader, 2)
             state = loader.state_dict()
         assert set(state["fingerprint"]) == old_fingerprint
-        buffer = _find(state, "draws")
+        buffer = state_holding(state, "draws")
         # ("fenced": only while the first row of the next pass waits for the buffer to empty.)
         assert set(buffer) - {"fenced"} == {"source", "draws", "exhausted", "primed", "indices", "passes",
                                             "checksums", "pass", "full"}
-
-
-def _find(state, key):
-    """The first nested dict of ``state`` that holds ``key``."""
-    if isinstance(state, dict):
-        if key in state:
-            return state
-        for value in state.values():
-            found = _find(value, key)
-            if found is not None:
-                return found
-    return None
 
 
 def test_sources_with_their_own_columns_and_length_policy(mix_root, tmp_path):

@@ -10,17 +10,15 @@ import pyarrow.orc as orc
 import pytest
 
 import audioloader as al
-from tests.helpers import assert_resumes_exactly, audio_table, loader_factory, make_shards, write_orc
+from tests.helpers import assert_resumes_exactly, audio_table, loader_factory, write_orc
 
 ROWS = [13, 9, 18, 7]  # 47 rows in stripes of 4: 4, 3, 5 and 2 stripes
 TOTAL = sum(ROWS)
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("orc")
-    make_shards(folder, ROWS, "orc", batch_rows=4, seconds=0.3)
-    return folder
+def shards(shard_folder):
+    return shard_folder(ROWS, "orc", batch_rows=4, seconds=0.3)
 
 
 loader_for = loader_factory(batch_size=4, seed=5, workers=al.Workers(num_workers=2, kind="thread"), columns=("uid",),

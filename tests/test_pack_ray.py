@@ -13,7 +13,6 @@ import pytest
 from audioloader.tools import cli
 from audioloader.tools.pack import pack_dataset
 from tests.test_pack_resume import ROOT, content_hash, rows_of, shard_paths
-from tests.test_pack_resume import src as src
 
 ray = pytest.importorskip("ray")
 

@@ -23,24 +23,6 @@ from audioloader.tools.pack import pack_dataset
 from tests.helpers import encode, tone
 
 ROOT = Path(__file__).resolve().parent.parent
-CLASSES = ["bird", "cat", "dog"]
-FILES_PER_CLASS = 5  # 15 files; the first of "cat" is broken (skipped as undecodable)
-
-
-def class_tree(root: Path) -> Path:
-    """``root/<class>/NN.wav``: FILES_PER_CLASS short tones a class at 8-16 kHz, the first of "cat" not audio."""
-    for i, cls in enumerate(CLASSES):
-        (root / cls).mkdir(parents=True)
-        for j in range(FILES_PER_CLASS):
-            rate = (8000, 11025, 16000)[(i + j) % 3]
-            data = encode(tone(0.05 + 0.01 * j, rate, freq=150 + 40 * i + 7 * j, seed=j), rate)
-            (root / cls / f"{j:02d}.wav").write_bytes(b"not audio" if (cls, j) == ("cat", 0) else data)
-    return root
-
-
-@pytest.fixture
-def src(tmp_path):
-    return class_tree(tmp_path / "src")
 
 
 def shard_paths(out: Path) -> list[Path]:

@@ -40,13 +40,6 @@ def remote_names(s3, prefix):
     return sorted(i.base_name for i in s3.filesystem().get_file_info(pafs.FileSelector(prefix, allow_not_found=True)))
 
 
-@pytest.fixture
-def src(tmp_path):
-    from tests.test_pack_resume import class_tree
-
-    return class_tree(tmp_path / "src")
-
-
 @pytest.mark.parametrize("codec", [None, "flac"])
 def test_s3_class_folders_to_s3_give_the_rows_of_local_to_local(s3, src, tmp_path, request, codec):
     prefix = f"pack-{request.node.name[-6:].strip('[]-')}"

@@ -16,7 +16,7 @@ from audioloader.nodes import ArrowShardReader
 from audioloader.shards import index as shard_index
 from audioloader.shards import remote
 from audioloader.shards.storage import RemoteReads
-from tests.helpers import make_shards
+from tests.helpers import make_shards, upload_shards
 
 ROWS = [23, 17, 30]  # 70 rows in three files, record batches / row groups of 4 rows
 FAST = al.Retry(attempts=6, initial_delay=0.01, max_delay=0.05, timeout=1.0)
@@ -25,24 +25,9 @@ UNIT_BYTES = 4 * 12_844  # 4 rows of 0.4 s PCM16 WAV at 16 kHz (12,800 bytes of 
 
 @pytest.fixture(scope="module")
 def data(s3, tmp_path_factory) -> dict[str, tuple]:
-    out = {}
-    for fmt in ("ipc_file", "parquet"):
-        folder = tmp_path_factory.mktemp(fmt)
-        make_shards(folder, ROWS, fmt, batch_rows=4, seconds=0.4)
-        s3.upload(folder, f"ahead/{fmt}")
-        out[fmt] = (folder, f"ahead/{fmt}")
-    return out
-
-
-@pytest.fixture
-def proxy(s3):
-    s3.proxy.clear()
-    try:
-        yield s3.proxy
-    finally:
-        s3.proxy.release()
-        s3.proxy.configure(latency=0.0, bandwidth=None)
-        s3.proxy.clear()
+    """Per format: (local folder, the same files on S3 at ``ahead/<format>``)."""
+    return {fmt: upload_shards(s3, tmp_path_factory.mktemp(fmt), f"ahead/{fmt}", ROWS, fmt)
+            for fmt in ("ipc_file", "parquet")}
 
 
 def rows_of(samples) -> list[tuple]:

@@ -9,7 +9,14 @@ import pytest
 
 import audioloader as al
 from audioloader.shards.formats import WHOLE_FILE_BYTES
-from tests.helpers import assert_same_batches, loader_factory, make_shards, take, write_filter_shards
+from tests.helpers import (
+    assert_same_batches,
+    flip_audio_bytes,
+    loader_factory,
+    take,
+    upload_shards,
+    write_filter_shards,
+)
 
 ROWS = [13, 9, 18]  # 40 rows in three files
 FORMATS = ["ipc_file", "ipc_stream", "parquet", "orc"]
@@ -19,13 +26,7 @@ FAST = al.Retry(attempts=4, initial_delay=0.01, max_delay=0.05, timeout=1.0)
 @pytest.fixture(scope="module")
 def shards(s3, tmp_path_factory) -> dict[str, tuple]:
     """Per format: (local folder, the same files on S3 as ``bucket/<format>``)."""
-    out = {}
-    for fmt in FORMATS:
-        folder = tmp_path_factory.mktemp(fmt)
-        make_shards(folder, ROWS, fmt, batch_rows=4, seconds=0.4)
-        s3.upload(folder, f"shards/{fmt}")
-        out[fmt] = (folder, f"shards/{fmt}")
-    return out
+    return {fmt: upload_shards(s3, tmp_path_factory.mktemp(fmt), f"shards/{fmt}", ROWS, fmt) for fmt in FORMATS}
 
 
 loader_for = loader_factory(batch_size=8, seed=1, workers=al.Workers(num_workers=2, kind="thread"),
@@ -179,22 +180,10 @@ def test_access_refused_mid_pass_is_raised_after_one_request(s3, shards):
     assert ("ACCESS_DENIED" in message or "AccessDenied" in message) and "credentials" in message, message
 
 
-def flip_audio_bytes(path, row: int, count: int = 64) -> None:
-    """Flip ``count`` bytes inside row ``row``'s audio samples of an IPC shard, in place: same size, same footer."""
-    import pyarrow as pa
-
-    audio = pa.ipc.open_file(pa.memory_map(str(path))).read_all().column("audio")[row].as_py()
-    data = bytearray(path.read_bytes())
-    start = data.find(audio) + len(audio) // 2  # past the WAV header, in the samples
-    data[start:start + count] = bytes(b ^ 0xFF for b in data[start:start + count])
-    path.write_bytes(bytes(data))
-
-
 def test_a_same_size_rewrite_in_the_same_second_is_refused_by_its_etag(s3, tmp_path):
     # Issue 19: S3's modification times have 1 s resolution; a shard rewritten in the second it was uploaded
     # (64 bytes flipped, same size, same footer) resumed silently on the changed data.
-    make_shards(tmp_path, [12, 12], "ipc_file", batch_rows=4, seconds=0.4)
-    s3.upload(tmp_path, "shards/rewritten")
+    upload_shards(s3, tmp_path, "shards/rewritten", [12, 12])
     url = s3.url("shards/rewritten")
     with loader_for(url) as loader:
         take(loader, 2)

@@ -7,26 +7,19 @@ import urllib.parse
 import pytest
 
 import audioloader as al
-from tests.ddp_worker import SMALL
-from tests.helpers import make_shards
-from tests.s3_server import S3_ENVIRONMENT, S3Server
+from tests.helpers import SMALL, upload_shards
+from tests.s3_server import S3Server
 
 PATIENT = al.Retry(attempts=5, initial_delay=0.01, max_delay=0.05, timeout=2.0)
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as env:
-        for name, value in S3_ENVIRONMENT.items():
-            env.setenv(name, value)
-        server = S3Server(enforce_auth=True)
-        try:
-            folder = tmp_path_factory.mktemp("ipc")  # not always "ipc0": conftest's ipc_shards may have taken it
-            make_shards(folder, [6, 6], "ipc_file", batch_rows=3, seconds=0.2)
-            server.upload(folder, "private/ipc")
-            yield server
-        finally:
-            server.close()
+def s3(s3_servers, tmp_path_factory):
+    """A server that enforces IAM (`conftest.s3_servers`), holding 12 rows of IPC shards at ``private/ipc``."""
+    server = s3_servers(enforce_auth=True)
+    # not always "ipc0": conftest's ipc_shards may have taken it
+    upload_shards(server, tmp_path_factory.mktemp("ipc"), "private/ipc", [6, 6], batch_rows=3, seconds=0.2)
+    return server
 
 
 def url_with_keys(s3: S3Server, key: str, secret: str) -> str:

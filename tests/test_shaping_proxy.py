@@ -13,23 +13,21 @@ import time
 
 import pytest
 
-from tests.s3_server import FaultProxy, ProxyProcess, S3Server, request_kind
+from tests.s3_server import FaultProxy, ProxyProcess, request_kind
 
 SIZE = 256 * 1024
 
 
 @pytest.fixture(scope="module")
-def s3():
-    server = S3Server()
-    try:
-        fs = server.filesystem()
-        fs.create_dir("shaping")
-        payload = bytes(range(256)) * (SIZE // 256)
-        with fs.open_output_stream("shaping/blob") as out:
-            out.write(payload)
-        yield server
-    finally:
-        server.close()
+def s3(s3_servers):
+    """This module's server (`conftest.s3_servers`), holding one object of `SIZE` bytes at ``shaping/blob``."""
+    server = s3_servers()
+    fs = server.filesystem()
+    fs.create_dir("shaping")
+    payload = bytes(range(256)) * (SIZE // 256)
+    with fs.open_output_stream("shaping/blob") as out:
+        out.write(payload)
+    return server
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import audioloader as al
 from audioloader.nodes import ShuffleBuffer
 from audioloader.samples import Key
 from audioloader.stats import LoaderStats, ShuffleQuality
-from tests.helpers import SMALL, CountingSource, Item, make_shards, take
+from tests.helpers import SMALL, CountingSource, Item, take
 
 
 @pytest.mark.parametrize(("capacity", "min_size"), [(1, 0), (7, 3), (50, 50)])
@@ -56,10 +56,8 @@ def test_splits_and_sources_per_batch_count_distinct_ones():
 
 
 @pytest.fixture(scope="module")
-def many_splits(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("splits")
-    make_shards(folder, [60, 60, 60], batch_rows=4, seconds=0.3)  # 45 splits of 4 rows
-    return folder
+def many_splits(shard_folder) -> Path:
+    return shard_folder([60, 60, 60], batch_rows=4, seconds=0.3)  # 45 splits of 4 rows
 
 
 def figures(folder: Path, buffer: int) -> dict:

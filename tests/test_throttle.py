@@ -12,8 +12,8 @@ import pytest
 import audioloader as al
 from audioloader.shards.retry import is_throttled, is_transient, with_retries
 from audioloader.shards.throttle import FLOOR, INCREASE, StoreRate, forget_rates, store_of, store_rate
-from tests.helpers import SMALL, make_shards
-from tests.s3_server import S3_ENVIRONMENT, THROTTLED, S3Server
+from tests.helpers import SMALL, upload_shards
+from tests.s3_server import THROTTLED
 
 
 class FakeClock:
@@ -130,18 +130,12 @@ FILES, ROWS_PER_FILE = 12, 8
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as env:
-        for name, value in S3_ENVIRONMENT.items():
-            env.setenv(name, value)
-        server = S3Server()
-        folder = tmp_path_factory.mktemp("throttled")
-        make_shards(folder, [ROWS_PER_FILE] * FILES, "ipc_file", batch_rows=2, seconds=0.2)
-        server.upload(folder, "throttle/data")
-        try:
-            yield server
-        finally:
-            server.close()
+def s3(s3_servers, tmp_path_factory):
+    """This module's server (`conftest.s3_servers`), holding the shards at ``throttle/data``."""
+    server = s3_servers()
+    upload_shards(server, tmp_path_factory.mktemp("throttled"), "throttle/data", [ROWS_PER_FILE] * FILES,
+                  batch_rows=2, seconds=0.2)
+    return server
 
 
 def eval_indices(s3, retry):

@@ -23,10 +23,8 @@ from tests.helpers import assert_same_batches, loader_for, make_shards, roundtri
 
 
 @pytest.fixture(scope="module")
-def parquet(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("parquet")
-    make_shards(folder, ROWS, "parquet", batch_rows=4, seconds=0.4)
-    return folder
+def parquet(shard_folder) -> Path:
+    return shard_folder(ROWS, "parquet", batch_rows=4, seconds=0.4)
 
 
 def flip(wave: np.ndarray, rng: np.random.Generator) -> np.ndarray:

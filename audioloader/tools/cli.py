@@ -64,7 +64,7 @@ def _run_pack(args: argparse.Namespace) -> int:
     if args.ray is not None:
         if args.part is not None:
             raise ValueError("--part and --ray: --ray runs every part itself; give --parts N instead")
-        from audioloader.integrations import ray as ray_pack
+        from audioloader.tools import pack_ray as ray_pack
 
         summary = ray_pack.pack(args.src, args.out, parts=args.parts,
                                 address=None if args.ray == "auto" else args.ray, **options)

@@ -18,7 +18,7 @@ Beside them, ``OUT/_audioloader_manifest.arrow`` is the folder's dataset manifes
 At scale (`audioloader.tools.pack_journal`, `pack_store`): a journal in OUT lists
 each finished shard, so a pack killed at any point continues where it stopped
 when run again; ``part="K/N"`` packs one of N contiguous parts of the rows (any
-scheduler can run the parts; `audioloader.integrations.ray` runs them on Ray);
+scheduler can run the parts; `audioloader.tools.pack_ray` runs them on Ray);
 SRC and OUT may be URLs (``s3://...``): shards are uploaded once complete.
 
 By default the original encoded bytes are stored untouched. With a

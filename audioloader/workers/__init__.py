@@ -4,8 +4,9 @@
 ``process_worker`` is what runs inside a worker process;
 ``wire`` encodes results into reusable shared-memory slots; ``memory`` trims the
 heap of long-running workers; ``threads`` pins a worker to one torch thread and
-stops threads that do not end; ``preload`` is what the fork server imports once;
-``forks`` keeps a process forked from the consumer away from the consumer's workers.
+stops threads that do not end; ``forks`` keeps a process forked from the
+consumer away from the consumer's workers. What the fork server imports once is
+named in ``pool`` (``_PRELOAD``).
 ``Workers`` is the group that says who decodes (`AudioLoader`'s ``workers=``, `DecodeSpectrogram`'s).
 """
 

@@ -144,8 +144,12 @@ def _mkl_free_buffers_function() -> Any:
         return None
 
 
-#: Modules the fork server imports once, so each worker starts in milliseconds.
-_PRELOAD = ["audioloader.workers.preload"]
+#: What the fork server imports once, by name, so that each worker it starts finds them loaded and starts in
+#: milliseconds (a worker started from a fresh interpreter spends ~1.5 s importing torch): the libraries a decode
+#: job uses, the worker's loop, and the decode job's module (it imports the readers, dsp and nodes it runs).
+#: Names, not imports: the fork server loads them in its own process, so this layer imports nothing above it.
+_PRELOAD = ["numpy", "pyarrow", "soundfile", "soxr", "torch",
+            "audioloader.workers.process_worker", "audioloader.nodes.decode_spectrogram"]
 
 
 class PoolClosed(Exception):
