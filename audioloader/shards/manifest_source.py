@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..errors import redacted
+from .file_table import ManifestLocations, ManifestMetas
 from .formats import _FileMeta
 from .machine_cache import shared_file
 from .manifest import MANIFEST_NAME, Manifest, manifest_table, write_manifest
@@ -46,17 +47,18 @@ class FromManifest:
 
     Attributes:
         manifest: the `Manifest` (memory-mapped where it is a file on this machine).
-        locations: every file's `_Location`, sorted, as `sources.resolve_source` gives them.
-        metas: every file's `_FileMeta`: the manifest's (footers not read: ``located`` False), or, in the
-            process that listed and scanned the folder, what it scanned.
+        locations: every file's `_Location`, sorted, as `sources.resolve_source` gives them (`ManifestLocations`:
+            made on demand from the manifest's columns).
+        metas: every file's `_FileMeta`: the manifest's (`ManifestMetas`, made on demand; footers not read:
+            ``located`` False), or, in the process that listed and scanned the folder, what it scanned (lists).
         origin: ``"local"`` (beside local shards), ``"store"`` (read from the store by this process),
             ``"machine"`` (published by another process of the machine), ``"listing"`` (this process listed
             and scanned the folder and published the result for the machine).
     """
 
     manifest: Manifest
-    locations: list[_Location]
-    metas: list[_FileMeta]
+    locations: Sequence[_Location]
+    metas: Sequence[_FileMeta]
     origin: str
 
 
@@ -114,8 +116,7 @@ def _local(path: str) -> FromManifest | None:
     if not os.path.isfile(manifest_path):
         return None
     manifest = Manifest(manifest_path, manifest_path)
-    paths = [os.path.join(folder, name) for name in manifest.names()]
-    return FromManifest(manifest, [_Location(p, None, p) for p in paths], manifest.metas(), "local")
+    return FromManifest(manifest, ManifestLocations(manifest, None, folder, None), ManifestMetas(manifest), "local")
 
 
 def _remote(source: str, fs: Any, fs_path: str, scheme: str | None, retry: Retry,
@@ -134,7 +135,7 @@ def _remote(source: str, fs: Any, fs_path: str, scheme: str | None, retry: Retry
         if data is None:
             return None
         manifest = Manifest(data, where)
-        return FromManifest(manifest, _locations(manifest, fs, folder, scheme), manifest.metas(), "store")
+        return FromManifest(manifest, ManifestLocations(manifest, fs, folder, scheme), ManifestMetas(manifest), "store")
 
     def produce(temporary: str) -> Any:
         data = _read_manifest(fs, manifest_path, where, retry)
@@ -159,8 +160,8 @@ def _remote(source: str, fs: Any, fs_path: str, scheme: str | None, retry: Retry
     manifest = Manifest(str(path), where)
     if isinstance(produced, tuple):  # this process listed and scanned: it keeps what it scanned
         return FromManifest(manifest, produced[0], produced[1], "listing")
-    locations = _locations(manifest, fs, folder, scheme)
-    return FromManifest(manifest, locations, manifest.metas(), "store" if produced == "store" else "machine")
+    return FromManifest(manifest, ManifestLocations(manifest, fs, folder, scheme), ManifestMetas(manifest),
+                        "store" if produced == "store" else "machine")
 
 
 def _read_manifest(fs: Any, path: str, where: str, retry: Retry) -> pa.Buffer | None:
@@ -173,17 +174,6 @@ def _read_manifest(fs: Any, path: str, where: str, retry: Retry) -> pa.Buffer | 
             return None
 
     return with_retries(read, what=f"the manifest {where}", retry=retry)
-
-
-def _locations(manifest: Manifest, fs: Any, folder: str, scheme: str | None) -> list[_Location]:
-    """Every file of a remote manifest as a `_Location` (size and modification time from the manifest)."""
-    sizes = manifest.sizes.tolist()
-    locations = []
-    for i, name in enumerate(manifest.names()):
-        fs_path = f"{folder}/{name}"
-        locations.append(_Location(_url_for(scheme, fs_path) if scheme else fs_path, fs, fs_path,
-                                   manifest.mtime_ns(i), size=sizes[i]))
-    return locations
 
 
 def write_folder_manifest(source: Any, filesystem: Any = None) -> str:

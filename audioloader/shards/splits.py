@@ -64,15 +64,16 @@ def _numbered(splits: Sequence[Split]) -> list[Split]:
     return [Split(i, s.file_id, s.start, s.stop, s.kept) for i, s in enumerate(ordered)]
 
 
-def subdivide(splits: Sequence[Split], count: int) -> list[Split]:
+def subdivide(splits: Sequence[Split], count: int) -> Sequence[Split]:
     """At least ``count`` splits (when there are that many rows): halve the largest until there are.
 
     Deterministic: the largest split (ties: lowest ``split_id``) is cut in half
     each step; the result is renumbered in (file, row) order. Used so every rank
-    has data when ``world_size`` exceeds the natural number of splits.
+    has data when ``world_size`` exceeds the natural number of splits. ``splits`` themselves when there are
+    enough (a dataset's `file_table.SplitTable`, not a million objects).
     """
     if len(splits) >= count:
-        return list(splits)
+        return splits
     heap = [(-s.num_rows, s.split_id, s) for s in splits]
     heapq.heapify(heap)
     serial = len(splits)
