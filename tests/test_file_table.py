@@ -62,6 +62,7 @@ def test_a_split_table_is_a_sequence_of_splits():
     assert len(table) == 3 and table[1] == Split(1, 0, 4, 9, 2) and table[-1] == Split(2, 3, 0, 1, 1)
     assert table[1:] == [Split(1, 0, 4, 9, 2), Split(2, 3, 0, 1, 1)]
     assert table.num_rows().tolist() == [4, 2, 1]
+    assert table.take(np.array([2, 0])) == [table[2], table[0]] == [Split(2, 3, 0, 1, 1), Split(0, 0, 0, 4, 4)]
     with pytest.raises(IndexError):
         table[3]
 

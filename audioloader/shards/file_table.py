@@ -328,6 +328,14 @@ class SplitTable(_Rows):
         return Split(i, int(self.file_ids[i]), int(self.starts[i]), int(self.stops[i]),
                      None if self.kept is None else int(self.kept[i]))
 
+    def take(self, indices: np.ndarray) -> list[Split]:
+        """The splits at ``indices`` (an int array), made at once (faster than one by one)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        kept = [None] * len(indices) if self.kept is None else self.kept[indices].tolist()
+        return [Split(i, f, a, b, k) for i, f, a, b, k in zip(
+            indices.tolist(), self.file_ids[indices].tolist(), self.starts[indices].tolist(),
+            self.stops[indices].tolist(), kept, strict=True)]
+
     def num_rows(self) -> np.ndarray:
         """Rows read from each split (int64): the kept ones under a filter."""
         return (self.stops.astype(np.int64) - self.starts) if self.kept is None else self.kept

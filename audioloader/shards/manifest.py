@@ -297,8 +297,12 @@ class Manifest:
     def distinct_schemas(self) -> list[tuple[int, pa.Schema]]:
         """``(first file, schema)`` of each distinct schema the files have, in order of first file."""
         ids = self._schema_ids
-        unique, first = np.unique(ids, return_index=True)
-        pairs = sorted(zip(first.tolist(), unique.tolist(), strict=True))
+        present = np.flatnonzero(np.bincount(ids, minlength=len(self._schema_bytes)))
+        if len(present) <= 16:  # the usual few: a pass over the ids each, no sort
+            pairs = sorted((int(np.argmax(ids == s)), int(s)) for s in present)
+        else:
+            unique, first = np.unique(ids, return_index=True)
+            pairs = sorted(zip(first.tolist(), unique.tolist(), strict=True))
         return [(int(f), self._distinct_schema(int(s))) for f, s in pairs]
 
     def values(self, name: str) -> list[Any]:

@@ -7,6 +7,8 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from .. import checks
 
 
@@ -84,6 +86,20 @@ def subdivide(splits: Sequence[Split], count: int) -> Sequence[Split]:
             heapq.heappush(heap, (-part.num_rows, serial, part))
             serial += 1
     return _numbered([s for _, _, s in heap])
+
+
+def take(splits: Sequence[Split], indices: np.ndarray) -> list[Split]:
+    """``[splits[i] for i in indices]``, made at once where ``splits`` are columns (`file_table.SplitTable`)."""
+    taker = getattr(splits, "take", None)
+    return taker(indices) if taker is not None else [splits[i] for i in np.asarray(indices).tolist()]
+
+
+def rows_of(splits: Sequence[Split]) -> np.ndarray:
+    """Rows read from each split (int64 a split; the kept ones under a filter)."""
+    rows = getattr(splits, "num_rows", None)
+    if callable(rows):
+        return rows().astype(np.int64)
+    return np.fromiter((s.num_rows for s in splits), dtype=np.int64, count=len(splits))
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
