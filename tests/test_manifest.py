@@ -230,6 +230,22 @@ def test_processes_of_a_machine_fetch_the_manifest_once(s3, proxy, tmp_path_fact
     assert requests_by_kind(proxy) == {f"HEAD {MANIFEST_NAME}": 1, f"GET {MANIFEST_NAME}": 1}
 
 
+@pytest.mark.parametrize("fmt", ["ipc_file", "parquet"])
+def test_with_a_cache_each_object_is_fetched_once_a_machine(s3, proxy, tmp_path_factory, tmp_path, fmt):
+    """Was twice: its first read fetched the small file for its footer, then the cache downloaded it again."""
+    folder = upload_with_manifest(s3, tmp_path_factory, fmt, f"manifest/cached-{fmt}")
+    proxy.clear()
+    expected = rows_of(al.ShardDataset(folder, split_rows=4), shuffle=False)
+    for rank in range(2):  # two ranks of one machine: one cache
+        dataset = al.ShardDataset(s3.url(f"manifest/cached-{fmt}"), retry=FAST, split_rows=4,
+                                  cache_dir=str(tmp_path / "cache"))
+        assert rows_of(dataset, shuffle=False) == expected
+    counts = requests_by_kind(proxy)
+    for i in range(len(ROWS)):
+        name = f"part-{i:05d}.{'arrow' if fmt == 'ipc_file' else fmt}"
+        assert counts[f"GET {name}"] == 1 and counts[f"HEAD {name}"] <= 1, counts
+
+
 def test_without_a_manifest_a_machine_lists_and_scans_once(s3, proxy, tmp_path_factory, tmp_path):
     folder = tmp_path_factory.mktemp("unindexed")
     make_shards(folder, ROWS, "parquet", batch_rows=4, seconds=0.2)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import gc
 import operator
 import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -22,10 +24,10 @@ from ..errors import ShardChangedError
 from . import index
 from .cache import ObjectCache, parse_bytes
 from .changes import _check_local, _LocalFileGuard
-from .file_table import FileTable, ManifestMetas, SplitTable, plan_splits, unit_starts_of
+from .file_table import AllKept, FileTable, ManifestMetas, SplitTable, plan_splits, unit_starts_of
 from .file_table import ShardFile as ShardFile  # where it was defined before
 from .filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
-from .formats import _FileMeta, _scan_all, _scan_file, listed_meta
+from .formats import _SCAN_THREADS_REMOTE, _FileMeta, _scan_all, _scan_file, cache_identity, listed_meta
 from .identity import ETagCheck, md5_etag
 from .manifest import mismatch
 from .manifest_source import FromManifest, open_manifest
@@ -142,7 +144,7 @@ class ShardDataset(RowReads, UnitReads):
         self.schema = self._unified.schema
         self.label_names = _label_names(self.schema, label_column)
         self._tls = threading.local()
-        self._kept: Any = _AllKept()  # file rows a filter keeps (None: all), by file
+        self._kept: Any = AllKept()  # file rows a filter keeps (None: all), by file
         self.filter, self.filter_stats, self.num_kept_rows = filter, None, self.num_rows
         if filter is not None:
             self._apply_filter(filter)
@@ -233,9 +235,22 @@ class ShardDataset(RowReads, UnitReads):
         with lock:  # one read of a footer, however many threads want it
             meta = self._metas[file_id]
             if not meta.located:
-                self._metas[file_id] = meta = self._checked(file_id, _scan_file(self._locations[file_id], self.remote,
-                                                                                self.cache, keep_whole=True))
+                self._metas[file_id] = meta = self._checked(file_id, self._first_scan(file_id))
         return meta
+
+    def _first_scan(self, file_id: int) -> _FileMeta:
+        """The first scan of a file known from a manifest. With a cache, and the object's identity known from the
+        manifest, the file goes into the cache whole (once a machine: a HEAD and a GET, its identity checked) and
+        its footer is read from the copy: its bytes are fetched once, not a tail first and the whole file again."""
+        loc, expected = self._locations[file_id], self._metas[file_id]
+        identity = cache_identity(expected) if expected.etag is not None else None
+        if self.cache is None or loc.fs is None or identity is None:
+            return _scan_file(loc, self.remote, self.cache, keep_whole=True)
+        self.cache.open(loc, expected.size, identity).close()
+        copy = self.cache.path_of(loc.path, expected.size, identity)
+        found = _scan_file(dataclasses.replace(loc, fs=None, fs_path=copy, size=None, mtime_ns=None), self.remote)
+        found.mtime_ns = None  # the copy's: the manifest's is the object's (`_checked`)
+        return found
 
     def unlocated(self, file_ids: Sequence[int]) -> list[int]:
         """Those of ``file_ids`` whose footers are not read yet (files known from a manifest), each once, sorted."""
@@ -249,7 +264,11 @@ class ShardDataset(RowReads, UnitReads):
             for file_id in wanted:
                 self.located(file_id)
             return len(wanted)
-        found = _scan_all([self._locations[i] for i in wanted], self.retry, self.remote, self.cache, keep_whole=True)
+        if self.cache is not None:  # into the cache and scanned there (`_first_scan`), many at once
+            with ThreadPoolExecutor(min(len(wanted), _SCAN_THREADS_REMOTE)) as pool:
+                found = list(pool.map(self._first_scan, wanted))
+        else:
+            found = _scan_all([self._locations[i] for i in wanted], self.retry, self.remote, keep_whole=True)
         for file_id, meta in zip(wanted, found, strict=True):
             with self._locating_lock:
                 if not self._metas[file_id].located:
@@ -544,13 +563,6 @@ class ShardDataset(RowReads, UnitReads):
         formats = sorted({self.files.format(int(i)) for i in np.unique(self.files.format_codes, return_index=True)[1]})
         return (f"ShardDataset({len(self.files)} files ({', '.join(formats)}), {self.num_rows} rows, "
                 f"{len(self.splits)} splits, audio={self.audio_column!r}, label={self.label_column!r})")
-
-
-class _AllKept(dict):
-    """``kept[file_id]``: None for every file (no filter: all rows), without a list as long as the files."""
-
-    def __missing__(self, file_id: int) -> None:
-        return None
 
 
 @contextlib.contextmanager

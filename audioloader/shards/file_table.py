@@ -198,6 +198,13 @@ class _StartsOf(Sequence):
         return self._files.unit_starts(_checked_index(i, len(self)))
 
 
+class AllKept(dict):
+    """``kept[file_id]``: None for every file (no filter: all rows kept), without a list as long as the files."""
+
+    def __missing__(self, file_id: int) -> None:
+        return None
+
+
 def unit_starts_of(files: FileTable) -> Sequence[tuple[int, ...]]:
     return _StartsOf(files)
 
