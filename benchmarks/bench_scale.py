@@ -167,9 +167,15 @@ def metadata_file(kind: str, names: list[str], data: bytes, meta: Any, folder: s
 def plug_identity(store: SimStore) -> None:
     """An object opened in the simulated store has the ETag S3's HEAD would give (pyarrow's ``metadata()``, which
     a Python file cannot carry): where audioloader reads it (`identity.object_identity`), ask the store first."""
+    import importlib
+
     from audioloader.shards import cache, formats, remote
 
-    for module in (cache, formats, remote):
+    try:
+        sharing = [importlib.import_module("audioloader.shards.manifest_source")]
+    except ImportError:  # 0.3
+        sharing = []
+    for module in (cache, formats, remote, *sharing):
         real = getattr(module, "object_identity", None)
         if real is not None:
             module.object_identity = lambda f, real=real: store.identity(f) or real(f)

@@ -230,6 +230,34 @@ def test_processes_of_a_machine_fetch_the_manifest_once(s3, proxy, tmp_path_fact
     assert requests_by_kind(proxy) == {f"HEAD {MANIFEST_NAME}": 1, f"GET {MANIFEST_NAME}": 1}
 
 
+def test_an_old_shared_manifest_is_kept_while_the_store_has_the_same_one(s3, proxy, tmp_path_factory, tmp_path,
+                                                                        monkeypatch):
+    """Freshness by identity, not by age alone: a copy older than `SHARED_FRESH_SECONDS` costs one HEAD while the
+    store's manifest is the one it was made from (was: fetched again), and is fetched again once it changed."""
+    upload_with_manifest(s3, tmp_path_factory, "parquet", "manifest/aged")
+    monkeypatch.setenv("AUDIOLOADER_CACHE", str(tmp_path / "machine"))
+    monkeypatch.setenv("AUDIOLOADER_JOB_ID", "job-aged")
+    url = s3.url("manifest/aged")
+
+    def start_later() -> al.ShardDataset:
+        for published in (tmp_path / "machine" / "shared").glob("manifest-*.arrow"):
+            os.utime(published, (1e9, 1e9))  # published long ago
+        proxy.clear()
+        return al.ShardDataset(url, retry=FAST, split_rows=4)
+
+    assert al.ShardDataset(url, retry=FAST, split_rows=4).manifest.origin == "store"
+    kept = start_later()
+    assert kept.manifest.origin == "machine" and kept.num_rows == sum(ROWS)
+    assert requests_by_kind(proxy) == {f"HEAD {MANIFEST_NAME}": 1}
+    changed = tmp_path_factory.mktemp("changed")
+    make_shards(changed, [*ROWS, 5], "parquet", batch_rows=4, seconds=0.2)
+    s3.upload(changed, "manifest/aged")
+    write_folder_manifest(s3.url("manifest/aged", direct=True))
+    fetched = start_later()
+    assert fetched.manifest.origin == "store" and fetched.num_rows == sum(ROWS) + 5
+    assert requests_by_kind(proxy)[f"GET {MANIFEST_NAME}"] == 1
+
+
 @pytest.mark.parametrize("fmt", ["ipc_file", "parquet"])
 def test_with_a_cache_each_object_is_fetched_once_a_machine(s3, proxy, tmp_path_factory, tmp_path, fmt):
     """Was twice: its first read fetched the small file for its footer, then the cache downloaded it again."""

@@ -24,6 +24,7 @@ import os
 import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -32,7 +33,8 @@ import pyarrow.fs as pafs
 from ..errors import redacted
 from .file_table import ManifestLocations, ManifestMetas
 from .formats import _FileMeta
-from .machine_cache import shared_file
+from .identity import object_identity
+from .machine_cache import identity_path, shared_file
 from .manifest import MANIFEST_NAME, Manifest, manifest_table, write_manifest
 from .retry import Retry, with_retries
 from .sources import _GLOB_CHARS, SHARD_EXTENSIONS, _filesystem_for, _is_url, _Location, _url_for
@@ -138,11 +140,13 @@ def _remote(source: str, fs: Any, fs_path: str, scheme: str | None, retry: Retry
         return FromManifest(manifest, ManifestLocations(manifest, fs, folder, scheme), ManifestMetas(manifest), "store")
 
     def produce(temporary: str) -> Any:
-        data = _read_manifest(fs, manifest_path, where, retry)
+        data, identity = _read_identified(fs, manifest_path, where, retry)
         if data is not None:
             Manifest(data, where)  # refused before it is published when it is not one this version reads
             with open(temporary, "wb") as out:
                 out.write(data)
+            if identity is not None:  # what a later start checks the copy against (`still_valid`)
+                Path(f"{temporary}.identity").write_text(identity, encoding="utf-8")
             return "store"
         if build is None or manifest_path == fs_path:
             return None
@@ -154,7 +158,15 @@ def _remote(source: str, fs: Any, fs_path: str, scheme: str | None, retry: Retry
         return locations, metas
 
     key = hashlib.blake2b(f"{job}\0{source}\0{type(fs).__name__}".encode(), digest_size=16).hexdigest()
-    path, produced = shared_file(f"manifest-{key}.arrow", produce, what=f"the manifest of {redacted(source)}")
+    def still_valid(published: Path) -> bool:  # one HEAD: the store's manifest is still the one published
+        try:
+            recorded = identity_path(published).read_text(encoding="utf-8")
+        except OSError:
+            return False  # built from a listing (or the store reports no identity): made again
+        return _identity_of(fs, manifest_path, where, retry) == recorded
+
+    path, produced = shared_file(f"manifest-{key}.arrow", produce, what=f"the manifest of {redacted(source)}",
+                                 still_valid=still_valid)
     if path is None:
         return None
     manifest = Manifest(str(path), where)
@@ -166,14 +178,32 @@ def _remote(source: str, fs: Any, fs_path: str, scheme: str | None, retry: Retry
 
 def _read_manifest(fs: Any, path: str, where: str, retry: Retry) -> pa.Buffer | None:
     """The bytes of the manifest at ``path`` (pyarrow: a HEAD and a GET), or None when there is none."""
-    def read() -> pa.Buffer | None:
+    return _read_identified(fs, path, where, retry)[0]
+
+
+def _read_identified(fs: Any, path: str, where: str, retry: Retry) -> tuple[pa.Buffer | None, str | None]:
+    """``(bytes, identity)`` of the manifest at ``path`` (`identity.object_identity`: its ETag or version, from
+    the same request), or ``(None, None)`` when there is none."""
+    def read() -> tuple[pa.Buffer | None, str | None]:
         try:
             with fs.open_input_stream(path) as f:
-                return f.read_buffer()
+                return f.read_buffer(), object_identity(f)
+        except FileNotFoundError:
+            return None, None
+
+    return with_retries(read, what=f"the manifest {where}", retry=retry)
+
+
+def _identity_of(fs: Any, path: str, where: str, retry: Retry) -> str | None:
+    """The store's manifest's identity now (pyarrow's open: a HEAD, no byte read), None when there is none."""
+    def head() -> str | None:
+        try:
+            with fs.open_input_file(path) as f:
+                return object_identity(f)
         except FileNotFoundError:
             return None
 
-    return with_retries(read, what=f"the manifest {where}", retry=retry)
+    return with_retries(head, what=f"the manifest {where}", retry=retry)
 
 
 def write_folder_manifest(source: Any, filesystem: Any = None) -> str:
