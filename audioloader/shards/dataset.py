@@ -27,7 +27,7 @@ from .changes import _check_local, _LocalFileGuard
 from .file_table import AllKept, FileTable, ManifestMetas, SplitTable, plan_splits, unit_starts_of
 from .file_table import ShardFile as ShardFile  # where it was defined before
 from .filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
-from .formats import _SCAN_THREADS_REMOTE, _FileMeta, _scan_all, _scan_file, cache_identity, listed_meta
+from .formats import _SCAN_THREADS_REMOTE, FORMATS, _FileMeta, _scan_all, _scan_file, cache_identity, listed_meta
 from .identity import ETagCheck, md5_etag
 from .manifest import mismatch
 from .manifest_source import FromManifest, open_manifest
@@ -239,9 +239,9 @@ class ShardDataset(RowReads, UnitReads):
         return meta
 
     def _first_scan(self, file_id: int) -> _FileMeta:
-        """The first scan of a file known from a manifest. With a cache, and the object's identity known from the
-        manifest, the file goes into the cache whole (once a machine: a HEAD and a GET, its identity checked) and
-        its footer is read from the copy: its bytes are fetched once, not a tail first and the whole file again."""
+        """The first scan of a file known from a manifest. With a cache and the object's ETag from the manifest,
+        the file goes into the cache (once a machine, its identity checked) and its footer is read from the copy:
+        its bytes are fetched once, not its tail and then the whole file again."""
         loc, expected = self._locations[file_id], self._metas[file_id]
         identity = cache_identity(expected) if expected.etag is not None else None
         if self.cache is None or loc.fs is None or identity is None:
@@ -315,20 +315,24 @@ class ShardDataset(RowReads, UnitReads):
 
     def _check_cache_holds(self) -> None:
         """The cache's limit holds the largest remote file (`ObjectCache.check_holds`)."""
-        if self.cache is None:
-            return
-        remote = np.fromiter((self._fs_of(i) is not None for i in range(len(self.files))), dtype=bool,
-                             count=len(self.files)) if getattr(self._locations, "fs", 0) == 0 else \
-            np.full(len(self.files), self._locations.fs is not None)
-        if remote.any():
+        remote = self.remote_files() if self.cache is not None else None
+        if remote is not None and remote.any():
             largest = int(self.files.sizes[remote].max())
             self.cache.check_holds([(largest, self.files.paths[i])
                                     for i in np.flatnonzero(remote & (self.files.sizes == largest)).tolist()])
 
-    def _fs_of(self, file_id: int) -> Any:
-        """A file's filesystem (None: a local file), without making its location."""
-        fs = getattr(self._locations, "fs", 0)
-        return self._locations[file_id].fs if fs == 0 else fs
+    def remote_files(self) -> np.ndarray:
+        """Whether each file is remote (bool a file; `is_remote`), without making the files' locations."""
+        fs = getattr(self._locations, "fs", 0)  # one filesystem for all: a manifest's files
+        if fs != 0:
+            return np.full(len(self.files), fs is not None)
+        return np.fromiter((loc.fs is not None for loc in self._locations), dtype=bool, count=len(self.files))
+
+    def largest_unit_bytes(self) -> int:
+        """The largest ``size // units`` of the files whose units are read into memory (all but local IPC files,
+        memory-mapped), 0 when there is none (`budget.lane_bytes`)."""
+        ipc = np.isin(self.files.format_codes, [FORMATS.index("ipc_file"), FORMATS.index("ipc_stream")])
+        return self.files.largest_unit_bytes(self.remote_files() | ~ipc)
 
     def _schema_paths(self) -> Sequence[str]:
         """The paths of the files that have a schema (all but a table's files a filter pruned), for messages."""
@@ -471,11 +475,10 @@ class ShardDataset(RowReads, UnitReads):
         return identity
 
     def metadata_memory(self) -> dict[str, int]:
-        """What this dataset's metadata costs this process, in bytes: ``manifest_mapped_bytes`` (the manifest,
-        memory-mapped: page cache, shared by the machine's processes) and ``metadata_bytes``: the columns of its
-        files and splits (`file_table`), and the Python objects of the files' locations and metadata where they
-        are lists (a listed and scanned source; a manifest's are made on demand) and of the footers read since,
-        estimated from 64 of them (``sys.getsizeof`` of each object and its own fields)."""
+        """This dataset's metadata in bytes: ``manifest_mapped_bytes`` (the manifest, mapped: page cache, shared by
+        the machine's processes) and ``metadata_bytes``: its files' and splits' columns (`file_table`), and the
+        objects of a listed source's locations and metadata, or of a manifest's footers read since (estimated
+        from 64 of them: ``sys.getsizeof`` of each and its own fields)."""
         def size(obj: Any) -> int:
             fields = obj.__dict__.values() if hasattr(obj, "__dict__") else ()
             return sys.getsizeof(obj) + sum(sys.getsizeof(v) for v in fields
@@ -509,7 +512,8 @@ class ShardDataset(RowReads, UnitReads):
 
     def is_remote(self, file_id: int) -> bool:
         """Whether a file is read through a remote filesystem (its rows are copies, not memory-map views)."""
-        return self._fs_of(file_id) is not None
+        fs = getattr(self._locations, "fs", 0)  # one filesystem for all: a manifest's files
+        return (self._locations[file_id].fs if fs == 0 else fs) is not None
 
     def is_memory_mapped(self, file_id: int) -> bool:
         """Whether a file's audio values are views of a memory map (a local Arrow IPC file or stream), which

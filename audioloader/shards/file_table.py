@@ -163,6 +163,11 @@ class FileTable(_Rows):
                     self._starts.popitem(last=False)
         return starts
 
+    def largest_unit_bytes(self, which: np.ndarray) -> int:
+        """The largest ``size // units`` of the files where ``which`` (bool a file) is True; 0 where none is."""
+        per_unit = self.sizes[which] // np.maximum(1, np.diff(self.unit_offsets)[which])
+        return int(per_unit.max()) if per_unit.size else 0
+
     def file_of_row(self, index: int) -> int:
         """The file holding global row ``index`` (0 <= index < num_rows)."""
         return int(np.searchsorted(self.row_offsets, index, side="right")) - 1
