@@ -5,6 +5,7 @@ pickles and checkpoints as before."""
 from __future__ import annotations
 
 import gc
+import os
 import pickle
 import random
 import tracemalloc
@@ -103,6 +104,8 @@ def test_a_dataset_from_a_manifest_pickles_reads_and_checkpoints_as_a_scanned_on
     scanned = al.ShardDataset(tmp_path, split_rows=4)
     write_folder_manifest(tmp_path)
     listed = al.ShardDataset(tmp_path, split_rows=4)
+    (tmp_path / "other").write_bytes(b"not this one")
+    os.replace(tmp_path / "other", tmp_path / MANIFEST_NAME)  # published again: a worker gets what this one read
     copy = pickle.loads(pickle.dumps(listed))
     assert copy.files == scanned.files and copy.splits == scanned.splits
     assert copy.fingerprint() == scanned.fingerprint()

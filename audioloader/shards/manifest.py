@@ -201,7 +201,7 @@ class Manifest:
     """
 
     def __init__(self, source: Any, where: str) -> None:
-        self.where, self._source = where, source
+        self.where = where
         try:
             if isinstance(source, (str, os.PathLike)):
                 buffer: Any = pa.memory_map(os.fspath(source), "r")
@@ -220,6 +220,7 @@ class Manifest:
             raise ShardReadError(f"{where} is a manifest of version {version!r}, this audioloader reads {VERSION!r}; "
                                  "write it again with `audioloader index FOLDER` (or `audioloader pack`)")
         self.nbytes = buffer.size()
+        self._file = buffer  # the map (or the buffer) this process read: what a pickle carries
         self._batch = batch
         self.num_files = batch.num_rows
         self.format_names: list[str] = json.loads(metadata[b"formats"])
@@ -323,12 +324,9 @@ class Manifest:
         return starts[self._unit_offsets[1:]] - starts[self._unit_offsets[:-1]]
 
     def __reduce__(self) -> tuple[Any, tuple[Any, str]]:
-        # A worker gets the bytes, not the path: a machine's shared manifest may be published again meanwhile.
-        source = self._source
-        if isinstance(source, (str, os.PathLike)):
-            with open(source, "rb") as f:
-                source = pa.py_buffer(f.read())
-        return Manifest, (source, self.where)
+        # A worker gets the bytes this process read, not the path: the machine's shared copy may be published
+        # again meanwhile (`machine_cache.shared_file`).
+        return Manifest, (pa.py_buffer(bytes(self._file.read_at(self.nbytes, 0))), self.where)
 
 
 def mismatch(expected: _FileMeta, found: _FileMeta) -> str | None:
