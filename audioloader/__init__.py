@@ -36,7 +36,7 @@ _LAZY_NAMES: dict[str, str] = {
     "MelSpectrogramConfig": ".dsp.config",
     "Mix": ".mix",
     "Mixup": ".dsp.augment",
-    "OnError": ".options",
+    "OnError": ".errors",
     "RawSample": ".samples",
     "Retry": ".shards",
     "Reverb": ".dsp.augment",
@@ -47,7 +47,7 @@ _LAZY_NAMES: dict[str, str] = {
     "ShardChangedError": ".errors",
     "ShardReadError": ".errors",
     "ShardWriter": ".shards.writer",
-    "Shuffle": ".options",
+    "Shuffle": ".budget",
     "Source": ".mix",
     "SourceNotFoundError": ".shards",
     "SpecAugment": ".dsp.augment",
@@ -60,6 +60,7 @@ _LAZY_NAMES: dict[str, str] = {
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time the names come from __getattr__
     from .audio_loader import AudioLoader
+    from .budget import Shuffle
     from .dsp.augment import AddNoise, Gain, Mixup, Reverb, SpecAugment, SpeedPerturb
     from .dsp.augment_math import mixup_targets
     from .dsp.config import FbankConfig, LengthPolicy, MelSpectrogramConfig, Segments, WaveformConfig
@@ -69,13 +70,14 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time the names c
         CheckpointMismatchError,
         DecodeError,
         ErrorBudgetExceeded,
+        OnError,
         SchemaError,
         ShardChangedError,
         ShardReadError,
     )
     from .loader import Loader
     from .mix import Mix, Source
-    from .options import Bucketing, OnError, Shuffle, Storage, Workers
+    from .options import Bucketing, Storage, Workers
     from .samples import BadRow, Key, RawSample, Sample
     from .shards import IcebergTable, Retry, ShardDataset, SourceNotFoundError
     from .shards.writer import ShardWriter

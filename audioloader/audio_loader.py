@@ -21,13 +21,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import budget, checkpoint, elastic
-from .chain import build_chain, count_batches, duration_buckets, open_sources, pinned_source, resumed_batches
+from . import checkpoint, elastic
+from .budget import Shuffle
+from .chain import build_chain, open_sources, pinned_source, resumed_batches, settle, settle_for_checkpoint
 from .dsp.config import FeatureConfig, LengthPolicy
 from .errors import CheckpointMismatchError
 from .loader import Loader, Stream, StreamIterator, batches_ahead_of_framework, shutdown_keeping_error
 from .mix import Mix, Source
-from .options import Bucketing, OnError, Shuffle, Storage, Workers, fold_moved_keywords, resolve
+from .options import Bucketing, OnError, Settings, Storage, Workers, fold_moved_keywords, resolve
 from .shards import IcebergTable
 from .stats import LoaderStats, feature_stage
 
@@ -117,25 +118,15 @@ class AudioLoader:
         arguments = {name: value for name, value in locals().items() if name not in ("self", "__class__", "moved")}
         arguments, source_fields = _fold(arguments, moved)
         source = arguments["source"] = _with_source_fields(arguments["source"], source_fields)
-        self.settings = resolve(**arguments)
-        self.stats_counters = LoaderStats(feature_stage(self.settings.features.batch_key))
-        self.sources = open_sources(source, self.settings, self.stats_counters)
-        # A preset's interleave, fitted to the byte budget and the shards' units (`budget.fit_interleave`).
-        self.settings = dataclasses.replace(self.settings, shuffle=self.settings.shuffle.fitted(
-            budget.lane_bytes(self.sources.datasets)))
-        self.settings.shuffle.configure(None, None, self.sources.readers)
-        self._note_memory()
-        if self.sources.mix is not None:  # a mix's columns are its sources'; 0.2 recorded the flat ones
-            self.sources.audio_column = source_fields.get("audio_column", "audio")
-            self.sources.label_column = source_fields.get("label_column", "label")
+        resolved = resolve(**arguments)  # the arguments checked, the mode's presets filled in
+        self.stats_counters = LoaderStats(feature_stage(resolved.features.batch_key))
+        # A mix's columns are its sources'; 0.2 recorded the flat ones (the fingerprint still holds them).
+        mix_columns = (source_fields.get("audio_column", "audio"), source_fields.get("label_column", "label"))
+        # The shards opened; no node yet.
+        self.sources = open_sources(source, resolved, self.stats_counters, mix_columns=mix_columns)
         # The arguments, to rebuild this loader elsewhere (pickling: see __reduce__).
         self._arguments = {**arguments, "source": pinned_source(source, self.sources)}
-        self._chain = build_chain(self.settings, self.sources, self.stats_counters)
-        self._note_buckets()
-        self._loader = Loader(self._chain.root)
-        # Infinite loaders continue their stream on a new iter(); one-pass loaders start the next pass.
-        self._stream = Stream(self._loader, continues=self.settings.infinite)
-        self._fingerprint = checkpoint.fingerprint(self.settings, self.sources, self._chain.buckets)
+        self._build(settle(resolved, self.sources))  # every setting final, then the chain
         self._pid = os.getpid()
         self._warned_prefetch = False  # the warning that a framework's look-ahead is unknown, given once
 
@@ -162,16 +153,16 @@ class AudioLoader:
     interleave = property(lambda self: self.settings.shuffle.interleave)
     shuffle_max_bytes = property(lambda self: self.settings.shuffle.max_bytes)
     shuffle_min_bytes = property(lambda self: self.settings.shuffle.min_bytes)
-    shuffle_before_decode = property(lambda self: self.sources.shuffle_before_decode)
+    shuffle_before_decode = property(lambda self: self.settings.shuffle.before_decode)
     rank = property(lambda self: self.settings.storage.rank)
     world_size = property(lambda self: self.settings.storage.world_size)
     mix = property(lambda self: self.sources.mix)
-    reader = property(lambda self: self.sources.reader)
-    readers = property(lambda self: self.sources.readers)
-    rows = property(lambda self: self.sources.rows)
+    reader = property(lambda self: self._chain.reader)
+    readers = property(lambda self: self._chain.readers)
+    rows = property(lambda self: self._chain.rows)
     source_names = property(lambda self: self.sources.names)
     decoder = property(lambda self: self._chain.decoder)
-    num_batches = property(lambda self: self._chain.num_batches)
+    num_batches = property(lambda self: self.settings.num_batches)
     _duration_column = property(lambda self: self.sources.duration_column)
 
     # ------------------------------------------------------------- iteration
@@ -301,49 +292,42 @@ class AudioLoader:
             self._load_states_of_all_ranks(list(state_dict))
             return
         checkpoint.check_format(state_dict)
-        self._adopt_bucket_count(state_dict["fingerprint"])
-        self._adopt_legacy(state_dict["fingerprint"])
-        self._check_fingerprint(state_dict["fingerprint"])
+        self._resume_with(state_dict["fingerprint"])
         self._stream.load_state_dict(state_dict["loader"])
 
-    def _check_fingerprint(self, theirs: dict[str, Any], ignore: Sequence[str] = ()) -> None:
-        datasets = ({None: self.sources.readers[0].dataset} if self.mix is None else
-                    {name: r.dataset for name, r in zip(self.source_names, self.readers, strict=True)})
+    def _resume_with(self, theirs: dict[str, Any], ignore: Sequence[str] = ()) -> None:
+        """Check the fingerprint ``theirs`` of a checkpoint against this loader's, with the settings that checkpoint
+        resumes with (`chain.settle_for_checkpoint`: its bucket count, a legacy buffer); where those differ from
+        this loader's, a new chain is built from them (the old one stopped first)."""
+        settings = settle_for_checkpoint(self.settings, self.sources, theirs)
+        ours = self._fingerprint if settings is self.settings else checkpoint.fingerprint(settings, self.sources)
+        self._check_fingerprint(ours, theirs, ignore)
+        if settings is not self.settings:
+            self.shutdown()
+            self._build(settings)
+
+    def _check_fingerprint(self, ours: dict[str, Any], theirs: dict[str, Any], ignore: Sequence[str] = ()) -> None:
+        datasets = ({None: self.sources.datasets[0]} if self.mix is None else
+                    dict(zip(self.source_names, self.sources.datasets, strict=True)))
         if self.batching is not None:  # rows are buffered raw with batching, whatever an older loader reported
             ignore = (*ignore, "shuffle_before_decode")
-        checkpoint.check_fingerprint(self._fingerprint, theirs, datasets, ignore)
+        checkpoint.check_fingerprint(ours, theirs, datasets, ignore)
 
-    def _adopt_bucket_count(self, theirs: dict[str, Any]) -> None:
-        """A checkpoint taken with another number of duration buckets than this loader's default gives (0.2's 16,
-        0.3's 32 where the count is now fitted to the data) resumes with its own when this loader was given none:
-        the default changed, the run did not. A count given here is kept (and a differing checkpoint refused by
-        `_check_fingerprint`)."""
-        batching, taken = self.settings.batching, (theirs.get("batching") or {}).get("num_buckets")
-        if (batching is None or batching.num_buckets is not None or batching.boundaries is not None
-                or not isinstance(taken, int) or taken == self._chain.buckets.count):
-            return
-        self.settings = dataclasses.replace(self.settings, batching=dataclasses.replace(batching, num_buckets=taken))
-        self._chain.buckets = duration_buckets(self.settings, self.sources)
-        self._chain.boundaries = self._chain.bucketer.boundaries = self._chain.buckets.boundaries
-        self._note_buckets()
-        if self._chain.num_batches is not None:  # eval: the batches a rank yields follow from the edges
-            self._chain.num_batches = self._chain.batcher.num_batches = count_batches(
-                self.settings, self.sources, self._chain.boundaries)
-        self._fingerprint = checkpoint.fingerprint(self.settings, self.sources, self._chain.buckets)
-
-    def _adopt_legacy(self, theirs: dict[str, Any]) -> None:
-        """A checkpoint taken before byte budgets: go on with the settings it was taken with (`budget`)."""
-        if "memory" in theirs or self.settings.shuffle.legacy:
-            return
-        self.settings = dataclasses.replace(self.settings, shuffle=self.settings.shuffle.as_legacy(theirs))
-        self.settings.shuffle.configure(self._chain.buffer, self._chain.bucketer, self.readers)
+    def _build(self, settings: Settings) -> None:
+        """The chain, its `Loader` and `Stream`, and the fingerprint, from final ``settings`` (`chain.settle`)."""
+        self.settings = settings
+        self._chain = build_chain(settings, self.sources, self.stats_counters)
+        self._loader = Loader(self._chain.root)
+        # Infinite loaders continue their stream on a new iter(); one-pass loaders start the next pass.
+        self._stream = Stream(self._loader, continues=settings.infinite)
+        self._fingerprint = checkpoint.fingerprint(settings, self.sources)
         self._note_memory()
-        self._fingerprint = checkpoint.fingerprint(self.settings, self.sources, self._chain.buckets)
+        self._note_buckets()
 
     def _note_buckets(self) -> None:
         """``stats()["bucketing"]``: how many duration buckets, their edges, and why that many."""
-        if self._chain.buckets is not None:
-            self.stats_counters.bucketing = self._chain.buckets.report(self.settings.batching.max_duration)
+        if self.settings.buckets is not None:
+            self.stats_counters.bucketing = self.settings.buckets.report(self.settings.batching.max_duration)
 
     def _note_memory(self) -> None:
         """The whole budget and the readers' lanes, beside what the buffer and the bucketer report holding."""
@@ -365,15 +349,13 @@ class AudioLoader:
                 f"this Mix checkpoint was saved on {len(by_rank)} ranks and this loader runs on {self.world_size}: "
                 "a mix resumes only on the same number of ranks (its draws are per rank); resume with "
                 f"world_size={len(by_rank)}", {"world_size": (len(by_rank), self.world_size)})
-        self._adopt_bucket_count(by_rank[0]["fingerprint"])
-        self._adopt_legacy(by_rank[0]["fingerprint"])
-        self._check_fingerprint(by_rank[0]["fingerprint"], ignore=("rank", "world_size"))
+        self._resume_with(by_rank[0]["fingerprint"], ignore=("rank", "world_size"))
         chain_states = [state["loader"]["root"] for state in by_rank]
         start = elastic.plan(self._loader.root, self.reader, chain_states)
         self.reader.start_from(start.state_for(self.reader))
         if self.num_batches is not None:
-            self._chain.batcher.start_pass_with(resumed_batches(self.settings, self.sources, self._chain.boundaries,
-                                                                start))
+            boundaries = None if self.settings.buckets is None else self.settings.buckets.boundaries
+            self._chain.batcher.start_pass_with(resumed_batches(self.settings, self.sources, boundaries, start))
         self._stream.start_fresh()  # the next iteration starts the chain anew, at the reader's carry
 
     # ------------------------------------------------------------ pickling

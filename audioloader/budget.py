@@ -1,7 +1,7 @@
 """Memory as a budget: what the shuffle buffer and the bucketer may hold, per mode, and what checkpoints recorded.
 
-`AudioLoader` resolves its ``shuffle=`` group (`Shuffle`) against the preset of its
-mode into one `ShuffleSettings`: the buffer's rows and bytes, its first fill in
+The ``shuffle=`` group of `AudioLoader` (`Shuffle`, defined here beside what reads it)
+is resolved against the preset of its mode into one `ShuffleSettings`: the buffer's rows and bytes, its first fill in
 rows and bytes, the interleaving, and the rules that keep a buffer to one pass.
 Everything that holds audio ahead of the decode stage shares one byte budget,
 ``max_bytes``: the reader's lanes (a unit each, where units are read into memory),
@@ -28,9 +28,53 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .options import Shuffle
+from . import checks
 
 MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Shuffle:
+    """The shuffle buffer: how much it holds, in rows and in bytes, and how soon the first batch leaves.
+
+    ``buffer_size``: most rows held; ``max_bytes``: most bytes held ahead of decoding
+    (the reader's lanes, the buffer and a bucketer after it together; raw rows count
+    their own audio copies, nothing for memory-mapped Arrow IPC shards; decoded
+    samples their features; see docs/concepts.md, "Memory"). ``min_size`` rows or
+    ``min_bytes`` bytes, whichever comes first, are held before the first item leaves
+    (the first batch waits for no more). None takes the mode's preset
+    (`audioloader.budget`): train 10000 rows / 256 MiB, first fill 8000 rows / 32 MiB;
+    eval 1 / 0 (no shuffle). In training from one source a buffer never holds two
+    passes: a corpus smaller than the buffer is shuffled whole each pass.
+
+    ``before_decode``: hold raw rows and decode after the buffer (far less memory,
+    fast resume, same batches); None: yes for local Arrow IPC shards, remote shards,
+    and with ``batching=`` (the bucketer groups rows before they are decoded; False
+    is refused there).
+
+    ``interleave``: splits the reader reads at once, taking one row of each in turn
+    (a seeded order each round; `ArrowShardReader`), so that consecutive rows rarely
+    come from one split and a small buffer mixes far better (docs/lakehouse.md,
+    "Interleaving"). 1: one split after the other. None: the preset (training: as
+    many as half the byte budget holds, up to 16; 16 on memory-mapped IPC shards,
+    whose lanes cost nothing; evaluation: 1). Costs a record batch / row group /
+    stripe in memory per split read at once (nothing for memory-mapped IPC shards).
+    """
+
+    buffer_size: int | None = None
+    min_size: int | None = None
+    before_decode: bool | None = None
+    interleave: int | None = None
+    max_bytes: int | None = None
+    min_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        checks.field_count(self, "buffer_size", allow_none=True)
+        checks.field_count(self, "min_size", minimum=0, allow_none=True)
+        checks.field_count(self, "interleave", allow_none=True)
+        checks.field_count(self, "max_bytes", allow_none=True)
+        checks.field_count(self, "min_bytes", minimum=0, allow_none=True)
+
 
 
 @dataclass(frozen=True)
@@ -95,7 +139,7 @@ class ShuffleSettings:
     one_pass: bool
     bucketing: bool
     preset_fields: frozenset[str]
-    before_decode: bool | None = None  # None: decided by the shards (`chain.open_sources`)
+    before_decode: bool | None = None  # None until `chain.settle` decides it by the shards
     lane_bytes: int = 0
     legacy: bool = False
 
@@ -123,7 +167,7 @@ class ShuffleSettings:
 
     def fitted(self, lane_bytes: int) -> ShuffleSettings:
         """These settings for readers whose lanes hold ``lane_bytes`` each (`lane_bytes`): a preset's interleave
-        becomes `fit_interleave`'s."""
+        becomes `fit_interleave`'s (`chain.settle`, before the readers are built)."""
         interleave = self.interleave
         if "interleave" in self.preset_fields and not self.legacy and self.max_bytes is not None:
             interleave = fit_interleave(self.max_bytes, lane_bytes)
@@ -149,20 +193,6 @@ class ShuffleSettings:
                    if name in self.preset_fields and value is not None}
         return dataclasses.replace(self, **changes, max_bytes=None, min_bytes=None, one_pass=False, legacy=True)
 
-    def configure(self, buffer: Any, bucketer: Any, readers: Sequence[Any]) -> None:
-        """Set these settings on nodes built with others (before they start): the readers' interleave, the
-        buffer's and the bucketer's limits."""
-        if buffer is not None:
-            buffer.capacity, buffer.min_size = self.buffer_size, self.min_size
-            buffer.max_bytes, buffer.min_bytes, buffer.one_pass = self.buffer_max_bytes, self.min_bytes, self.one_pass
-            buffer.describe()
-        if bucketer is not None:
-            bucketer.max_bytes, bucketer.distinct = self.bucketer_max_bytes, self.one_pass
-            bucketer.describe()
-        for reader in readers:
-            if reader.interleave != self.interleave:
-                reader.set_interleave(self.interleave)
-
 
 def fit_interleave(max_bytes: int, lane_bytes: int) -> int:
     """Splits read at once by default: `MAX_INTERLEAVE` where a lane costs nothing (memory-mapped shards), else
@@ -184,7 +214,7 @@ def resolve(shuffle: Shuffle, *, train: bool, bucketing: bool, mixed: bool) -> S
     ``one_pass`` (a buffer holds one pass; a bucket never holds an utterance twice) is on
     in training from one source; a `Mix` draws its sources' passes at their weights, so
     passes of different sources always overlap there. A preset's interleave is 1 until
-    `ShuffleSettings.fitted` knows the readers' units.
+    `chain.settle` fits it to the shards' units (`ShuffleSettings.fitted`), before any reader exists.
     """
     preset = TRAIN if train else EVAL
     given = {"buffer_size": shuffle.buffer_size, "min_size": shuffle.min_size, "max_bytes": shuffle.max_bytes,

@@ -1,14 +1,18 @@
 """The default chain of nodes, built in one function (`build_chain`), and the sources it starts from.
 
-``open_sources`` turns the loader's source (shards, an Iceberg table, a `Source`
-or a `Mix`) into readers; ``build_chain`` puts the nodes on top of them, source
-to loader, in the order docs/concepts.md draws it. Eval planning (how many
-batches each rank yields, the bucketing's edges) is here too: it reads the
-same readers.
+Three steps, in this order: ``open_sources`` opens the loader's source (shards, an
+Iceberg table, a `Source` or a `Mix`) as datasets and checks them against each
+other; ``settle`` makes every setting final from them (the readers' interleave
+fitted to the byte budget, where the shuffle buffer sits, the bucketing's edges,
+the batches each rank yields in evaluation); ``build_chain`` builds the nodes,
+readers first, source to loader, in the order docs/concepts.md draws it. No node
+exists before the settings are final, and no node's settings change afterwards:
+a checkpoint taken with other settings (`settle_for_checkpoint`) gets a new chain.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import warnings
@@ -20,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 from torchdata.nodes import BaseNode, PinMemory
 
+from .budget import lane_bytes
 from .dsp.config import LengthPolicy, Segments
 from .errors import CheckpointMismatchError
 from .mix import Mix, Source, check_columns, check_lengths, source_seed
@@ -31,10 +36,10 @@ from .nodes.catch_failures import CatchFailures
 from .nodes.decode_spectrogram import DecodeSpectrogram
 from .nodes.duration_bucketer import DurationBucketer, estimate_boundaries, fit_bucket_count, plan, row_seconds
 from .nodes.prefetcher import Prefetcher
-from .nodes.rows import fetch_mixed
+from .nodes.rows import fetch_mixed, fetch_rows
 from .nodes.shuffle_buffer import ShuffleBuffer
 from .nodes.weighted_mix import WeightedMix
-from .options import DEFAULT_NUM_BUCKETS, FULL_BATCHES_PER_BUCKET, Settings
+from .options import DEFAULT_NUM_BUCKETS, FULL_BATCHES_PER_BUCKET, Buckets, Settings
 from .samples import BadRow, Key, RawSample, Sample
 from .shards import IcebergTable, ShardDataset
 from .shards.writer import shard_doc
@@ -46,92 +51,116 @@ from .workers.recycle import BatchArenas
 ARENA_BATCHES = 8
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Sources:
-    """The readers of a loader's source and what the chain needs to know about them.
+    """The opened datasets of a loader's source and what the chain needs to know about them (no node; built
+    by keyword, whole).
 
-    ``rows`` is the node the chain reads from: the one reader, or a `WeightedMix` of
-    a mix's readers. ``lengths`` holds each source's `LengthPolicy`; ``names`` the
-    mix's source names (empty for one source).
+    ``datasets``: one per source (the mix's in its order); ``lengths`` holds each
+    source's `LengthPolicy`; ``names`` the mix's source names (empty for one source);
+    ``stop``: the mix's stopping rule, decided (None for one source).
     """
 
-    readers: list[ArrowShardReader]
-    rows: BaseNode
+    datasets: list[ShardDataset]
     lengths: list[LengthPolicy]
     names: tuple[str, ...]
     mix: Mix | None
     has_labels: bool
     duration_column: str | None
-    shuffle_before_decode: bool
     audio_column: str | None = "audio"  # the single source's (a mix's sources have their own)
     label_column: str | None = "label"
     segments: Segments | None = None  # the single source's
+    stop: str | None = None
 
     def seconds_of(self, row: RawSample) -> float:
         """A row's duration for bucketing: its window's length (segments), its duration column, or its header."""
         return row_seconds(row, self.duration_column, self.segments)
 
-    @property
-    def reader(self) -> ArrowShardReader | None:
-        """The reader of a single source (None for a mix)."""
-        return self.readers[0] if self.mix is None else None
-
     def fetch(self) -> Callable[[Sequence[Key]], list[RawSample]]:
         """Random access to rows by key, picklable and holding no loader (restore, worker processes)."""
         if self.mix is None:
-            return self.readers[0].fetcher
-        return functools.partial(fetch_mixed, [reader.dataset for reader in self.readers])
-
-    @property
-    def datasets(self) -> list[ShardDataset]:
-        return [reader.dataset for reader in self.readers]
+            return functools.partial(fetch_rows, self.datasets[0])
+        return functools.partial(fetch_mixed, list(self.datasets))
 
 
 @dataclass
 class Chain:
-    """The built chain: its root (what the `Loader` iterates) and the nodes the front talks to."""
+    """The built chain: its root (what the `Loader` iterates) and the nodes the front talks to.
+
+    ``rows`` is the node the rest reads from: the one reader, or a `WeightedMix` of a mix's readers.
+    """
 
     root: BaseNode
     decoder: DecodeSpectrogram
     batcher: Batcher
-    boundaries: list[float] | None  # the bucketing's edges (None without bucketing)
-    num_batches: int | None  # eval: batches every rank yields
-    buffer: ShuffleBuffer | None = None  # the shuffle buffer and the bucketer, whose limits a legacy
-    bucketer: DurationBucketer | None = None  # checkpoint sets (`budget.ShuffleSettings.configure`)
-    buckets: Buckets | None = None  # the bucketing's count and edges, and how the count was chosen
+    readers: list[ArrowShardReader]
+    rows: BaseNode
+    buffer: ShuffleBuffer | None = None
+    bucketer: DurationBucketer | None = None
+
+    @property
+    def reader(self) -> ArrowShardReader | None:
+        """The reader of a single source (None for a mix)."""
+        return None if isinstance(self.rows, WeightedMix) else self.readers[0]
 
 
-@dataclass(frozen=True)
-class Buckets:
-    """The duration buckets of a loader with bucketing (`duration_buckets`).
+# -- settings: every one final before a node is built --------------------------------------------------------
 
-    ``count``: buckets asked for (the edges may be fewer: equal durations merge); ``boundaries``: their
-    edges in seconds; ``fitted``: the count was fitted to the data (``Bucketing(num_buckets=None)``);
-    ``pass_seconds``: the estimated seconds of audio in one pass of a rank (None when the edges were given).
+
+def settle(settings: Settings, sources: Sources) -> Settings:
+    """``settings`` (checked and preset by `options.resolve`) made final for the opened ``sources``.
+
+    What is decided here, before any node exists: the readers' interleave, when the
+    preset's (`budget.ShuffleSettings.fitted` to the shards' units), where the shuffle
+    buffer sits (``shuffle.before_decode``, `_before_decode`), the bucketing's count and
+    edges (``buckets``, `duration_buckets`) and, in evaluation, the batches every rank
+    yields (``num_batches``, `count_batches`).
     """
+    shuffle = settings.shuffle.fitted(lane_bytes(sources.datasets))
+    shuffle = dataclasses.replace(shuffle, before_decode=_before_decode(settings, sources))
+    return _planned(dataclasses.replace(settings, shuffle=shuffle), sources)
 
-    count: int
-    boundaries: list[float]
-    fitted: bool = False
-    pass_seconds: float | None = None
 
-    def report(self, max_duration: float) -> dict[str, Any]:
-        """``stats()["bucketing"]``: the count, the edges, and, when fitted, why that many."""
-        out: dict[str, Any] = {"num_buckets": self.count, "boundaries": list(self.boundaries),
-                               "fitted": self.fitted, "pass_seconds": self.pass_seconds}
-        if self.pass_seconds is None:
-            return out
-        if self.fitted and self.count < DEFAULT_NUM_BUCKETS:
-            out["why"] = (f"{self.count} bucket(s), not {DEFAULT_NUM_BUCKETS}: a pass of this rank holds about "
-                          f"{self.pass_seconds:.0f} s of audio, and each bucket should get at least "
-                          f"{FULL_BATCHES_PER_BUCKET} batch(es) of {max_duration:g} s of it; more buckets would cut "
-                          "batches small (Bucketing(num_buckets=...) sets the count)")
-        elif self.pass_seconds / self.count < max_duration:
-            out["why"] = (f"each of the {self.count} buckets gets about {self.pass_seconds / self.count:.1f} s of a "
-                          f"pass of this rank, less than a batch of {max_duration:g} s: batches leave smaller. Fewer "
-                          "buckets make them fuller (a count given, or a checkpoint's: on a new run, "
-                          "Bucketing(num_buckets=None) fits the count to the data)")
-        return out
+def settle_for_checkpoint(settings: Settings, sources: Sources, theirs: dict[str, Any]) -> Settings:
+    """The final settings a checkpoint with fingerprint ``theirs`` resumes with: ``settings`` (`settle`'s),
+    or, where the checkpoint was taken with settings a loader given the same arguments no longer chooses, those.
+
+    A count of duration buckets other than the one fitted here (0.2's 16, 0.3's 32), when this loader was
+    given none: the default changed, the run did not (a count given is kept, and a differing checkpoint
+    refused by the fingerprint check). A checkpoint from before byte budgets (no ``"memory"``): the settings
+    it was taken with (`budget.ShuffleSettings.as_legacy`). The caller builds a new chain from what differs.
+    """
+    changes: dict[str, Any] = {}
+    batching, taken = settings.batching, (theirs.get("batching") or {}).get("num_buckets")
+    if (batching is not None and batching.num_buckets is None and batching.boundaries is None
+            and isinstance(taken, int) and taken != settings.buckets.count):
+        changes["batching"], changes["buckets"] = dataclasses.replace(batching, num_buckets=taken), None
+    if "memory" not in theirs and not settings.shuffle.legacy:
+        changes["shuffle"] = settings.shuffle.as_legacy(theirs)
+    return _planned(dataclasses.replace(settings, **changes), sources) if changes else settings
+
+
+def _planned(settings: Settings, sources: Sources) -> Settings:
+    """``settings`` with the bucketing's `Buckets` (unless known) and, in evaluation, ``num_batches``."""
+    buckets = settings.buckets
+    if settings.batching is not None and buckets is None:
+        buckets = duration_buckets(settings, sources)
+    boundaries = None if buckets is None else buckets.boundaries
+    num_batches = None if settings.train else count_batches(settings, sources, boundaries)
+    return dataclasses.replace(settings, buckets=buckets, num_batches=num_batches)
+
+
+def _before_decode(settings: Settings, sources: Sources) -> bool:
+    """Whether the shuffle buffer holds raw rows: with batching always (the rows are grouped before they are
+    decoded: whatever holds them holds raw rows), else ``Shuffle(before_decode=...)``, else by the shards
+    (`_raw_rows_by_default`)."""
+    before = settings.shuffle.before_decode
+    if settings.batching is not None:
+        return True
+    return all(_raw_rows_by_default(d) for d in sources.datasets) if before is None else bool(before)
+
+
+# -- the chain ------------------------------------------------------------------------------------------------
 
 
 def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Chain:
@@ -142,12 +171,15 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
     bucketing ``-> ShuffleBuffer (train) -> DurationBucketer -> DecodeSpectrogram``; then
     ``-> Batcher [-> BatchAugment] -> CatchFailures -> Prefetcher`` and, with a feature device,
     ``-> BatchFeatures [-> BatchAugment]``, else optionally ``-> PinMemory``.
+
+    ``settings`` are final (`settle`): every node is built with them and none changes them afterwards.
     """
-    s, rows = settings, sources.rows
-    fetch_rows = sources.fetch()
-    buckets = duration_buckets(settings, sources) if s.batching is not None else None
-    boundaries = None if buckets is None else buckets.boundaries
-    num_batches = count_batches(settings, sources, boundaries) if not s.train else None
+    s = settings
+    # Batch memory the decode processes copy into, where the decoded samples go to the batcher in order.
+    arenas = _batch_arenas(settings) if s.batching is None and s.shuffle.before_decode else None
+    readers, rows = _readers(settings, sources, stats)
+    source_rows, fetch_rows = rows, sources.fetch()
+    boundaries = None if s.buckets is None else s.buckets.boundaries
     decoder = functools.partial(_decoder, settings, sources, stats)
     held: list[ShuffleBuffer] = []  # the buffer, once made
 
@@ -158,25 +190,23 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
                                   min_bytes=s.shuffle.min_bytes, one_pass=s.shuffle.one_pass))
         return held[0]
 
-    bucketer, arenas = None, None
+    bucketer = None
     if s.batching is not None:  # rows grouped by duration before they are decoded: only a batch's rows decode
-        reader = sources.reader
-        rows = buffer(reader, restore=reader.fetch) if s.train else reader
+        rows = buffer(rows, restore=fetch_rows) if s.train else rows
         rows = bucketer = DurationBucketer(
             rows, max_duration=s.batching.max_duration, boundaries=boundaries,
-            max_batch_size=s.batching.max_batch_size, restore=reader.fetch, drop_last=s.drop_last, stats=stats,
+            max_batch_size=s.batching.max_batch_size, restore=fetch_rows, drop_last=s.drop_last, stats=stats,
             duration_fn=functools.partial(row_seconds, duration_column=sources.duration_column,
                                           segments=sources.segments),
             max_bytes=s.shuffle.bucketer_max_bytes, distinct=s.shuffle.one_pass)
         samples = decode = decoder(rows)
-    elif sources.shuffle_before_decode:  # the buffer holds raw rows
-        arenas = _batch_arenas(settings)  # the decoded samples go to the batcher in order
+    elif s.shuffle.before_decode:  # the buffer holds raw rows
         samples = decode = decoder(buffer(rows, restore=fetch_rows), collate_into=arenas)
     else:  # the buffer holds decoded samples, rebuilt on resume by reading and decoding their rows again
         decode = decoder(rows)
         # A partial of a module function, not a bound method: the chain must not point back at the front.
         samples = buffer(decode, restore=functools.partial(_restore_decoded, fetch_rows, decode))
-    batches = batcher = _batcher(settings, sources, samples, num_batches, stats, arenas)
+    batches = batcher = _batcher(settings, sources, samples, stats, arenas)
     per_batch_augment = s.augmentations is not None and s.augmentations.per_batch
     if s.device is None and per_batch_augment:
         batches = BatchAugment(batches, s.augmentations, s.features.batch_key)
@@ -187,7 +217,37 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
             root = BatchAugment(root, s.augmentations, s.features.batch_key)
     elif s.workers.pin_memory and _has_cuda():
         root = PinMemory(root)
-    return Chain(root, decode, batcher, boundaries, num_batches, held[0] if held else None, bucketer, buckets)
+    return Chain(root, decode, batcher, readers, source_rows, held[0] if held else None, bucketer)
+
+
+def _readers(settings: Settings, sources: Sources, stats: LoaderStats) -> tuple[list[ArrowShardReader], BaseNode]:
+    """The readers of the sources and the node that reads from them: the one reader, or a `WeightedMix`."""
+    readers = [_reader(settings, sources, position, stats) for position in range(len(sources.datasets))]
+    stats.shuffle.configure([_split_rows_of(reader) for reader in readers],
+                            sources.mix.weights if sources.mix is not None else [1.0], settings.batch_size)
+    if sources.mix is None:
+        return readers, readers[0]
+    s, names = settings, sources.names
+    return readers, WeightedMix(dict(zip(names, readers, strict=True)), dict(zip(names, sources.mix.weights,
+                                                                                 strict=True)),
+                                stop=sources.stop, infinite=s.infinite, seed=s.seed, rank=s.storage.rank, stats=stats)
+
+
+def _reader(settings: Settings, sources: Sources, position: int, stats: LoaderStats | None = None,
+            rank: int | None = None) -> ArrowShardReader:
+    """The reader of source ``position``'s dataset: the chain's (``stats``), or one that plans the batches of
+    ``rank`` (one pass, not counted). A mix's sources each have their seed and end with their pass."""
+    s, mixed = settings, sources.mix is not None
+    planning = rank is not None
+    try:
+        return ArrowShardReader(sources.datasets[position], seed=source_seed(s.seed, position) if mixed else s.seed,
+                                rank=s.storage.rank if rank is None else rank, world_size=s.storage.world_size,
+                                shuffle=s.train, infinite=s.infinite and not mixed and not planning, stats=stats,
+                                interleave=s.shuffle.interleave)
+    except Exception as error:
+        if mixed and hasattr(error, "add_note"):  # Python 3.11+
+            error.add_note(f"(in Mix source {sources.names[position]!r})")
+        raise
 
 
 def _batch_arenas(settings: Settings) -> BatchArenas | None:
@@ -207,19 +267,17 @@ def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: Bas
     s = settings
     # Memory-mapped shards: a worker process reads its rows itself (zero-copy there)
     # rather than getting the encoded audio copied over from here.
-    fetch = sources.fetch() if all(_raw_rows_are_free(r) for r in sources.readers) else None
+    fetch = sources.fetch() if all(_raw_rows_are_free(d) for d in sources.datasets) else None
     length = sources.lengths[0] if len(set(sources.lengths)) == 1 else sources.lengths
     return DecodeSpectrogram(
-        rows, s.features, seed=s.seed, train=s.train, num_workers=s.workers.num_workers,
-        augment=s.augmentations, on_error=s.on_error.action, max_error_fraction=s.on_error.max_fraction,
-        error_budget_min_rows=s.on_error.min_rows, stats=stats, worker_type=s.workers.kind, fetch=fetch,
-        start_method=s.workers.start_method, compute_features=s.device is None, length=length,
+        rows, s.features, seed=s.seed, train=s.train, workers=s.workers, augment=s.augmentations,
+        on_error=s.on_error, stats=stats, fetch=fetch, compute_features=s.device is None, length=length,
         guard=file_guard(sources.datasets), segments=sources.segments,
         max_bytes_in_flight=s.shuffle.decode_max_bytes, collate_into=collate_into)
 
 
-def _batcher(settings: Settings, sources: Sources, samples: BaseNode, num_batches: int | None,
-             stats: LoaderStats, arenas: BatchArenas | None = None) -> Batcher:
+def _batcher(settings: Settings, sources: Sources, samples: BaseNode, stats: LoaderStats,
+             arenas: BatchArenas | None = None) -> Batcher:
     # With a feature device the batcher stacks waveforms (in page-locked memory for a
     # GPU) and BatchFeatures, after the prefetcher, computes the features.
     s, per_sample, variable = settings, settings.device is None, settings.length.variable_length
@@ -229,8 +287,8 @@ def _batcher(settings: Settings, sources: Sources, samples: BaseNode, num_batche
     else:
         shape, time_axis = (clip,), 0
     return Batcher(
-        samples, s.batch_size, s.drop_last, num_batches=num_batches, spectrogram_shape=shape, columns=s.columns,
-        tensor_columns=_numeric_columns(sources.readers[0].dataset.schema, s.columns),
+        samples, s.batch_size, s.drop_last, num_batches=s.num_batches, spectrogram_shape=shape, columns=s.columns,
+        tensor_columns=_numeric_columns(sources.datasets[0].schema, s.columns),
         has_labels=sources.has_labels, stats=stats, sources=sources.mix is not None,
         features_key=s.features.batch_key if per_sample else "waveform",
         pin_memory=not per_sample and s.device.type == "cuda",
@@ -249,33 +307,21 @@ def _has_cuda() -> bool:
 # -- sources ------------------------------------------------------------------------------------------------
 
 
-def open_sources(source: Any, settings: Settings, stats: LoaderStats) -> Sources:
-    """The readers of ``source`` (shards, an `IcebergTable`, a `Source` or a `Mix`), checked against each other."""
+def open_sources(source: Any, settings: Settings, stats: LoaderStats,
+                 mix_columns: tuple[str | None, str | None] = ("audio", "label")) -> Sources:
+    """The datasets of ``source`` (shards, an `IcebergTable`, a `Source` or a `Mix`), checked against each other;
+    no node is built (`build_chain` builds the readers, with the settings `settle` makes final).
+    ``mix_columns``: the audio and label column a `Mix` records (0.2's flat keywords; its sources have their own)."""
     if isinstance(source, Mix):
-        sources = _open_mix(source, settings, stats)
-    else:
-        sources = _open_one(source if isinstance(source, Source) else Source(source), settings, stats)
-    before = settings.shuffle.before_decode
-    # With batching the rows are grouped before they are decoded: whatever holds them holds raw rows.
-    sources.shuffle_before_decode = (True if settings.batching is not None else
-                                     all(_raw_rows_by_default(r) for r in sources.readers)
-                                     if before is None else bool(before))
-    stats.shuffle.configure([_split_rows_of(reader) for reader in sources.readers],
-                            sources.mix.weights if sources.mix is not None else [1.0], settings.batch_size)
-    return sources
+        return _open_mix(source, settings, stats, mix_columns)
+    return _open_one(source if isinstance(source, Source) else Source(source), settings)
 
 
-def _open_one(source: Source, settings: Settings, stats: LoaderStats) -> Sources:
-    s, storage = settings, settings.storage
-    dataset = ShardDataset(source.data, audio_column=source.audio_column, label_column=source.label_column,
-                           columns=s.columns, split_rows=storage.split_rows, filesystem=_filesystem(source, storage),
-                           retry=storage.retry, filter=source.filter, cache_dir=storage.cache_dir,
-                           cache_limit=storage.cache_limit, remote_reads=storage.remote_reads())
-    duration_column, dataset = _with_duration_column(dataset, settings, source.segments)
-    reader = ArrowShardReader(dataset, seed=s.seed, rank=storage.rank, world_size=storage.world_size,
-                              shuffle=s.train, infinite=s.infinite, stats=stats, interleave=s.shuffle.interleave)
-    return Sources([reader], reader, [source.length or s.length], (), None, source.label_column is not None,
-                   duration_column, False, source.audio_column, source.label_column, source.segments)
+def _open_one(source: Source, settings: Settings) -> Sources:
+    duration_column, dataset = _with_duration_column(_dataset(source, settings), settings, source.segments)
+    return Sources(datasets=[dataset], lengths=[source.length or settings.length], names=(), mix=None,
+                   has_labels=source.label_column is not None, duration_column=duration_column,
+                   audio_column=source.audio_column, label_column=source.label_column, segments=source.segments)
 
 
 def _with_duration_column(dataset: ShardDataset, settings: Settings,
@@ -309,12 +355,18 @@ def _check_segment_columns(schema: pa.Schema, segments: Segments) -> None:
                          "only say where it was). Leave segments= out")
 
 
-def _filesystem(source: Source, storage: Any) -> Any:
-    return source.filesystem if source.filesystem is not None else storage.filesystem
+def _dataset(source: Source, settings: Settings) -> ShardDataset:
+    """The `ShardDataset` of one source: its files, columns and filter, read as ``settings.storage`` says (with the
+    source's own filesystem, when it has one)."""
+    storage = settings.storage
+    if source.filesystem is not None:
+        storage = dataclasses.replace(storage, filesystem=source.filesystem)
+    return ShardDataset(source.data, audio_column=source.audio_column, label_column=source.label_column,
+                        columns=settings.columns, filter=source.filter, storage=storage)
 
 
-def _open_mix(mix: Mix, settings: Settings, stats: LoaderStats) -> Sources:
-    """One reader per source of the `Mix`, interleaved by a `WeightedMix` node."""
+def _open_mix(mix: Mix, settings: Settings, stats: LoaderStats, columns: tuple[str | None, str | None]) -> Sources:
+    """One dataset per source of the `Mix` (`build_chain` interleaves their readers with a `WeightedMix`)."""
     s = settings
     with_segments = [e.name for e in mix.entries if e.source.segments is not None]
     if with_segments:
@@ -339,24 +391,16 @@ def _open_mix(mix: Mix, settings: Settings, stats: LoaderStats) -> Sources:
     lengths = [e.source.length or s.length for e in mix.entries]
     # The loader's own length= is checked with them: it sets the batches' shape.
     check_lengths(["length= of the loader", *mix.names], [s.length, *lengths], s.features)
-    readers = [_mix_reader(position, entry, settings, stats) for position, entry in enumerate(mix.entries)]
-    check_columns(mix.names, [r.dataset.schema for r in readers], s.columns)
+    datasets = [_mix_dataset(entry, settings) for entry in mix.entries]
+    check_columns(mix.names, [dataset.schema for dataset in datasets], s.columns)
     stats.describe_sources(mix.names, mix.weights)
-    rows = WeightedMix(dict(zip(mix.names, readers, strict=True)), dict(zip(mix.names, mix.weights, strict=True)),
-                       stop=stop, infinite=s.infinite, seed=s.seed, rank=s.storage.rank, stats=stats)
-    return Sources(readers, rows, lengths, mix.names, mix, all(labelled.values()), None, False)
+    return Sources(datasets=datasets, lengths=lengths, names=mix.names, mix=mix, has_labels=all(labelled.values()),
+                   duration_column=None, audio_column=columns[0], label_column=columns[1], stop=stop)
 
 
-def _mix_reader(position: int, entry: Any, settings: Settings, stats: LoaderStats) -> ArrowShardReader:
-    source, storage = entry.source, settings.storage
+def _mix_dataset(entry: Any, settings: Settings) -> ShardDataset:
     try:
-        return ArrowShardReader(
-            source.data, audio_column=source.audio_column, label_column=source.label_column,
-            columns=settings.columns, seed=source_seed(settings.seed, position), rank=storage.rank,
-            world_size=storage.world_size, shuffle=settings.train, infinite=False, split_rows=storage.split_rows,
-            filesystem=_filesystem(source, storage), stats=stats, retry=storage.retry, filter=source.filter,
-            interleave=settings.shuffle.interleave, cache_dir=storage.cache_dir, cache_limit=storage.cache_limit,
-            remote_reads=storage.remote_reads())
+        return _dataset(entry.source, settings)
     except Exception as error:
         if hasattr(error, "add_note"):  # Python 3.11+
             error.add_note(f"(in Mix source {entry.name!r})")
@@ -368,9 +412,7 @@ def pinned_source(source: Any, sources: Sources) -> Any:
     table = source.data if isinstance(source, Source) else source
     if not isinstance(table, IcebergTable) or table.snapshot_id is not None:
         return source
-    import dataclasses
-
-    pinned = dataclasses.replace(table, snapshot_id=sources.readers[0].dataset.table.snapshot_id)
+    pinned = dataclasses.replace(table, snapshot_id=sources.datasets[0].table.snapshot_id)
     return dataclasses.replace(source, data=pinned) if isinstance(source, Source) else pinned
 
 
@@ -380,14 +422,13 @@ def _split_rows_of(reader: ArrowShardReader) -> list[tuple[int, int]]:
     return [(files[s.file_id].index_offset + s.start, s.num_rows) for s in reader.splits_for_pass(0)]
 
 
-def _raw_rows_are_free(reader: ArrowShardReader) -> bool:
+def _raw_rows_are_free(dataset: ShardDataset) -> bool:
     """True when every shard is a local Arrow IPC file or stream: memory-mapped, so a
     buffered raw row is a view into the page cache, not a copy."""
-    return all(file.format in ("ipc_file", "ipc_stream") and "://" not in file.path
-               for file in reader.dataset.files)
+    return all(file.format in ("ipc_file", "ipc_stream") and "://" not in file.path for file in dataset.files)
 
 
-def _raw_rows_by_default(reader: ArrowShardReader) -> bool:
+def _raw_rows_by_default(dataset: ShardDataset) -> bool:
     """``Shuffle(before_decode=None)``: raw rows in the buffer for local Arrow IPC shards (zero-copy views)
     and for remote shards, decoded samples for local Parquet and ORC.
 
@@ -396,8 +437,7 @@ def _raw_rows_by_default(reader: ArrowShardReader) -> bool:
     raw row owns a copy of its encoded bytes, the reader's, so holding it keeps no record batch alive,
     where decoded features are 256 KB each.
     """
-    dataset = reader.dataset
-    return _raw_rows_are_free(reader) or all(dataset.is_remote(i) for i in range(len(dataset.files)))
+    return _raw_rows_are_free(dataset) or all(dataset.is_remote(i) for i in range(len(dataset.files)))
 
 
 def _numeric_columns(schema: pa.Schema, columns: Sequence[str]) -> list[str]:
@@ -437,15 +477,15 @@ def duration_buckets(settings: Settings, sources: Sources) -> Buckets:
     batching = settings.batching
     if batching.boundaries is not None:
         return Buckets(batching.buckets, list(batching.boundaries))
-    reader = sources.reader
-    kept = reader.dataset.kept_indices()
+    dataset = sources.datasets[0]
+    kept = dataset.kept_indices()
     n = len(kept)
     picks = kept[np.unique(np.linspace(0, n - 1, min(n, batching.estimate_rows)).round().astype(np.int64))]
     seconds: list[Any] = [None] * len(picks)
     if sources.duration_column is not None and sources.segments is None:  # no audio read before the first batch
-        seconds = reader.dataset.read_column(sources.duration_column, picks.tolist())
+        seconds = dataset.read_column(sources.duration_column, picks.tolist())
     missing = [k for k, value in enumerate(seconds) if value is None]
-    for k, row in zip(missing, reader.fetch([Key(int(picks[k]), 0) for k in missing]), strict=True):
+    for k, row in zip(missing, fetch_rows(dataset, [Key(int(picks[k]), 0) for k in missing]), strict=True):
         seconds[k] = sources.seconds_of(row)
     durations = [float(x) for x in seconds]
     pass_seconds = float(np.mean(durations)) * n / settings.storage.world_size if durations else 0.0
@@ -460,7 +500,8 @@ def count_batches(settings: Settings, sources: Sources, boundaries: list[float] 
     """Eval: batches every rank yields (equal across ranks, see Batcher.num_batches)."""
     if settings.batching is not None:
         return planned_batches(settings, sources, boundaries)
-    rows = [sum(counts) for counts in zip(*(reader.rows_per_rank() for reader in sources.readers), strict=True)]
+    readers = [_reader(settings, sources, position, rank=0) for position in range(len(sources.datasets))]
+    rows = [sum(counts) for counts in zip(*(reader.rows_per_rank() for reader in readers), strict=True)]
     if settings.drop_last:
         return min(rows) // settings.batch_size
     return math.ceil(max(rows) / settings.batch_size)
@@ -479,8 +520,7 @@ def planned_batches(settings: Settings, sources: Sources, boundaries: list[float
     (interleaved too), from the pass's start or, after an elastic resume (``start``), from its carry."""
     s, counts = settings, []
     for rank in range(s.storage.world_size):
-        rows = ArrowShardReader(sources.reader.dataset, seed=s.seed, rank=rank, world_size=s.storage.world_size,
-                                shuffle=s.train, infinite=False, interleave=s.shuffle.interleave)
+        rows = _reader(settings, sources, 0, rank=rank)
         if start is not None:
             rows.start_from(start.state_for(rows))
         counts.append(len(plan((sources.seconds_of(r) for r in rows), boundaries,

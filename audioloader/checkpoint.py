@@ -20,29 +20,29 @@ from .shards import ShardDataset
 STATE_FORMAT = "audioloader.AudioLoader/1"
 
 
-def fingerprint(settings: Any, sources: Any, buckets: Any) -> dict[str, Any]:
-    """What a state of this loader depends on (`Settings`, `chain.Sources`, the bucketing's `chain.Buckets`)."""
+def fingerprint(settings: Any, sources: Any) -> dict[str, Any]:
+    """What a state of this loader depends on (the final `Settings`, `chain.settle`'s; `chain.Sources`)."""
     s = settings
     if sources.mix is None:
-        files, identity = files_of(sources.readers[0].dataset), _identity_of(sources.readers[0].dataset)
+        files, identity = files_of(sources.datasets[0]), _identity_of(sources.datasets[0])
     else:
-        pairs = list(zip(sources.names, sources.readers, strict=True))
-        files = {name: files_of(r.dataset) for name, r in pairs}
-        identity = {name: _identity_of(r.dataset) for name, r in pairs}
+        pairs = list(zip(sources.names, sources.datasets, strict=True))
+        files = {name: files_of(dataset) for name, dataset in pairs}
+        identity = {name: _identity_of(dataset) for name, dataset in pairs}
     return {
         "files": files, "file_identity": identity,
         "seed": s.seed, "rank": s.storage.rank, "world_size": s.storage.world_size,
         "features": s.features.to_dict(), "batch_size": s.batch_size,
         "shuffle_buffer_size": s.shuffle.buffer_size, "shuffle_min_size": s.shuffle.min_size,
         "train": s.train, "infinite": s.infinite, "drop_last": s.drop_last,
-        "shuffle_before_decode": sources.shuffle_before_decode, "split_rows": s.storage.split_rows,
+        "shuffle_before_decode": s.shuffle.before_decode, "split_rows": s.storage.split_rows,
         "audio_column": sources.audio_column, "label_column": sources.label_column,
         "columns": list(s.columns),
-        **_newer_fields(settings, sources, buckets),
+        **_newer_fields(settings, sources),
     }
 
 
-def _newer_fields(settings: Any, sources: Any, buckets: Any) -> dict[str, Any]:
+def _newer_fields(settings: Any, sources: Any) -> dict[str, Any]:
     """Fields of newer options, present only when used (a 0.1 checkpoint has none of them)."""
     s, extra = settings, {}
     if not isinstance(s.features, MelSpectrogramConfig):
@@ -51,7 +51,7 @@ def _newer_fields(settings: Any, sources: Any, buckets: Any) -> dict[str, Any]:
         extra["length"] = s.length.to_dict()
     if s.batching is not None:
         # The count used (given, fitted to the data, or a checkpoint's): a resume must bucket as the run did.
-        extra["batching"] = {**s.batching.to_dict(), "num_buckets": buckets.count, "boundaries": buckets.boundaries,
+        extra["batching"] = {**s.batching.to_dict(), "num_buckets": s.buckets.count, "boundaries": s.buckets.boundaries,
                              "duration_column": sources.duration_column}
     if sources.segments is not None:
         extra["segments"] = sources.segments.to_dict()
@@ -61,19 +61,19 @@ def _newer_fields(settings: Any, sources: Any, buckets: Any) -> dict[str, Any]:
         extra["mix"] = {"sources": [[e.name, e.weight, e.source.audio_column, e.source.label_column,
                                      None if e.source.length is None else e.source.length.to_dict()]
                                     for e in sources.mix.entries],
-                        "stop": sources.rows.stop, "world_size": s.storage.world_size}
+                        "stop": sources.stop, "world_size": s.storage.world_size}
     if s.augmentations is not None and s.augmentations.builtin:
         extra["augment"] = [{**described, "files": files_of(dataset)} if dataset is not None else described
                             for described, dataset in zip(s.augmentations.describe(),
                                                           s.augmentations.datasets(), strict=True)]
-    if sources.readers[0].dataset.filter is not None:
-        extra["filter"] = str(sources.readers[0].dataset.filter)
+    if sources.datasets[0].filter is not None:
+        extra["filter"] = str(sources.datasets[0].filter)
     if s.shuffle.interleave > 1:
         extra["interleave"] = s.shuffle.interleave
     memory = s.shuffle.fingerprint()
     if memory is not None:  # a checkpoint without it was taken before byte budgets (budget.LEGACY_TRAIN)
         extra["memory"] = memory
-    tables = [[r.dataset.table.table, r.dataset.table.snapshot_id] for r in sources.readers if r.dataset.table]
+    tables = [[d.table.table, d.table.snapshot_id] for d in sources.datasets if d.table]
     if tables:
         extra["iceberg"] = tables  # [table, snapshot id] per Iceberg source: a resume reads the same snapshot
     return extra

@@ -35,8 +35,9 @@ from torchdata.nodes import BaseNode
 from .dsp.hashing import SALT_ELASTIC, permutation
 from .errors import CheckpointMismatchError
 from .nodes._torchdata_compat import rows_held as torchdata_rows_held
-from .nodes.arrow_shard_reader import ArrowShardReader, ReaderPosition, Segment
+from .nodes.arrow_shard_reader import ArrowShardReader
 from .nodes.held import RowsHeld
+from .nodes.read_order import ReaderPosition, Segment, order_at
 from .samples import Key
 
 #: Rows per piece that buffered rows are grouped into before the parts are cut (they mix with the splits).
@@ -106,7 +107,7 @@ class _Pieces:
 
     def add_rest_of(self, old: ArrowShardReader, at: ReaderPosition, last_pass: int) -> None:
         """What ``old`` (a reader of the old layout) has left from position ``at`` up to the end of ``last_pass``."""
-        order = at.carry if at.carry else old.segments_for_pass(at.pass_index)
+        order = order_at(old, at.pass_index, at.carry)
         for pos, row in at.lanes:  # an interleaving reader: the rest of each split its lanes were reading
             if pos >= 0:
                 self.segments.append(self.skip(order[pos], row))

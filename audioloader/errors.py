@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
+
+from . import checks
 
 # A URL's user-info ("key:secret@") and query string ("?access_key=...&token=...") may hold credentials.
 _USER_INFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#@\s'\"]*@")
@@ -129,3 +132,31 @@ class WorkerError(RuntimeError):
 
 class CudaInWorkerError(WorkerError):
     """Code in a worker process tried to initialise CUDA (device work belongs in the main process)."""
+
+
+ON_ERROR_ACTIONS = ("skip", "raise")
+
+
+@dataclass(frozen=True)
+class OnError:
+    """What a row whose audio cannot be decoded does: skip it (within a budget) or raise (``on_error=`` of
+    `AudioLoader` and of `DecodeSpectrogram`).
+
+    ``action="skip"``: it is skipped, counted and reported in ``stats()`` (a skip is
+    deterministic: the same rows are skipped on every run and resume), until more
+    than ``max_fraction`` of at least ``min_rows`` decoded rows failed; then
+    `ErrorBudgetExceeded` stops the run (a corrupt dataset should not train
+    silently). ``action="raise"``: the first bad row raises `DecodeError` naming
+    its file and row. ``on_error="skip"`` / ``"raise"`` are shorthands.
+    """
+
+    action: str = "skip"
+    max_fraction: float = 0.01
+    min_rows: int = 100
+
+    def __post_init__(self) -> None:
+        checks.one_of("OnError.action", self.action, ON_ERROR_ACTIONS)
+        value = self.max_fraction
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise checks.field_error(self, "max_fraction", "must be a fraction in [0, 1]")
+        checks.field_count(self, "min_rows")

@@ -32,30 +32,15 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from torchdata.nodes import BaseNode
-from torchdata.nodes import Loader as _TorchdataLoader
-from torchdata.nodes.loader import LoaderIterator as _TorchdataLoaderIterator
 
-from .nodes._torchdata_compat import stop_threads_of
+from .nodes._torchdata_compat import FixedLoader, FixedLoaderIterator, stop_threads_of
 from .nodes.catch_failures import raise_failure
 
 T = TypeVar("T")
 
 
-class _LoaderIterator(_TorchdataLoaderIterator[T]):
-    def __init__(self, loader: Loader[T]) -> None:
-        super().__init__(loader)
-        self.loader = None  # break the Loader <-> iterator reference cycle
-
-    def has_next(self) -> bool:
-        # Upstream calls next(self) here, which counts the look-ahead item once
-        # and then again when it is returned.
-        if self._cached_item is None:
-            try:
-                self._cached_state_dict = self.state_dict()
-                self._cached_item = next(self.root)
-            except StopIteration:
-                pass
-        return self._cached_item is not None
+class _LoaderIterator(FixedLoaderIterator[T]):
+    """Raises a `Failure` item (an exception a `CatchFailures` node carried up) in the caller's thread."""
 
     def next(self) -> T:
         return raise_failure(super().next())
@@ -77,40 +62,14 @@ def _stop_all_at_exit() -> None:
             loader.shutdown()
 
 
-class Loader(_TorchdataLoader[T], Generic[T]):
-    """``torchdata.nodes.Loader`` with exact resume, clean shutdown and original exceptions."""
+class Loader(FixedLoader[T], Generic[T]):
+    """``torchdata.nodes.Loader`` with exact resume (`FixedLoader`), clean shutdown and original exceptions."""
+
+    iterator_type = _LoaderIterator
 
     def __init__(self, root: BaseNode[T], restart_on_stop_iteration: bool = True) -> None:
         super().__init__(root, restart_on_stop_iteration)
         _LIVE_LOADERS.add(self)
-
-    def __iter__(self):
-        if self._it is None:
-            self._it = _LoaderIterator(self)
-        return super().__iter__()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Apply ``state_dict`` on the next ``iter()``, even after an earlier ``state_dict()`` call."""
-        self._iter_for_state_dict = False
-        super().load_state_dict(state_dict)
-
-    def start_fresh(self) -> None:
-        """The next ``iter()`` resets the chain with no state (forgetting a loaded one, and a reset already
-        done for an earlier ``state_dict()`` call)."""
-        self._iter_for_state_dict = False
-        self._next_iter_state_dict = None
-
-    @property
-    def positioned(self) -> bool:
-        """True once iteration started or a state was loaded: `state_dict()` then says where the next item is."""
-        return self._it is not None or self._next_iter_state_dict is not None
-
-    def state_dict(self) -> dict[str, Any]:
-        if self._next_iter_state_dict is not None:
-            # A loaded but not yet applied state is where the next item comes from: report it
-            # rather than the last iterator's position (or, before any, a fresh epoch's threads).
-            return self._next_iter_state_dict
-        return super().state_dict()
 
     def shutdown(self) -> None:
         """Stop every background thread of the chain (idempotent).
@@ -141,7 +100,7 @@ def shutdown_keeping_error(shutdown: Callable[[], None], error: BaseException | 
 
 
 def iter_nodes(root: BaseNode):
-    """Yield ``root`` and every node under it (following ``source``/``_source`` attributes)."""
+    """Yield ``root`` and every node under it (following ``source`` attributes: every node of torchdata's and ours)."""
     seen: set[int] = set()
     stack = [root]
     while stack:
@@ -150,7 +109,7 @@ def iter_nodes(root: BaseNode):
             continue
         seen.add(id(node))
         yield node
-        for name in ("source", "_source", "root"):
+        for name in ("source", "root"):
             child = getattr(node, name, None)
             if isinstance(child, BaseNode):
                 stack.append(child)

@@ -15,10 +15,31 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+from torchdata.nodes import StopCriteria
 
 from .dsp import hashing
 from .dsp.config import FeatureConfig, LengthPolicy, Segments
-from .nodes.weighted_mix import stop_criterion
+
+#: When a mix ends (see `Mix`): the behaviours of `audioloader.nodes.WeightedMix`.
+STOP_CRITERIA = ("cycle", "first_exhausted", "all_exhausted")
+
+#: torchdata's names (``torchdata.nodes.StopCriteria``) for the same criteria, accepted too.
+TORCHDATA_STOP_CRITERIA = {
+    StopCriteria.CYCLE_FOREVER: "cycle",
+    StopCriteria.FIRST_DATASET_EXHAUSTED: "first_exhausted",
+    StopCriteria.ALL_DATASETS_EXHAUSTED: "all_exhausted",
+}
+
+
+def stop_criterion(stop: Any) -> str:
+    """``stop`` as one of `STOP_CRITERIA` (torchdata's names accepted); ``ValueError`` naming the choices."""
+    if stop in STOP_CRITERIA:
+        return stop
+    if stop in TORCHDATA_STOP_CRITERIA:
+        return TORCHDATA_STOP_CRITERIA[stop]
+    raise ValueError(f"stop={stop!r}: must be one of {STOP_CRITERIA} (or torchdata's StopCriteria "
+                     f"{sorted(TORCHDATA_STOP_CRITERIA)}); CYCLE_UNTIL_ALL_DATASETS_EXHAUSTED is not supported: "
+                     "use 'cycle' for training or 'all_exhausted' to read every source once")
 
 
 @dataclass(frozen=True)
@@ -105,7 +126,7 @@ class Mix:
     Attributes:
         sources: ``{name: (source, weight)}``, in key order (a source's position is
             its id: ``batch["source"]``, ``Key.source``). Weights are positive numbers.
-        stop: one of `audioloader.nodes.weighted_mix.STOP_CRITERIA`, or None for the mode's default.
+        stop: one of `STOP_CRITERIA`, or None for the mode's default.
         entries: the resolved `MixEntry` list (weights normalised to sum to 1).
     """
 

@@ -18,16 +18,12 @@ from typing import Any
 import torch
 
 from . import checks
-from .errors import DeprecatedKeywordWarning
-from .shards.cache import parse_bytes
+from .budget import Shuffle, ShuffleSettings
+from .budget import resolve as resolve_shuffle
+from .errors import ON_ERROR_ACTIONS, DeprecatedKeywordWarning, OnError
 from .shards.splits import resolve_rank
-from .shards.storage import DEFAULT_REMOTE_READS, RemoteReads
-
-WORKER_KINDS = ("auto", "thread", "process")
-#: ``Workers(num_workers=...)`` for processes that size themselves while running (`audioloader.workers.autotune`).
-AUTO_WORKERS = "auto"
-START_METHODS = ("fork", "forkserver", "spawn")
-
+from .shards.storage import Storage  # the group lives with the shards it reads; its old home still names it
+from .workers import AUTO_WORKERS, Workers
 
 #: The most duration buckets `Bucketing` uses when ``num_buckets`` is None (fewer on small data, see
 #: `FULL_BATCHES_PER_BUCKET`). Measured: on 1-20 s utterances, batches of 200 s pad 0.959 of their frames with
@@ -91,7 +87,7 @@ class Bucketing:
     @property
     def buckets(self) -> int:
         """``num_buckets``, or `DEFAULT_NUM_BUCKETS` when it is None: the most a fitted count can be, and the
-        count recorded with explicit ``boundaries`` (the count a loader uses is `chain.Buckets.count`)."""
+        count recorded with explicit ``boundaries`` (the count a loader uses is `Buckets.count`)."""
         return DEFAULT_NUM_BUCKETS if self.num_buckets is None else self.num_buckets
 
     def to_dict(self) -> dict[str, Any]:
@@ -100,172 +96,36 @@ class Bucketing:
 
 
 @dataclass(frozen=True)
-class Shuffle:
-    """The shuffle buffer: how much it holds, in rows and in bytes, and how soon the first batch leaves.
+class Buckets:
+    """The duration buckets of a loader with bucketing (`chain.duration_buckets`).
 
-    ``buffer_size``: most rows held; ``max_bytes``: most bytes held ahead of decoding
-    (the reader's lanes, the buffer and a bucketer after it together; raw rows count
-    their own audio copies, nothing for memory-mapped Arrow IPC shards; decoded
-    samples their features; see docs/concepts.md, "Memory"). ``min_size`` rows or
-    ``min_bytes`` bytes, whichever comes first, are held before the first item leaves
-    (the first batch waits for no more). None takes the mode's preset
-    (`audioloader.budget`): train 10000 rows / 256 MiB, first fill 8000 rows / 32 MiB;
-    eval 1 / 0 (no shuffle). In training from one source a buffer never holds two
-    passes: a corpus smaller than the buffer is shuffled whole each pass.
-
-    ``before_decode``: hold raw rows and decode after the buffer (far less memory,
-    fast resume, same batches); None: yes for local Arrow IPC shards, remote shards,
-    and with ``batching=`` (the bucketer groups rows before they are decoded; False
-    is refused there).
-
-    ``interleave``: splits the reader reads at once, taking one row of each in turn
-    (a seeded order each round; `ArrowShardReader`), so that consecutive rows rarely
-    come from one split and a small buffer mixes far better (docs/lakehouse.md,
-    "Interleaving"). 1: one split after the other. None: the preset (training: as
-    many as half the byte budget holds, up to 16; 16 on memory-mapped IPC shards,
-    whose lanes cost nothing; evaluation: 1). Costs a record batch / row group /
-    stripe in memory per split read at once (nothing for memory-mapped IPC shards).
+    ``count``: buckets asked for (the edges may be fewer: equal durations merge); ``boundaries``: their
+    edges in seconds; ``fitted``: the count was fitted to the data (``Bucketing(num_buckets=None)``);
+    ``pass_seconds``: the estimated seconds of audio in one pass of a rank (None when the edges were given).
     """
 
-    buffer_size: int | None = None
-    min_size: int | None = None
-    before_decode: bool | None = None
-    interleave: int | None = None
-    max_bytes: int | None = None
-    min_bytes: int | None = None
+    count: int
+    boundaries: list[float]
+    fitted: bool = False
+    pass_seconds: float | None = None
 
-    def __post_init__(self) -> None:
-        checks.field_count(self, "buffer_size", allow_none=True)
-        checks.field_count(self, "min_size", minimum=0, allow_none=True)
-        checks.field_count(self, "interleave", allow_none=True)
-        checks.field_count(self, "max_bytes", allow_none=True)
-        checks.field_count(self, "min_bytes", minimum=0, allow_none=True)
-
-
-@dataclass(frozen=True)
-class Workers:
-    """Who decodes: ``num_workers`` workers of ``kind`` ``"process"``, ``"thread"`` or ``"auto"``.
-
-    ``"auto"``: processes on machines with 2 cores or more (threads when
-    ``augment`` cannot be pickled). ``num_workers`` None: one per core for
-    processes; threads 2 per core up to the preset (8 train, 4 eval).
-    ``num_workers="auto"``: processes size themselves while running: one per core is
-    started, and how many get work moves between 1 and that, starting from the cores the
-    machine leaves free, up while the loader waits for them and more of them deliver
-    more, down while it does not wait (decisions in ``stats()["workers"]["autotune"]``;
-    batches and checkpoints are the same as with any fixed count). With threads,
-    "auto" is the thread default.
-    ``start_method``: how processes start (None: a fork while no other Python
-    thread runs and CUDA is unused, else a fork server; never a fork once CUDA is
-    in use, see `audioloader.workers.cuda`). ``prefetch_batches``: batches prepared ahead.
-    ``pin_memory``: deliver batches in page-locked memory, for a fast copy to a
-    GPU (needs CUDA; ignored with a warning otherwise; ``device=`` pins by itself).
-    """
-
-    num_workers: int | str | None = None
-    kind: str = "auto"
-    start_method: str | None = None
-    prefetch_batches: int = 2
-    pin_memory: bool = False
-
-    def __post_init__(self) -> None:
-        if self.num_workers != AUTO_WORKERS:
-            if isinstance(self.num_workers, str):
-                raise checks.field_error(self, "num_workers", f"must be an integer >= 0, None or {AUTO_WORKERS!r} "
-                                         "(processes that size themselves)")
-            checks.field_count(self, "num_workers", minimum=0, allow_none=True)
-        if self.kind not in WORKER_KINDS:
-            raise checks.field_error(self, "kind", f"must be one of {WORKER_KINDS}")
-        if self.start_method is not None and self.start_method not in START_METHODS:
-            raise checks.field_error(self, "start_method", f"must be one of {START_METHODS} or None")
-        checks.field_count(self, "prefetch_batches", allow_none=True)
-
-
-@dataclass(frozen=True)
-class Storage:
-    """Which rows this loader reads and how its shard files are read.
-
-    Attributes:
-        rank, world_size: this process's share of the splits (rank ``r`` of ``w`` reads
-            every ``w``-th split of a pass); None: from ``torch.distributed`` when a process
-            group is initialized, else 0 / 1.
-        split_rows: target rows per split, the unit assigned to ranks (a split never
-            crosses a record batch, row group or stripe).
-        filesystem: a ``pyarrow.fs.FileSystem`` for the source paths (None: from the URL scheme).
-        retry: how remote reads are retried and timed out (`Retry`; docs/storage.md).
-        readahead_bytes: bytes of upcoming record batches / row groups a reader of remote
-            shards fetches ahead and holds at most (0: no read-ahead); size it to bandwidth x
-            latency x a few (docs/storage.md, "Read-ahead"). Local shards are memory-mapped.
-        max_requests: remote requests in flight at once per source (construction, read-ahead,
-            random access).
-        index: ``"auto"``: the folder's dataset manifest (``_audioloader_manifest.arrow``) when there
-            is one (no listing, no request per file), else a 0.3 metadata index
-            (``_audioloader_index.arrow``, or this machine's cached one) while the listing agrees with
-            it; ``"off"``: ignore both and read every file's footer (docs/storage.md).
-        cache_dir: a folder on a local disk where whole remote shard files are kept after their
-            first read, so later passes (and restarts) read them from disk, memory-mapped, instead
-            of the network. Shared safely by every rank and process of the machine (one download
-            per file). A folder of its own (new or empty: the cache deletes what it evicts). None:
-            no cache (docs/storage.md, "A local cache of remote shards").
-        cache_limit: bytes the cache may hold (an int, or e.g. ``"200GB"``); the least recently
-            used files are evicted past it. At least the largest shard; best the whole dataset
-            (then every pass after the first reads nothing remote). None: no limit.
-    """
-
-    rank: int | None = None
-    world_size: int | None = None
-    split_rows: int = 512
-    filesystem: Any = None
-    retry: Any = None
-    cache_dir: str | os.PathLike | None = None
-    cache_limit: int | str | None = None
-    readahead_bytes: int = DEFAULT_REMOTE_READS.readahead_bytes
-    max_requests: int = DEFAULT_REMOTE_READS.max_requests
-    index: str = DEFAULT_REMOTE_READS.index
-
-    def __post_init__(self) -> None:
-        checks.field_count(self, "split_rows")
-        if self.cache_dir is not None:
-            if not isinstance(self.cache_dir, (str, os.PathLike)) or not os.fspath(self.cache_dir):
-                raise checks.field_error(self, "cache_dir", "must be a folder path (str or Path) or None")
-            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
-        if self.cache_limit is not None:
-            if self.cache_dir is None:
-                raise ValueError(f"Storage(cache_limit={self.cache_limit!r}) without cache_dir: give the cache a "
-                                 "folder, Storage(cache_dir='/local/disk/audioloader-cache', cache_limit=...)")
-            object.__setattr__(self, "cache_limit", parse_bytes(self.cache_limit, "Storage.cache_limit"))
-        self.remote_reads()  # checks readahead_bytes, max_requests, index
-
-    def remote_reads(self) -> RemoteReads:
-        """The settings the shard readers take (`audioloader.shards.RemoteReads`)."""
-        return RemoteReads(self.readahead_bytes, self.max_requests, self.index)
-
-
-@dataclass(frozen=True)
-class OnError:
-    """What a row whose audio cannot be decoded does.
-
-    ``action="skip"``: it is skipped, counted and reported in ``stats()`` (a skip is
-    deterministic: the same rows are skipped on every run and resume), until more
-    than ``max_fraction`` of at least ``min_rows`` decoded rows failed; then
-    `ErrorBudgetExceeded` stops the run (a corrupt dataset should not train
-    silently). ``action="raise"``: the first bad row raises `DecodeError` naming
-    its file and row. ``on_error="skip"`` / ``"raise"`` are shorthands.
-    """
-
-    action: str = "skip"
-    max_fraction: float = 0.01
-    min_rows: int = 100
-
-    def __post_init__(self) -> None:
-        checks.one_of("OnError.action", self.action, ON_ERROR_ACTIONS)
-        value = self.max_fraction
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-            raise checks.field_error(self, "max_fraction", "must be a fraction in [0, 1]")
-        checks.field_count(self, "min_rows")
-
-
-ON_ERROR_ACTIONS = ("skip", "raise")
+    def report(self, max_duration: float) -> dict[str, Any]:
+        """``stats()["bucketing"]``: the count, the edges, and, when fitted, why that many."""
+        out: dict[str, Any] = {"num_buckets": self.count, "boundaries": list(self.boundaries),
+                               "fitted": self.fitted, "pass_seconds": self.pass_seconds}
+        if self.pass_seconds is None:
+            return out
+        if self.fitted and self.count < DEFAULT_NUM_BUCKETS:
+            out["why"] = (f"{self.count} bucket(s), not {DEFAULT_NUM_BUCKETS}: a pass of this rank holds about "
+                          f"{self.pass_seconds:.0f} s of audio, and each bucket should get at least "
+                          f"{FULL_BATCHES_PER_BUCKET} batch(es) of {max_duration:g} s of it; more buckets would cut "
+                          "batches small (Bucketing(num_buckets=...) sets the count)")
+        elif self.pass_seconds / self.count < max_duration:
+            out["why"] = (f"each of the {self.count} buckets gets about {self.pass_seconds / self.count:.1f} s of a "
+                          f"pass of this rank, less than a batch of {max_duration:g} s: batches leave smaller. Fewer "
+                          "buckets make them fuller (a count given, or a checkpoint's: on a new run, "
+                          "Bucketing(num_buckets=None) fits the count to the data)")
+        return out
 
 
 #: 0.2's flat keywords of `AudioLoader` that moved into a group: name -> (argument, field). Accepted for one
@@ -438,8 +298,12 @@ def resolve_device(device: Any, features: Any) -> torch.device | None:
 class Settings:
     """Every option of an `AudioLoader`, checked, with the mode's presets filled in (see `resolve`).
 
-    ``shuffle`` is a `budget.ShuffleSettings`: its ``before_decode`` may still be None (it depends on the
-    shards, `chain.open_sources`), and a preset's interleave is fitted to the shards' units there.
+    Where each setting becomes final: `resolve` checks the arguments and fills in the presets (every field
+    but the four below); `chain.settle`, once the sources' shards are open and before any node is built,
+    decides what depends on the shards: ``shuffle.interleave`` and ``shuffle.lane_bytes`` (a preset's
+    interleave fitted to the byte budget and the shards' units), ``shuffle.before_decode`` (None until then),
+    ``buckets`` and ``num_batches``; `chain.settle_for_checkpoint` gives the settings a checkpoint was taken
+    with (its bucket count, a legacy buffer), from which the chain is built anew. Nodes never change them.
     """
 
     train: bool
@@ -452,20 +316,22 @@ class Settings:
     batching: Bucketing | None
     augmentations: Any  # an Augmentations, or None
     columns: tuple[str, ...]
-    shuffle: Any  # a budget.ShuffleSettings
+    shuffle: ShuffleSettings
     workers: Workers
     storage: Storage
     device: torch.device | None
     on_error: OnError
+    buckets: Buckets | None = None  # with batching: the count and edges (`chain.settle`)
+    num_batches: int | None = None  # evaluation: batches every rank yields (`chain.settle`)
 
 
 def resolve(*, batch_size: Any, train: Any, seed: Any, infinite: Any, features: Any, length: Any, batching: Any,
             augment: Any, columns: Any, shuffle: Any, workers: Any, storage: Any, device: Any, drop_last: Any,
             on_error: Any, source: Any = None) -> Settings:
     """Check the front's arguments and fill in the mode's presets; errors name the argument and the fix."""
-    from . import budget
     from .dsp.augment import Augmentations
     from .dsp.config import LengthPolicy, MelSpectrogramConfig, check_features
+    from .shards.augment_rows import AugmentRows
 
     train = bool(train)
     preset = TRAIN if train else EVAL
@@ -482,7 +348,8 @@ def resolve(*, batch_size: Any, train: Any, seed: Any, infinite: Any, features: 
         length.clip_samples(features)  # a crop needs a length: fail here, naming the fix
     workers = resolve_workers(checks.instance("workers", workers, Workers, default=Workers()), train, augment)
     device = resolve_device(device, features)
-    augmentations = Augmentations.of(augment, seed, features, per_batch_features=device is not None)
+    augmentations = Augmentations.of(augment, seed, features, per_batch_features=device is not None,
+                                     open_rows=AugmentRows)
     if augmentations is not None and augmentations.mixup is not None:
         if not train:
             raise ValueError("Mixup with train=False: an evaluation pass should see each sample as it is; "
@@ -497,7 +364,7 @@ def resolve(*, batch_size: Any, train: Any, seed: Any, infinite: Any, features: 
                          "Shuffle(before_decode=...) out")
     from .mix import Mix
 
-    shuffle = budget.resolve(shuffle, train=train, bucketing=batching is not None, mixed=isinstance(source, Mix))
+    shuffle = resolve_shuffle(shuffle, train=train, bucketing=batching is not None, mixed=isinstance(source, Mix))
     return Settings(
         train=train, batch_size=batch_size, seed=seed, infinite=bool(preset.infinite if infinite is None else infinite),
         drop_last=bool(drop_last), features=features, length=length, batching=batching, augmentations=augmentations,

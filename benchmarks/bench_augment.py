@@ -44,6 +44,7 @@ from audioloader.nodes.batch_augment import BatchAugment
 from audioloader.nodes.batcher import BATCH_PARAMS_KEY
 from audioloader.nodes.decode_spectrogram import SampleDecoder
 from audioloader.samples import Key, RawSample
+from audioloader.shards.augment_rows import AugmentRows
 from audioloader.stats import LoaderStats
 
 FEATURES = al.MelSpectrogramConfig()  # 32 kHz, 5 s crops, n_fft 1024, hop 320, 128 mels
@@ -128,7 +129,8 @@ def main() -> None:
         side = make_side_shards(Path(scratch), rng)
         rows = [RawSample(Key(i, 0), clip, 0, {}, "bench", i) for i, clip in enumerate(make_clips(args.clips, rng))]
         decoders = {name: SampleDecoder(FEATURES, seed=0, train=True, window=True, stats=LoaderStats(),
-                                        augment=None if items is None else Augmentations(items, 0, FEATURES))
+                                        augment=None if items is None else Augmentations(items, 0, FEATURES,
+                                                                                        open_rows=AugmentRows))
                     for name, items in per_sample_variants(*side).items()}
         for decoder in decoders.values():
             decode_ms(decoder, rows[:2])  # warm-up: first reads, filterbanks, FFT plans

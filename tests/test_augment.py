@@ -14,6 +14,7 @@ from audioloader.dsp.augment import Augmentations
 from audioloader.dsp.augment_math import apply_masks, mixup_pairs
 from audioloader.nodes.decode_spectrogram import SampleDecoder
 from audioloader.samples import BadRow, Key, RawSample
+from audioloader.shards.augment_rows import AugmentRows
 from audioloader.stats import LoaderStats
 from tests.helpers import (
     assert_same_batches,
@@ -58,7 +59,7 @@ def raw(i: int, seconds: float = 0.8, pass_index: int = 0, source: int = 0) -> R
 
 
 def decoder(augment=None, features=WAVE, length=CROP, train=True, compute_features=True) -> SampleDecoder:
-    augment = None if augment is None else Augmentations(augment, 5, features,
+    augment = None if augment is None else Augmentations(augment, 5, features, open_rows=AugmentRows,
                                                          per_batch_features=not compute_features)
     return SampleDecoder(features, seed=5, train=train, window=True, augment=augment, stats=LoaderStats(),
                          compute_features=compute_features, length=length)
@@ -97,7 +98,7 @@ def test_noise_is_added_at_the_drawn_snr(noise):
         assert power_db(clean) - power_db(added) == pytest.approx(drawn["snr_db"], abs=0.01)  # float32 rounding
         snrs.append(drawn["snr_db"])
     assert min(snrs) >= 0 and max(snrs) <= 20 and np.std(snrs) > 2
-    bound = Augmentations([al.AddNoise(noise)], 5, WAVE)
+    bound = Augmentations([al.AddNoise(noise)], 5, WAVE, open_rows=AugmentRows)
     assert {bound.draws(Key(i, 0))[0]["noise_row"] for i in range(40)} == set(range(4))
 
 
@@ -199,8 +200,8 @@ def test_user_function_beside_builtins_gets_the_seeded_rng():
 
 
 def test_draws_are_pure_functions_of_seed_key_and_position(noise):
-    bound = Augmentations([al.Gain(), al.Gain(), al.AddNoise(noise)], 5, WAVE)
-    again = Augmentations([al.Gain(), al.Gain(), al.AddNoise(noise)], 5, WAVE)
+    bound = Augmentations([al.Gain(), al.Gain(), al.AddNoise(noise)], 5, WAVE, open_rows=AugmentRows)
+    again = Augmentations([al.Gain(), al.Gain(), al.AddNoise(noise)], 5, WAVE, open_rows=AugmentRows)
     key = Key(7, 2)
     assert bound.draws(key) == again.draws(key)
     assert bound.draws(key)[0] != bound.draws(key)[1]  # two gains in one list draw independently

@@ -259,6 +259,32 @@ def test_error_budget_trips():
     assert {"max_fraction", "min_rows"} <= {f.name for f in dataclasses.fields(al.OnError)}
 
 
+def test_the_error_budget_comes_as_the_loaders_on_error_group():
+    """``on_error=al.OnError(...)``, the group `AudioLoader` takes, decides as the flat keywords do."""
+    node = node_over(budget_rows(), on_error=al.OnError(max_fraction=0.2, min_rows=10))
+    got, error = collect_until_budget(node)
+    node.shutdown()
+    assert error is not None and [s.key.index for s in got] == [0, 1, 3, 4, 6, 7, 9]
+    assert (node.on_error, node.max_error_fraction, node.error_budget_min_rows) == ("skip", 0.2, 10)
+    with pytest.raises(ValueError, match="max_error_fraction"):  # the budget is given once, in the group
+        node_over([], on_error=al.OnError(), max_error_fraction=0.5)
+
+
+def test_who_decodes_comes_as_the_loaders_workers_group():
+    """``workers=al.Workers(...)``, the group `AudioLoader` takes (kind and count decided), decodes as the keywords."""
+    items = rows(6)
+    node = DecodeSpectrogram(IterableWrapper(items), CFG, workers=al.Workers(num_workers=2, kind="thread"))
+    try:
+        assert (node.num_workers, node.worker_type) == (2, "thread")
+        assert_same(list(node), run(items, num_workers=2, worker_type="thread"))
+    finally:
+        node.shutdown()
+    with pytest.raises(ValueError, match="num_workers"):  # who decodes is said once, in the group
+        DecodeSpectrogram(IterableWrapper([]), CFG, workers=al.Workers(num_workers=2, kind="thread"), num_workers=1)
+    with pytest.raises(ValueError, match="kind='thread' or 'process'"):  # "auto" is decided by AudioLoader
+        DecodeSpectrogram(IterableWrapper([]), CFG, workers=al.Workers(num_workers=2))
+
+
 def test_error_budget_not_tripped_within_budget():
     node = node_over(budget_rows(), error_budget_min_rows=10, max_error_fraction=0.3)
     got, error = collect_until_budget(node)

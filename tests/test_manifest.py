@@ -264,7 +264,7 @@ def test_with_a_cache_each_object_is_fetched_once_a_machine(s3, proxy, tmp_path_
     folder = upload_with_manifest(s3, tmp_path_factory, fmt, f"manifest/cached-{fmt}")
     proxy.clear()
     expected = rows_of(al.ShardDataset(folder, split_rows=4), shuffle=False)
-    for rank in range(2):  # two ranks of one machine: one cache
+    for _ in range(2):  # two ranks of one machine: one cache
         dataset = al.ShardDataset(s3.url(f"manifest/cached-{fmt}"), retry=FAST, split_rows=4,
                                   cache_dir=str(tmp_path / "cache"))
         assert rows_of(dataset, shuffle=False) == expected

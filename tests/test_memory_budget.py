@@ -381,6 +381,30 @@ def test_a_legacy_checkpoint_does_not_override_what_the_user_gave(tmp_path):
             ours.load_state_dict(state)
 
 
+def test_a_checkpoint_with_other_settings_gets_a_chain_built_with_them(tmp_path):
+    """No node is rewired: the settings a checkpoint resumes with (a legacy buffer, a 16-bucket count) make a new
+    chain whose nodes were built with them; a checkpoint refused by name leaves the loader as it was."""
+    case = legacy_checkpoints.CASES["speech_parquet"]
+    saved = json.loads(gzip.decompress(FIXTURE.read_bytes()))["speech_parquet"]
+    folder = legacy_checkpoints.corpus(tmp_path / "s", case)
+    with legacy_checkpoints.loader(folder, case) as loader:
+        first = loader._chain
+        state = saved["state"]
+        state["fingerprint"].update({k: loader._fingerprint[k] for k in legacy_checkpoints.FILE_FIELDS})
+        loader.load_state_dict(roundtrip(state))
+        chain, settings = loader._chain, loader.settings
+        assert chain is not first and settings.shuffle.legacy and settings.buckets.count == 16
+        assert chain.bucketer.boundaries == settings.buckets.boundaries and chain.bucketer.max_bytes is None
+        assert (chain.buffer.capacity, chain.buffer.min_size, chain.buffer.max_bytes) == (10000, 8000, None)
+        assert [reader.interleave for reader in chain.readers] == [settings.shuffle.interleave] == [1]
+    given = {**case, "options": {**case["options"], "shuffle": al.Shuffle(buffer_size=500)}}
+    with legacy_checkpoints.loader(folder, given) as ours:
+        first, settings = ours._chain, ours.settings
+        with pytest.raises(al.CheckpointMismatchError, match="shuffle_buffer_size"):
+            ours.load_state_dict(roundtrip(saved["state"]))
+        assert ours._chain is first and ours.settings is settings
+
+
 def test_durations_for_the_bucket_edges_are_read_from_their_column_alone(parquet_speech, tmp_path):
     dataset = al.nodes.ArrowShardReader(parquet_speech, label_column=None, columns=["duration"]).dataset
     picks = [59, 0, 17, 17, 33, 5]

@@ -207,8 +207,8 @@ def test_read_split_from_a_row_skips_earlier_batches(tmp_path, fmt, monkeypatch)
     make_shards(tmp_path, [20], fmt=fmt, batch_rows=4, **SHORT)
     ds = ShardDataset(tmp_path, columns=["uid"], split_rows=20)
     read_units = []
-    original = ds._read_unit
-    monkeypatch.setattr(ds, "_read_unit", lambda f, u: read_units.append(u) or original(f, u))
+    original = ds.read_unit
+    monkeypatch.setattr(ds, "read_unit", lambda f, u: read_units.append(u) or original(f, u))
     batches = list(ds.read_split(ds.splits[0], start_row=9))
     assert [uid for b in batches for uid in b.column("uid").to_pylist()] == list(range(9, 20))
     assert read_units == [2, 3, 4]

@@ -19,9 +19,10 @@ stages, in this order, and must be written in it:
 4. ``Mixup`` on the batch.
 
 Noise and impulse-response rows are chosen by a pure function of the key and
-read by random access (`ShardDataset.read_rows`) inside the worker; a noise or
-impulse-response row that cannot be read makes the sample a bad row (counted
-and reported, naming that row), never a silent change.
+read by random access inside the worker, by the reader each such augmentation is
+given (``open_rows``: `audioloader.shards.augment_rows.AugmentRows`; this module
+opens no files); a noise or impulse-response row that cannot be read makes the
+sample a bad row (counted and reported, naming that row), never a silent change.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from .. import checks
 from ..checks import field_error
 from ..errors import DecodeError
 from ..samples import Key
-from ..shards import ShardDataset
 from . import hashing as H
 from .audio import load_clip
 from .augment_math import add_at_snr, apply_masks, reverberate
@@ -269,28 +269,30 @@ class _Gain(_Op):
 
 
 class _RowOp(_Op):
-    """An augmentation that reads rows of its own shards (noise, impulse responses) by random access."""
+    """An augmentation that draws rows of its own shards (noise, impulse responses), read by ``rows``: an object
+    with ``num_rows`` and ``read(row) -> (encoded audio, file, row in file)`` (`AugmentRows`)."""
 
-    def __init__(self, config: Any, position: int, seed: int) -> None:
+    def __init__(self, config: Any, position: int, seed: int, rows: Any) -> None:
         super().__init__(config, position, seed)
-        source = config.source
-        self.dataset = source if isinstance(source, ShardDataset) else ShardDataset(
-            source, audio_column=config.audio_column, label_column=None)
+        self.rows = rows
+
+    @property
+    def dataset(self) -> Any:
+        """The shards the rows come from (their files' identity goes into checkpoint fingerprints)."""
+        return self.rows.dataset
 
     def _read(self, row: int, rate: int, samples: int | None, parts: tuple[int, ...]) -> np.ndarray:
         """Row ``row`` decoded at ``rate``: a window of ``samples`` drawn from the key (shorter rows whole), or all."""
-        what = f"{type(self.config).__name__}: row {row} of its shards"
-        shard_row = self.dataset.read_rows([row])[0]
-        if shard_row.problem is not None:
-            raise DecodeError(f"{what} ({shard_row.file}): {shard_row.problem}", reason=f"{what}: {shard_row.problem}")
+        audio, file, file_row = self.rows.read(row)
 
         def offset(n: int) -> int:
             return self._int(n, H.SALT_NOISE_OFFSET, parts)
 
         try:
-            return load_clip(shard_row.audio, rate, samples, train=True, draw=offset, pad=False)
+            return load_clip(audio, rate, samples, train=True, draw=offset, pad=False)
         except DecodeError as error:
-            reason = f"{what} (row {shard_row.row} of {shard_row.file}): {error.reason}"
+            what = f"{type(self.config).__name__}: row {row} of its shards"
+            reason = f"{what} (row {file_row} of {file}): {error.reason}"
             raise DecodeError(reason, reason=reason) from error
 
     def describe(self) -> dict[str, Any]:
@@ -306,7 +308,7 @@ class _AddNoise(_RowOp):
         if not self.applies(parts):
             return {}
         low, high = self.config.snr_db
-        return {"noise_row": self._int(self.dataset.num_rows, H.SALT_NOISE_ROW, parts),
+        return {"noise_row": self._int(self.rows.num_rows, H.SALT_NOISE_ROW, parts),
                 "snr_db": low + (high - low) * self._u(H.SALT_NOISE_SNR, parts)}
 
     def apply(self, wave: np.ndarray, key: Key, rate: int) -> np.ndarray:
@@ -324,7 +326,7 @@ class _Reverb(_RowOp):
         parts = key.parts()
         if not self.applies(parts):
             return {}
-        return {"ir_row": self._int(self.dataset.num_rows, H.SALT_REVERB_ROW, parts)}
+        return {"ir_row": self._int(self.rows.num_rows, H.SALT_REVERB_ROW, parts)}
 
     def apply(self, wave: np.ndarray, key: Key, rate: int) -> np.ndarray:
         params = self.draw(key)
@@ -409,23 +411,27 @@ class Augmentations:
         features: the feature config (SpecAugment needs a spectrogram-like one).
         per_batch_features: features are computed per batch (``device=``): SpecAugment's
             masks are then drawn in the workers and applied per batch.
+        open_rows: ``open_rows(config)`` -> the reader of an `AddNoise` / `Reverb`'s rows
+            (`audioloader.shards.augment_rows.AugmentRows`); needed when the list holds one.
     """
 
     @classmethod
-    def of(cls, augment: Any, seed: int, features: Any, *, per_batch_features: bool = False) -> Augmentations | None:
+    def of(cls, augment: Any, seed: int, features: Any, *, per_batch_features: bool = False,
+           open_rows: Callable[[Any], Any] | None = None) -> Augmentations | None:
         """``augment=`` as given (a function, a list, or already `Augmentations`) bound to the seed; None for none."""
         if augment is None or isinstance(augment, Augmentations):
             return augment
         if isinstance(augment, (list, tuple)) and not augment:
             return None
-        return cls(augment, seed, features, per_batch_features=per_batch_features)
+        return cls(augment, seed, features, per_batch_features=per_batch_features, open_rows=open_rows)
 
-    def __init__(self, items: Any, seed: int, features: Any, *, per_batch_features: bool = False) -> None:
+    def __init__(self, items: Any, seed: int, features: Any, *, per_batch_features: bool = False,
+                 open_rows: Callable[[Any], Any] | None = None) -> None:
         items = list(items) if isinstance(items, (list, tuple)) else [items]
         self.seed = int(seed)
         self.features = features
         self.per_batch_features = bool(per_batch_features)
-        self.ops = [_bind(item, position, self.seed) for position, item in enumerate(items)]
+        self.ops = [_bind(item, position, self.seed, open_rows) for position, item in enumerate(items)]
         _check_order(self.ops)
         self._speed = _only(self.ops, SPEED)
         self._waveform = [op for op in self.ops if op.stage == WAVEFORM]
@@ -449,7 +455,7 @@ class Augmentations:
         """Plain data identifying each augmentation (without the files of noise/impulse-response sources)."""
         return [op.describe() for op in self.ops]
 
-    def datasets(self) -> list[ShardDataset | None]:
+    def datasets(self) -> list[Any]:
         """Per augmentation, the shards it reads rows from (`AddNoise`, `Reverb`), else None."""
         return [getattr(op, "dataset", None) for op in self.ops]
 
@@ -493,8 +499,13 @@ class Augmentations:
         return params or None
 
 
-def _bind(item: Any, position: int, seed: int) -> _Op:
+def _bind(item: Any, position: int, seed: int, open_rows: Callable[[Any], Any] | None) -> _Op:
     op = _OPS.get(type(item))
+    if op is not None and issubclass(op, _RowOp):
+        if open_rows is None:
+            raise TypeError(f"augment[{position}] ({type(item).__name__}) reads rows of its shards: bind the list "
+                            "with open_rows=audioloader.shards.augment_rows.AugmentRows")
+        return op(item, position, seed, open_rows(item))
     if op is not None:
         return op(item, position, seed)
     if callable(item) and not isinstance(item, type):

@@ -6,19 +6,26 @@ for them: its ``ParallelMapper``, ``Prefetcher`` and ``PinMemory`` stop their th
 ``__del__`` (reference counting) and join with a 0.5 s timeout, so a thread still inside
 its source's ``next()`` can race with that source's next ``reset()``. The functions below
 stop them through the attributes named in each docstring; when torchdata changes those,
-this module is what changes. (The other place is `audioloader.loader`, whose ``Loader``
-subclasses torchdata's to fix its resume and reads the base class's own fields there.)
+this module is what changes.
+
+torchdata's ``Loader`` 0.11 also drops a loaded state after a ``state_dict()`` call and counts a resumed
+look-ahead item twice: `FixedLoader` and `FixedLoaderIterator` fix both through their base classes' fields
+(`audioloader.loader.Loader` builds on them).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from torchdata.nodes import BaseNode, PinMemory
+from torchdata.nodes import Loader as TorchdataLoader
 from torchdata.nodes import Prefetcher as TorchdataPrefetcher
+from torchdata.nodes.loader import LoaderIterator as TorchdataLoaderIterator
 
 from ..workers.threads import join_or_report
 from .held import RowsHeld, at_snapshot
+
+T = TypeVar("T")
 
 
 def stop_single_threaded(node: BaseNode) -> bool:
@@ -79,3 +86,64 @@ def rows_held(node: BaseNode, state: dict[str, Any]) -> RowsHeld | None:
     if isinstance(node, (PinMemory, TorchdataPrefetcher)):
         return at_snapshot(node, state)
     return None
+
+
+class FixedLoaderIterator(TorchdataLoaderIterator[T]):
+    """torchdata's ``LoaderIterator`` that counts a look-ahead item once and does not point back at its loader.
+
+    Reads and sets ``_cached_item`` and ``_cached_state_dict`` (the look-ahead item and the state before it).
+    """
+
+    def __init__(self, loader: TorchdataLoader[T]) -> None:
+        super().__init__(loader)
+        self.loader = None  # break the Loader <-> iterator reference cycle
+
+    def has_next(self) -> bool:
+        # Upstream calls next(self) here, which counts the look-ahead item once
+        # and then again when it is returned (upstream #1453).
+        if self._cached_item is None:
+            try:
+                self._cached_state_dict = self.state_dict()
+                self._cached_item = next(self.root)
+            except StopIteration:
+                pass
+        return self._cached_item is not None
+
+
+class FixedLoader(TorchdataLoader[T], Generic[T]):
+    """torchdata's ``Loader`` whose loaded state is applied on the next ``iter()`` even after a ``state_dict()``
+    call (upstream PR #1548), iterated by ``iterator_type`` (a `FixedLoaderIterator`).
+
+    Reads and sets ``_it`` (the iterator), ``_iter_for_state_dict`` (an ``iter()`` already done for a
+    ``state_dict()`` call) and ``_next_iter_state_dict`` (the state to load at the next ``iter()``).
+    """
+
+    iterator_type: type[FixedLoaderIterator] = FixedLoaderIterator
+
+    def __iter__(self):
+        if self._it is None:
+            self._it = self.iterator_type(self)
+        return super().__iter__()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Apply ``state_dict`` on the next ``iter()``, even after an earlier ``state_dict()`` call."""
+        self._iter_for_state_dict = False
+        super().load_state_dict(state_dict)
+
+    def start_fresh(self) -> None:
+        """The next ``iter()`` resets the chain with no state (forgetting a loaded one, and a reset already
+        done for an earlier ``state_dict()`` call)."""
+        self._iter_for_state_dict = False
+        self._next_iter_state_dict = None
+
+    @property
+    def positioned(self) -> bool:
+        """True once iteration started or a state was loaded: `state_dict()` then says where the next item is."""
+        return self._it is not None or self._next_iter_state_dict is not None
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._next_iter_state_dict is not None:
+            # A loaded but not yet applied state is where the next item comes from: report it
+            # rather than the last iterator's position (or, before any, a fresh epoch's threads).
+            return self._next_iter_state_dict
+        return super().state_dict()

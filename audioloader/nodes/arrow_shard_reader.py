@@ -29,21 +29,21 @@ import heapq
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from torchdata.nodes import BaseNode
 
 from .. import checks
-from ..dsp.hashing import SALT_INTERLEAVE, SALT_SPLIT_ORDER, audio_checksum, permutation
+from ..dsp.hashing import SALT_SPLIT_ORDER, audio_checksum, permutation
 from ..errors import CheckpointMismatchError
 from ..samples import Key, RawSample
 from ..shards import Retry, ShardDataset, Split, subdivide
 from ..shards.readahead import ReadAhead
 from ..shards.splits import resolve_rank, rows_of, take
-from ..shards.storage import RemoteReads
+from ..shards.storage import RemoteReads, Storage, reader_share
 from ..stats import LoaderStats
-from .read_order import segment_units, units_ahead
+from .read_order import TAKE_CHUNK, ReaderPosition, Segment, Walk, order_at, segment_units, units_ahead
 from .rows import fetch_rows, owned_audio
 
 logger = logging.getLogger(__name__)
@@ -52,50 +52,10 @@ logger = logging.getLogger(__name__)
 IMBALANCE_WARNING_RATIO = 1.2
 
 
-class Segment(NamedTuple):
-    """Rows of one file that a reader reads in order, with keys of pass ``pass_index``.
-
-    ``[start, stop)`` of ``files[file_id]`` (under a filter, only its kept rows),
-    or, with ``take``, only those file rows (ascending): rows a rank of an earlier
-    world size had read but not delivered when its checkpoint was taken.
-    """
-
-    pass_index: int
-    file_id: int
-    start: int
-    stop: int
-    take: tuple[int, ...] | None = None
-
-    def to_list(self) -> list[int]:
-        """Plain ints for a state: ``[pass, file_id, start, stop, *take]`` (take: after a -1 marker)."""
-        return [self.pass_index, self.file_id, self.start, self.stop, *(() if self.take is None else (-1, *self.take))]
-
-    @classmethod
-    def from_list(cls, values: Sequence[int]) -> Segment:
-        head = [int(v) for v in values[:4]]
-        take = tuple(int(v) for v in values[5:]) if len(values) > 4 else None
-        return cls(*head, take)
-
-
-#: Rows read per random-access read of a ``take`` segment.
-_TAKE_CHUNK = 256
-
-
 def _checked_interleave(interleave: Any) -> int:
     if not checks.is_integer(interleave) or interleave < 1:
         raise ValueError(f"interleave={interleave!r} must be an int >= 1 (the splits read at once; 1: one by one)")
     return int(interleave)
-
-
-class ReaderPosition(NamedTuple):
-    """A reader state, checked (`ArrowShardReader.position_of`): where the reader is in its read order."""
-
-    pass_index: int
-    split_pos: int
-    row: int
-    carry: list[Segment]
-    lanes: list[tuple[int, int]]  # interleaved: (position in the order or -1, rows yielded) per lane; [] unstarted
-    turn: int  # interleaved: the round robin's position in the lane order
 
 
 class _Block:
@@ -144,18 +104,6 @@ class _Lane:
         self.block: _Block | None = None
         self.i = 0
 
-    def next(self, reader: ArrowShardReader) -> RawSample:
-        if self.block is None or self.i == len(self.block):
-            if self.blocks is None:
-                self.blocks = reader._blocks_of(self.segment, self.row)
-            self.block, self.i = reader._pull(self.blocks), 0
-            if self.block is None:
-                raise RuntimeError(f"{self.segment} ended after {self.row} of its {self.rows} rows")
-        sample = self.block.sample(self.i)
-        self.i += 1
-        self.row += 1
-        return sample
-
 
 def balance_splits(splits: Sequence[Split], world_size: int) -> list[list[Split]]:
     """Longest-processing-time assignment of splits to ranks; each rank's list in (file, row) order.
@@ -178,6 +126,8 @@ class ArrowShardReader(BaseNode[RawSample]):
     Args:
         source_or_dataset: a `ShardDataset`, or a source for one (folder, glob, file,
             URL or a list of them; see `ShardDataset`).
+        storage: how the files are read and this rank's share, as one group (`Storage`; its rank and world size
+            then replace ``rank``/``world_size``). With a `ShardDataset` it gives only the share.
         audio_column, label_column, columns, split_rows, filesystem, retry, filter, cache_dir, cache_limit: passed to
             `ShardDataset` (when a dataset is given they must match it or be left at their defaults).
         seed: seeds the split order of each pass (``shuffle=True``).
@@ -221,15 +171,17 @@ class ArrowShardReader(BaseNode[RawSample]):
                  shuffle: bool = True, infinite: bool = False, split_rows: int = 512, filesystem: Any = None,
                  stats: LoaderStats | None = None, retry: Retry | None = None, filter: Any = None,
                  interleave: int = 1, cache_dir: str | None = None, cache_limit: int | None = None,
-                 remote_reads: RemoteReads | None = None):
+                 remote_reads: RemoteReads | None = None, storage: Storage | None = None):
         super().__init__()
         self.stats = stats
         checks.integer("seed", seed)
         self.interleave = _checked_interleave(interleave)
+        rank, world_size = reader_share(checks.instance("storage", storage, Storage), rank, world_size,
+                                        has_files=isinstance(source_or_dataset, ShardDataset))
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.seed, self.shuffle, self.infinite = int(seed), bool(shuffle), bool(infinite)
         self.dataset = self._dataset(source_or_dataset, audio_column, label_column, columns, split_rows, filesystem,
-                                     retry, filter, (cache_dir, cache_limit), remote_reads)
+                                     retry, filter, (cache_dir, cache_limit), remote_reads, storage)
         if stats is not None and self.dataset.cache is not None:
             self.dataset.cache.report_to(stats)
         budget = self.dataset.remote_reads.readahead_bytes
@@ -252,14 +204,9 @@ class ArrowShardReader(BaseNode[RawSample]):
         self._eval_assignment = None if self.shuffle else balance_splits(self.splits, self.world_size)
         if self._eval_assignment is not None:
             self._warn_if_unbalanced()
-        self._pass = 0
         self._started = False
-        self._carry: list[Segment] = []  # what this rank reads before pass `_pass + 1` (elastic resume)
         self._pending: dict[str, Any] | None = None  # a position to start from at the next reset(None)
-        self._order: list[Segment] = []
-        self._order_pass = -1
-        self._lane_order: tuple[int, list[int]] = (-1, [])  # (pass, the lanes' round-robin order in that pass)
-        self._clear_position(0, 0)
+        self._walk_from(ReaderPosition(0, 0, 0))
 
     # ----------------------------------------------------------------- construction
 
@@ -267,8 +214,11 @@ class ArrowShardReader(BaseNode[RawSample]):
     def _dataset(source: Any, audio_column: str, label_column: str | None, columns: Sequence[str],
                  split_rows: int, filesystem: Any, retry: Retry | None, filter: Any,
                  cache: tuple[str | None, int | None] = (None, None),
-                 remote_reads: RemoteReads | None = None) -> ShardDataset:
+                 remote_reads: RemoteReads | None = None, storage: Storage | None = None) -> ShardDataset:
         if not isinstance(source, ShardDataset):
+            if storage is not None:  # the group's fields, each left out here
+                split_rows, filesystem, retry, *cache, remote_reads = storage.dataset_fields(
+                    "ArrowShardReader", split_rows, filesystem, retry, *cache, remote_reads)
             return ShardDataset(source, audio_column=audio_column, label_column=label_column, columns=columns,
                                 split_rows=split_rows, filesystem=filesystem, retry=retry, filter=filter,
                                 cache_dir=cache[0], cache_limit=cache[1], remote_reads=remote_reads)
@@ -346,8 +296,8 @@ class ArrowShardReader(BaseNode[RawSample]):
     def set_interleave(self, interleave: int) -> None:
         """Read ``interleave`` splits at once from now on; only before the reader starts (a resume sets it)."""
         self.interleave = _checked_interleave(interleave)
-        self._lane_order = (-1, [])
-        self._clear_position(self._split_pos, self._row)
+        at = self._walk.position()
+        self._walk_from(ReaderPosition(at.pass_index, at.split_pos, at.row, at.carry))
 
     def start_from(self, state: dict[str, Any]) -> None:
         """Start the next fresh pass (``reset(None)``) at ``state`` instead (a carry: `audioloader.elastic`)."""
@@ -364,17 +314,15 @@ class ArrowShardReader(BaseNode[RawSample]):
         elif initial_state is None:
             # As torchdata's SamplerWrapper: a new pass only if this one was started,
             # so the Loader's end-of-epoch path (reset(state), StopIteration, reset(None)) advances.
+            pass_index = self._walk.pass_index
             if self._started:
-                self._pass = self._pass + 1 if self.shuffle else 0
-            self._carry = []
+                pass_index = pass_index + 1 if self.shuffle else 0
             self._started = False
-            self._clear_position(0, 0)
+            self._walk_from(ReaderPosition(pass_index, 0, 0))
             return
         position = self.position_of(initial_state)
-        self._pass, self._carry = position.pass_index, position.carry
         self._started = False
-        self._order_pass = -1
-        self._clear_position(position.split_pos, position.row, position.lanes, position.turn)
+        self._walk_from(position)
 
     def for_rank(self, rank: int, world_size: int) -> ArrowShardReader:
         """A reader of the same dataset, seed and modes for rank ``rank`` of ``world_size`` (an elastic resume reads
@@ -387,14 +335,14 @@ class ArrowShardReader(BaseNode[RawSample]):
         (`CheckpointMismatchError` naming what does not fit)."""
         try:
             values = [int(state[k]) for k in (self.PASS_KEY, self.SPLIT_POS_KEY, self.ROW_KEY)]
-            carry = [Segment.from_list(segment) for segment in state.get(self.CARRY_KEY, ())]
-            lanes = [(int(pos), int(row)) for pos, row in state.get(self.LANES_KEY, ())]
+            carry = tuple(Segment.from_list(segment) for segment in state.get(self.CARRY_KEY, ()))
+            lanes = tuple((int(pos), int(row)) for pos, row in state.get(self.LANES_KEY, ()))
             turn = int(state.get(self.TURN_KEY, 0))
         except (KeyError, TypeError, ValueError) as error:
             raise CheckpointMismatchError(f"ArrowShardReader state {state!r} lacks a valid {error}; expected "
                                           "{'pass': int, 'split_pos': int, 'row': int}") from None
         pass_index, split_pos, row = values
-        order = carry if carry else self.segments_for_pass(pass_index)
+        order = order_at(self, pass_index, carry)
         fits = pass_index >= 0 and 0 <= split_pos <= len(order) and (
             row == 0 if split_pos == len(order) else 0 <= row <= self.segment_rows(order[split_pos]))
         fits = fits and all(0 <= s.file_id < len(self.dataset.files) and 0 <= s.start <= s.stop
@@ -407,7 +355,7 @@ class ArrowShardReader(BaseNode[RawSample]):
                 "files, split_rows, seed, world_size or interleave?", {"reader_state": (dict(state), None)})
         return ReaderPosition(pass_index, split_pos, row, carry, lanes, turn)
 
-    def _lanes_fit(self, lanes: list[tuple[int, int]], turn: int, order: list[Segment],
+    def _lanes_fit(self, lanes: Sequence[tuple[int, int]], turn: int, order: Sequence[Segment],
                    split_pos: int, row: int) -> bool:
         """Whether interleaving lanes (``[]``: none started) fit this reader and an order of ``split_pos`` taken."""
         if self.interleave == 1:
@@ -420,26 +368,26 @@ class ArrowShardReader(BaseNode[RawSample]):
                 and len(lanes) in (0, self.interleave) and len(set(taken)) == len(taken)
                 and all(lane_fits(pos, r) for pos, r in lanes))
 
-    def _clear_position(self, split_pos: int, row: int, lanes: Sequence[tuple[int, int]] = (),
-                        turn: int = 0) -> None:
-        self._split_pos, self._row = split_pos, row
+    def _walk_from(self, position: ReaderPosition) -> None:
+        """Read on from ``position``."""
+        self._walk: Walk[_Lane] = Walk(self, position, _Lane)
         self._blocks = None  # opened lazily in next(), which may run in another thread
         self._block: _Block | None = None
         self._i = self._n = 0
-        self._turn = turn
-        self._lanes: list[_Lane | None] = [None] * self.interleave
-        if lanes:
-            order = self._current_order()
-            self._lanes = [None if pos < 0 else _Lane(pos, order[pos], r, self.segment_rows(order[pos]))
-                           for pos, r in lanes]
+
+    def position(self) -> ReaderPosition:
+        """Where this reader stands in its read order now (what `get_state` holds, as a value)."""
+        return self._walk.position()
 
     def get_state(self) -> dict[str, Any]:
-        state = {self.PASS_KEY: self._pass, self.SPLIT_POS_KEY: self._split_pos, self.ROW_KEY: self._row}
-        if self._carry:
-            state[self.CARRY_KEY] = [segment.to_list() for segment in self._carry]
+        position = self.position()
+        state = {self.PASS_KEY: position.pass_index, self.SPLIT_POS_KEY: position.split_pos,
+                 self.ROW_KEY: position.row}
+        if position.carry:
+            state[self.CARRY_KEY] = [segment.to_list() for segment in position.carry]
         if self.interleave > 1:
-            state[self.LANES_KEY] = [[-1, 0] if lane is None else [lane.pos, lane.row] for lane in self._lanes]
-            state[self.TURN_KEY] = self._turn
+            state[self.LANES_KEY] = [list(lane) for lane in position.lanes]
+            state[self.TURN_KEY] = position.turn
         return state
 
     def next(self) -> RawSample:
@@ -447,7 +395,7 @@ class ArrowShardReader(BaseNode[RawSample]):
         if self._ahead_from_here:
             self._ahead_from_here = False
             if self._readahead is not None:  # fetch from this position on, in the order the rows will be read
-                self._readahead.start(units_ahead(self), self._units_per_pass())
+                self._readahead.start(units_ahead(self, self.position()), self._units_per_pass())
         if self.interleave > 1:
             return self._next_interleaved()
         i = self._i
@@ -455,7 +403,7 @@ class ArrowShardReader(BaseNode[RawSample]):
             self._read_next_block()
             i = 0
         self._i = i + 1
-        self._row += 1
+        self._walk.row += 1
         return self._block.sample(i)
 
     # ----------------------------------------------------------------- reading
@@ -467,77 +415,53 @@ class ArrowShardReader(BaseNode[RawSample]):
                                           for segment in self.segments_for_pass(0)))
         return self._pass_units
 
-    def _current_order(self) -> list[Segment]:
-        if self._carry:
-            return self._carry
-        if self._order_pass != self._pass:
-            self._order, self._order_pass = self.segments_for_pass(self._pass), self._pass
-        return self._order
-
     def _end_of_order(self) -> None:
         """Go on with the next pass (``infinite``), or StopIteration."""
-        if not self.infinite or not self._current_order():
+        if not self._walk.next_pass():
             raise StopIteration
-        self._pass += 1
-        self._carry = []
-        self._clear_position(0, 0)
+        self._blocks = None
 
     def _read_next_block(self) -> None:
         """Load the next non-empty block of rows of this rank's read order; StopIteration at the end."""
+        walk = self._walk
         while True:
             if self._blocks is None:
-                order = self._current_order()
-                if self._split_pos >= len(order):
+                if walk.split_pos >= len(walk.order):
                     self._end_of_order()
                     continue
-                self._blocks = self._blocks_of(order[self._split_pos], self._row)
+                self._blocks = self._blocks_of(walk.order[walk.split_pos], walk.row)
             block = self._pull(self._blocks)
             if block is not None:
                 self._block, self._i, self._n = block, 0, len(block)
                 return
             self._blocks = None
-            self._split_pos += 1
-            self._row = 0
+            walk.next_split()
 
     def _next_interleaved(self) -> RawSample:
-        """The next row of the lane whose turn it is; an empty lane takes the next split of the order first."""
+        """The next row of the lane whose turn it is (`Walk.lane_with_turn`)."""
         while True:
-            lane_id = self._take_turn()
-            lane = self._lanes[lane_id]
-            if lane is None:
-                lane = self._lanes[lane_id] = self._open_lane()
-                if lane is None:  # nothing left to take
-                    if not any(self._lanes):
-                        self._end_of_order()
-                    else:  # on to the next lane with rows (16 turns a row at the end of a pass, in a profile)
-                        while self._lanes[self._lane_order[1][self._turn]] is None:
-                            self._turn = (self._turn + 1) % self.interleave
-                    continue
-            sample = lane.next(self)
+            turn = self._walk.lane_with_turn()
+            if turn is None:  # nothing left in this pass
+                self._end_of_order()
+                continue
+            lane_id, lane = turn
+            sample = self._next_of_lane(lane)
             if lane.row == lane.rows:
-                self._lanes[lane_id] = None
+                self._walk.lanes[lane_id] = None
             return sample
 
-    def _take_turn(self) -> int:
-        """The lane whose turn it is, and the round robin one step on."""
-        pass_index, lanes = self._lane_order
-        if pass_index != self._pass:
-            lanes = permutation(self.interleave, self.seed, SALT_INTERLEAVE, self._pass).tolist()
-            self._lane_order = (self._pass, lanes)
-        lane = lanes[self._turn]
-        self._turn = (self._turn + 1) % self.interleave
-        return lane
-
-    def _open_lane(self) -> _Lane | None:
-        """A lane on the next split of the order no lane has taken (None when none is left)."""
-        order = self._current_order()
-        while self._split_pos < len(order):
-            pos = self._split_pos
-            self._split_pos += 1
-            rows = self.segment_rows(order[pos])
-            if rows:
-                return _Lane(pos, order[pos], 0, rows)
-        return None
+    def _next_of_lane(self, lane: _Lane) -> RawSample:
+        """The next row of ``lane``; its segment's blocks are read as it needs them."""
+        if lane.block is None or lane.i == len(lane.block):
+            if lane.blocks is None:
+                lane.blocks = self._blocks_of(lane.segment, lane.row)
+            lane.block, lane.i = self._pull(lane.blocks), 0
+            if lane.block is None:
+                raise RuntimeError(f"{lane.segment} ended after {lane.row} of its {lane.rows} rows")
+        sample = lane.block.sample(lane.i)
+        lane.i += 1
+        lane.row += 1
+        return sample
 
     def _pull(self, blocks: Iterator[_Block]) -> _Block | None:
         """The next block of ``blocks`` (None at its end), timed under ``read`` and counted in ``rows_read``."""
@@ -560,8 +484,8 @@ class ArrowShardReader(BaseNode[RawSample]):
         read_unit = self._readahead.read_unit if self._readahead is not None else None
         if segment.take is not None:
             rows = segment.take[skip:]
-            for start in range(0, len(rows), _TAKE_CHUNK):
-                part = rows[start:start + _TAKE_CHUNK]
+            for start in range(0, len(rows), TAKE_CHUNK):
+                part = rows[start:start + TAKE_CHUNK]
                 cols = dataset.columns_of_rows(dataset.read_rows([file.index_offset + r for r in part], read_unit))
                 yield _Block(list(part), cols, owned, file, segment.pass_index)
             return

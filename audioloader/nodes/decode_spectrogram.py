@@ -20,10 +20,11 @@ from ..dsp.augment import Augmentations
 from ..dsp.augment_math import change_speed
 from ..dsp.config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, Segments, check_features
 from ..dsp.features import compute_features, prepare
-from ..errors import DecodeError, ErrorBudgetExceeded
+from ..errors import ON_ERROR_ACTIONS, DecodeError, ErrorBudgetExceeded, OnError
 from ..samples import BadRow, BatchEnd, Key, RawSample, Sample, held_bytes
+from ..shards.augment_rows import AugmentRows
 from ..stats import MAX_REPORTED_BAD_ROWS, LoaderStats, feature_stage
-from ..workers import memory
+from ..workers import Workers, memory
 from ..workers.recycle import BatchArenas
 from ..workers.threads import pin_worker_to_one_thread
 from .held import RowsHeld
@@ -32,7 +33,7 @@ from .parallel_map import AUTO, BACKENDS, ParallelMap
 #: ``fetch(keys) -> [RawSample]``: random access to rows by key (see `ArrowShardReader.fetch`).
 Fetch = Callable[[Sequence[Key]], Sequence[RawSample]]
 
-ON_ERROR_CHOICES = ("skip", "raise")
+ON_ERROR_CHOICES = ON_ERROR_ACTIONS
 
 #: The default feature configuration (``MelSpectrogramConfig()``; frozen, so safe to share).
 DEFAULT_FEATURES = MelSpectrogramConfig()
@@ -253,8 +254,9 @@ class DecodeSpectrogram(BaseNode[Sample]):
         features: the spectrogram parameters.
         seed: seeds the crop offsets and the augmentation RNGs.
         train: random crop + end padding; else centre crop + centred padding.
-        num_workers: decode threads or processes; 0 decodes inline in the calling thread; ``"auto"``: as many
-            processes as the consumer needs, sized while running (`audioloader.workers.autotune`; threads: 2 a core).
+        num_workers: decode threads or processes (None: 4); 0 decodes inline in the calling thread; ``"auto"``: as
+            many processes as the consumer needs, sized while running (`audioloader.workers.autotune`; threads: 2
+            a core).
         augment: optional ``augment(waveform float32 [clip_samples], rng) -> array [clip_samples]``
             applied to the cropped waveform before the mel; ``rng`` is a
             ``numpy.random.Generator`` seeded from ``(seed, key)``. Its exceptions
@@ -264,11 +266,13 @@ class DecodeSpectrogram(BaseNode[Sample]):
             Or a list of augmentations (`audioloader.dsp.augment`) and such functions;
             the per-batch ones (`Mixup`, and `SpecAugment` when ``compute_features``
             is False) are only drawn here, into ``Sample.batch_params``, and applied by `BatchAugment`.
-        on_error: ``"skip"``: bad rows are counted, reported in ``stats`` and
-            dropped, within the error budget; ``"raise"``: `DecodeError` at the first.
+        on_error: an `OnError` (the action and its error budget, as `AudioLoader` takes it), or its action:
+            ``"skip"``: bad rows are counted, reported in ``stats`` and dropped, within the error
+            budget; ``"raise"``: `DecodeError` at the first.
         max_error_fraction: with ``"skip"``, raise `ErrorBudgetExceeded` once more
-            than this fraction of the rows seen were bad ...
-        error_budget_min_rows: ... and at least this many rows have been seen.
+            than this fraction of the rows seen were bad (None: 0.01, `OnError`'s) ...
+        error_budget_min_rows: ... and at least this many rows have been seen (None: 100). Both only
+            with an action: an `OnError` holds its own.
         stats: shared counters (a fresh `LoaderStats` if None); receives
             ``samples_decoded``, bad rows, and seconds for "decode", "resample",
             "mel" (and "augment").
@@ -277,7 +281,7 @@ class DecodeSpectrogram(BaseNode[Sample]):
             resume never decodes an item twice.
         window: decode only the crop window where the format allows (same result,
             less work); False always decodes whole files (the reference path).
-        worker_type: ``"thread"`` (libsndfile, soxr and torch release the GIL;
+        worker_type: ``"thread"`` (None: threads; libsndfile, soxr and torch release the GIL;
             no start-up cost) or ``"process"`` (no GIL: scales with cores, and
             leaves the training loop's Python alone; rows and results travel
             through shared memory).
@@ -297,6 +301,8 @@ class DecodeSpectrogram(BaseNode[Sample]):
             they weigh. The bytes in flight are reported in ``stats()["memory"]["decode_in_flight"]``.
         collate_into: `BatchArenas` shared with the `Batcher` that reads this node's samples in order (processes
             only): the features are copied out of the workers straight into batch memory.
+        workers: a `Workers` group (as `AudioLoader` takes it, its ``kind`` and ``num_workers`` decided) instead of
+            ``num_workers``, ``worker_type`` and ``start_method``.
 
     State: ``{"mapper": <ParallelMap state>, "rows_seen": n, "bad_rows": k}``;
     the same for every ``num_workers`` and ``worker_type``.
@@ -307,15 +313,18 @@ class DecodeSpectrogram(BaseNode[Sample]):
     BAD_ROWS_KEY = "bad_rows"
 
     def __init__(self, source: BaseNode[RawSample], features: FeatureConfig = DEFAULT_FEATURES, *,
-                 seed: int = 0, train: bool = True, num_workers: int = 4, augment: Any = None,
-                 on_error: str = "skip", max_error_fraction: float = 0.01, error_budget_min_rows: int = 100,
+                 seed: int = 0, train: bool = True, num_workers: int | str | None = None, augment: Any = None,
+                 on_error: str | OnError = "skip", max_error_fraction: float | None = None,
+                 error_budget_min_rows: int | None = None,
                  stats: LoaderStats | None = None, snapshot_frequency: int = 1, window: bool = True,
-                 worker_type: str = "thread", fetch: Fetch | None = None, start_method: str | None = None,
+                 worker_type: str | None = None, fetch: Fetch | None = None, start_method: str | None = None,
                  chunk_size: int | None = None, compute_features: bool = True,
                  length: LengthPolicy | Sequence[LengthPolicy] = DEFAULT_LENGTH,
                  guard: Callable[[str], None] | None = None, segments: Segments | None = None,
-                 max_bytes_in_flight: int | None = None, collate_into: BatchArenas | None = None) -> None:
+                 max_bytes_in_flight: int | None = None, collate_into: BatchArenas | None = None,
+                 workers: Workers | None = None) -> None:
         super().__init__()
+        num_workers, worker_type, start_method = _who_decodes(workers, num_workers, worker_type, start_method)
         if segments is not None and not isinstance(segments, Segments):
             raise TypeError(f"segments must be a Segments or None, got {type(segments).__name__}")
         _validate(source, features, seed, num_workers, on_error, max_error_fraction,
@@ -326,10 +335,12 @@ class DecodeSpectrogram(BaseNode[Sample]):
         self.train = bool(train)
         self.num_workers = num_workers if num_workers == AUTO else int(num_workers)
         self.worker_type = worker_type
-        self.augment = Augmentations.of(augment, int(seed), features, per_batch_features=not compute_features)
-        self.on_error = on_error
-        self.max_error_fraction = float(max_error_fraction)
-        self.error_budget_min_rows = int(error_budget_min_rows)
+        self.augment = Augmentations.of(augment, int(seed), features, per_batch_features=not compute_features,
+                                        open_rows=AugmentRows)
+        policy = _error_policy(on_error, max_error_fraction, error_budget_min_rows)
+        self.on_error = policy.action
+        self.max_error_fraction = float(policy.max_fraction)
+        self.error_budget_min_rows = int(policy.min_rows)
         self.stats = stats if stats is not None else LoaderStats()
         self.window = bool(window)
         self._user_threads = torch.get_num_threads()
@@ -479,12 +490,18 @@ def _validate(source: Any, features: Any, seed: Any, num_workers: Any, on_error:
             raise ValueError(f"num_workers={num_workers!r}: must be an integer >= 0 (0 decodes inline) or "
                              f"{AUTO!r} (processes that size themselves)")
         checks.count("num_workers", num_workers, minimum=0, hint=" (0 decodes inline)")
-    if on_error not in ON_ERROR_CHOICES:
-        raise ValueError(f"on_error={on_error!r}: must be one of {ON_ERROR_CHOICES}")
-    if (isinstance(max_error_fraction, bool) or not isinstance(max_error_fraction, (int, float))
+    if isinstance(on_error, OnError):
+        if max_error_fraction is not None or error_budget_min_rows is not None:
+            raise ValueError("on_error=OnError(...) holds the error budget: give max_fraction= and min_rows= there, "
+                             "not max_error_fraction= / error_budget_min_rows= beside it")
+    elif on_error not in ON_ERROR_CHOICES:
+        raise ValueError(f"on_error={on_error!r}: must be one of {ON_ERROR_CHOICES} or an OnError")
+    if max_error_fraction is not None and (
+            isinstance(max_error_fraction, bool) or not isinstance(max_error_fraction, (int, float))
             or not 0.0 <= max_error_fraction <= 1.0):
         raise ValueError(f"max_error_fraction={max_error_fraction!r}: must be a number in [0, 1]")
-    checks.count("error_budget_min_rows", error_budget_min_rows)
+    if error_budget_min_rows is not None:
+        checks.count("error_budget_min_rows", error_budget_min_rows)
     if stats is not None and not isinstance(stats, LoaderStats):
         raise TypeError(f"stats must be a LoaderStats or None, got {type(stats).__name__}")
     checks.count("snapshot_frequency", snapshot_frequency, minimum=0)
@@ -492,3 +509,29 @@ def _validate(source: Any, features: Any, seed: Any, num_workers: Any, on_error:
         raise ValueError(f"worker_type={worker_type!r}: must be one of {BACKENDS}")
     if fetch is not None and not callable(fetch):
         raise TypeError(f"fetch must be callable(keys) -> rows, or None, got {type(fetch).__name__}")
+
+
+def _error_policy(on_error: str | OnError, max_error_fraction: float | None,
+                  error_budget_min_rows: int | None) -> OnError:
+    """``on_error`` as an `OnError`: the group as given, or the action with the budget given beside it (checked by
+    `_validate`; a field left None takes `OnError`'s default)."""
+    if isinstance(on_error, OnError):
+        return on_error
+    budget = {"max_fraction": max_error_fraction, "min_rows": error_budget_min_rows}
+    return OnError(on_error, **{name: value for name, value in budget.items() if value is not None})
+
+
+def _who_decodes(workers: Workers | None, num_workers: Any, worker_type: Any,
+                 start_method: Any) -> tuple[Any, Any, Any]:
+    """``(num_workers, worker_type, start_method)``: the `Workers` group's, or the keywords (None: 4 threads)."""
+    if workers is None:
+        return 4 if num_workers is None else num_workers, worker_type or "thread", start_method
+    if not isinstance(workers, Workers):
+        raise TypeError(f"workers must be an audioloader.Workers or None, got {type(workers).__name__}")
+    if (num_workers, worker_type, start_method) != (None, None, None):
+        raise ValueError("workers=Workers(...) says who decodes: give num_workers=, kind= and start_method= there, "
+                         "not num_workers= / worker_type= / start_method= beside it")
+    if workers.kind == "auto" or workers.num_workers is None:
+        raise ValueError(f"{workers}: a DecodeSpectrogram needs kind='thread' or 'process' and a num_workers "
+                         "(AudioLoader decides 'auto' and None for the machine)")
+    return workers.num_workers, workers.kind, workers.start_method

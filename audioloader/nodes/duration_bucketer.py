@@ -207,13 +207,9 @@ class DurationBucketer(BaseNode):
         if held is None:
             held = stats.memory if stats is not None else HeldBytes()
         self._holding = held.holding(self.HOLDER)
-        self._holding.info.update(early_batches=0)
-        self.describe()
+        # The limits in the report (``stats()["memory"]["bucketer"]``), fixed for the node's life.
+        self._holding.info.update(early_batches=0, max_bytes=self.max_bytes, distinct=self.distinct)
         self._clear()
-
-    def describe(self) -> None:
-        """Put the limits in the report (``stats()["memory"]["bucketer"]``); again after changing them."""
-        self._holding.info.update(max_bytes=self.max_bytes, distinct=self.distinct)
 
     def _clear(self) -> None:
         self._holding.clear()

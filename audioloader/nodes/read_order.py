@@ -1,62 +1,228 @@
-"""The units (record batches / row groups / stripes) an `ArrowShardReader` reads from its position on, in the
-order it reads them: what its read-ahead fetches (`audioloader.shards.readahead`).
+"""The read order of an `ArrowShardReader`: the `Segment` s it reads, where it stands in them (`ReaderPosition`),
+how it goes on from there (`Walk`), and the units (record batches / row groups / stripes) it reads from a position
+on, in the order it reads them: what its read-ahead fetches (`audioloader.shards.readahead`).
 
-A pure function of the reader's arguments and position (pass, split, row, carry,
-lanes, turn): the same walk `ArrowShardReader.next` makes, one unit per point
-where the reader opens one (a lane opens a unit when it needs the unit's first row).
+`Walk` is the one implementation of the course: the reader reads its rows along one, and `units_ahead` walks a
+copy of its position ahead of it, one unit per point where the reader opens one (a lane opens a unit when it needs
+the unit's first row). The units are thus a pure function of the reader's arguments and position (pass, split,
+row, carry, lanes, turn).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from ..dsp.hashing import SALT_INTERLEAVE, permutation
 
-if TYPE_CHECKING:
-    from .arrow_shard_reader import ArrowShardReader, Segment
-
 Unit = tuple[int, int]  # (file_id, unit)
 
+#: Rows read per random-access read of a ``take`` segment.
+TAKE_CHUNK = 256
 
-def segment_units(reader: ArrowShardReader, segment: Segment, skip: int) -> list[tuple[int, Unit]]:
+
+class Segment(NamedTuple):
+    """Rows of one file that a reader reads in order, with keys of pass ``pass_index``.
+
+    ``[start, stop)`` of ``files[file_id]`` (under a filter, only its kept rows),
+    or, with ``take``, only those file rows (ascending): rows a rank of an earlier
+    world size had read but not delivered when its checkpoint was taken.
+    """
+
+    pass_index: int
+    file_id: int
+    start: int
+    stop: int
+    take: tuple[int, ...] | None = None
+
+    def to_list(self) -> list[int]:
+        """Plain ints for a state: ``[pass, file_id, start, stop, *take]`` (take: after a -1 marker)."""
+        return [self.pass_index, self.file_id, self.start, self.stop, *(() if self.take is None else (-1, *self.take))]
+
+    @classmethod
+    def from_list(cls, values: Sequence[int]) -> Segment:
+        head = [int(v) for v in values[:4]]
+        take = tuple(int(v) for v in values[5:]) if len(values) > 4 else None
+        return cls(*head, take)
+
+
+@dataclass(frozen=True)
+class ReaderPosition:
+    """Where a reader stands in its read order (`ArrowShardReader.position`; a state read back:
+    `ArrowShardReader.position_of`).
+
+    ``carry``: the segments read before the next pass (an elastic resume; empty otherwise): while there are some,
+    they are the order. ``lanes`` (interleaved): per lane, its split's position in the order (-1: empty) and the
+    rows it yielded; ``()`` when not interleaving or not started. ``turn``: the round robin's position in the lane
+    order.
+    """
+
+    pass_index: int
+    split_pos: int
+    row: int
+    carry: tuple[Segment, ...] = ()
+    lanes: tuple[tuple[int, int], ...] = ()
+    turn: int = 0
+
+
+class OrderedReader(Protocol):
+    """What the read order needs of a reader (`ArrowShardReader` is one): its dataset, modes and splits."""
+
+    dataset: Any
+    seed: int
+    interleave: int
+    infinite: bool
+
+    def segments_for_pass(self, pass_index: int) -> list[Segment]: ...
+
+    def segment_rows(self, segment: Segment) -> int: ...
+
+
+def order_at(reader: OrderedReader, pass_index: int, carry: Sequence[Segment]) -> Sequence[Segment]:
+    """The segments ``reader`` reads in pass ``pass_index``: the ``carry`` while there is one, else the pass's."""
+    return carry if carry else reader.segments_for_pass(pass_index)
+
+
+def lane_order(reader: OrderedReader, pass_index: int) -> list[int]:
+    """The order in which an interleaving reader's lanes take turns in pass ``pass_index``."""
+    return permutation(reader.interleave, reader.seed, SALT_INTERLEAVE, pass_index).tolist()
+
+
+class Lane(Protocol):
+    """A lane of an interleaving walk: a split of the order, read ``rows`` rows long, ``row`` of them yielded."""
+
+    pos: int  # the split's position in the order
+    row: int
+    rows: int
+
+
+L = TypeVar("L", bound=Lane)
+
+
+class Walk(Generic[L]):
+    """A reader's course through its read order from a position on: the pass, its order (the carry first), the
+    next split and the rows of it yielded and, interleaved, the lanes and whose turn it is.
+
+    ``make_lane(pos, segment, row, rows)`` makes a lane on the split at ``pos`` of the order, ``row`` of its
+    ``rows`` rows yielded: what a lane does with its rows is the walker's (the reader reads them, `units_ahead`
+    lists the units it opens); where the walk goes is this class's alone.
+    """
+
+    def __init__(self, reader: OrderedReader, position: ReaderPosition,
+                 make_lane: Callable[[int, Segment, int, int], L]) -> None:
+        self.reader, self.make_lane = reader, make_lane
+        self.pass_index, self.carry = position.pass_index, position.carry
+        self.split_pos, self.row, self.turn = position.split_pos, position.row, position.turn
+        self._order: Sequence[Segment] | None = None  # computed when first read (a reader built is not yet read)
+        self._turns: list[int] | None = None
+        self.lanes: list[L | None] = [None] * reader.interleave
+        for lane_id, (pos, row) in enumerate(position.lanes):
+            if pos >= 0:
+                segment = self.order[pos]
+                self.lanes[lane_id] = make_lane(pos, segment, row, reader.segment_rows(segment))
+
+    @property
+    def order(self) -> Sequence[Segment]:
+        """The segments of this pass (`order_at`)."""
+        if self._order is None:
+            self._order = order_at(self.reader, self.pass_index, self.carry)
+        return self._order
+
+    def position(self) -> ReaderPosition:
+        """Where the walk stands now."""
+        lanes = () if self.reader.interleave == 1 else tuple(
+            (-1, 0) if lane is None else (lane.pos, lane.row) for lane in self.lanes)
+        return ReaderPosition(self.pass_index, self.split_pos, self.row, self.carry, lanes, self.turn)
+
+    def next_split(self) -> None:
+        """On to the start of the next split of the order (not interleaving: one split after the other)."""
+        self.split_pos += 1
+        self.row = 0
+
+    def next_pass(self) -> bool:
+        """On to the start of the next pass if the reader is ``infinite``; False (staying at the end of this one)
+        if it is not, or if its order is empty."""
+        if not self.reader.infinite or not self.order:
+            return False
+        self.pass_index += 1
+        self.carry = ()
+        self.split_pos = self.row = self.turn = 0
+        self._order = self._turns = None
+        self.lanes = [None] * len(self.lanes)
+        return True
+
+    def lane_with_turn(self) -> tuple[int, L] | None:
+        """``(lane_id, lane)`` whose turn it is, the round robin a step on (interleaving). An empty lane first takes
+        the next split of the order with rows; one with none left to take is passed over. None when no lane has
+        rows left in this pass."""
+        turns = self._turns
+        if turns is None:
+            turns = self._turns = lane_order(self.reader, self.pass_index)
+        while True:
+            lane_id = turns[self.turn]
+            self.turn = (self.turn + 1) % len(turns)
+            lane = self.lanes[lane_id]
+            if lane is None:
+                lane = self.lanes[lane_id] = self._open_lane()
+                if lane is None:
+                    if not any(self.lanes):
+                        return None
+                    # On to the next lane with rows (at the end of a pass most turns are of empty lanes).
+                    while self.lanes[turns[self.turn]] is None:
+                        self.turn = (self.turn + 1) % len(turns)
+                    continue
+            return lane_id, lane
+
+    def _open_lane(self) -> L | None:
+        """A lane on the next split of the order that has rows (None when none is left)."""
+        order = self.order
+        while self.split_pos < len(order):
+            pos = self.split_pos
+            self.split_pos += 1
+            rows = self.reader.segment_rows(order[pos])
+            if rows:
+                return self.make_lane(pos, order[pos], 0, rows)
+        return None
+
+
+def segment_units(reader: OrderedReader, segment: Segment, skip: int) -> list[tuple[int, Unit]]:
     """``(rows of the segment read before it, unit)`` for each unit read for ``segment``'s rows after ``skip``."""
     dataset = reader.dataset
-    if segment.take is not None:  # read by random access, in chunks of rows (see ArrowShardReader._blocks_of)
-        from .arrow_shard_reader import _TAKE_CHUNK
-
+    if segment.take is not None:  # read by random access, in chunks of rows (see ArrowShardReader's blocks)
         rows = segment.take[skip:]
-        return [(start, (segment.file_id, unit)) for start in range(0, len(rows), _TAKE_CHUNK)
-                for unit in dataset.units_of_rows(segment.file_id, rows[start:start + _TAKE_CHUNK])]
+        return [(start, (segment.file_id, unit)) for start in range(0, len(rows), TAKE_CHUNK)
+                for unit in dataset.units_of_rows(segment.file_id, rows[start:start + TAKE_CHUNK])]
     return [(before, (segment.file_id, unit))
             for before, unit in dataset.units_of(segment.file_id, segment.start, segment.stop, skip)]
 
 
-def units_ahead(reader: ArrowShardReader) -> Iterator[Unit]:
-    """The units ``reader`` reads from its current position on, in order (generated lazily; endless when the
+def units_ahead(reader: OrderedReader, position: ReaderPosition) -> Iterator[Unit]:
+    """The units ``reader`` reads from ``position`` on, in order (generated lazily; endless when the
     reader is ``infinite``)."""
+    walk = Walk(reader, position, functools.partial(_LaneUnits, reader))
     if reader.interleave > 1:
-        yield from _interleaved(reader)
+        yield from _interleaved(walk)
         return
-    pass_index, order = reader._pass, reader._current_order()
-    split_pos, row = reader._split_pos, reader._row
     while True:
-        for pos in range(split_pos, len(order)):
-            for _, unit in segment_units(reader, order[pos], row if pos == split_pos else 0):
-                yield unit
-        if not reader.infinite or not order:
-            return
-        pass_index, split_pos, row = pass_index + 1, 0, 0
-        order = reader.segments_for_pass(pass_index)
+        if walk.split_pos >= len(walk.order):
+            if not walk.next_pass():
+                return
+            continue
+        for _, unit in segment_units(reader, walk.order[walk.split_pos], walk.row):
+            yield unit
+        walk.next_split()
 
 
-class _LaneWalk:
-    """A lane in the walk: its segment's rows yielded so far, and the units still to open with the row each opens at."""
+class _LaneUnits:
+    """A lane of `units_ahead`'s walk: its rows yielded so far, and the units still to open with the row each opens
+    at."""
 
-    __slots__ = ("row", "rows", "units")
+    __slots__ = ("pos", "row", "rows", "units")
 
-    def __init__(self, reader: ArrowShardReader, segment: Segment, row: int, rows: int) -> None:
-        self.row, self.rows = row, rows
+    def __init__(self, reader: OrderedReader, pos: int, segment: Segment, row: int, rows: int) -> None:
+        self.pos, self.row, self.rows = pos, row, rows
         self.units = [(before + row, unit) for before, unit in segment_units(reader, segment, row)]
         self.units.reverse()  # popped from the end
 
@@ -66,14 +232,10 @@ class _LaneWalk:
         return min(self.units[-1][0] if self.units else self.rows, self.rows - 1) - self.row
 
 
-def _interleaved(reader: ArrowShardReader) -> Iterator[Unit]:
-    """`units_ahead` for ``interleave > 1``: the round robin of `ArrowShardReader._next_interleaved`, simulated."""
-    k = reader.interleave
-    pass_index, order = reader._pass, reader._current_order()
-    split_pos, turn = reader._split_pos, reader._turn
-    lanes: list[_LaneWalk | None] = [None if lane is None else _LaneWalk(reader, lane.segment, lane.row, lane.rows)
-                                     for lane in reader._lanes]
-    lane_order = permutation(k, reader.seed, SALT_INTERLEAVE, pass_index).tolist()
+def _interleaved(walk: Walk[_LaneUnits]) -> Iterator[Unit]:
+    """`units_ahead` for ``interleave > 1``: the reader's round robin, walked a lane's row at a time, and whole
+    rounds at once while no lane opens a unit."""
+    lanes = walk.lanes
     while True:
         if all(lane is not None for lane in lanes):  # a full round: skip the rounds in which nothing opens
             rounds = min(lane.next_event() for lane in lanes)  # type: ignore[union-attr]
@@ -81,24 +243,13 @@ def _interleaved(reader: ArrowShardReader) -> Iterator[Unit]:
                 for lane in lanes:
                     lane.row += rounds  # type: ignore[union-attr]
                 continue
-        lane_id = lane_order[turn]
-        turn = (turn + 1) % k
-        lane = lanes[lane_id]
-        if lane is None:
-            while split_pos < len(order) and lane is None:
-                rows = reader.segment_rows(order[split_pos])
-                if rows:
-                    lane = _LaneWalk(reader, order[split_pos], 0, rows)
-                split_pos += 1
-            if lane is None:
-                if not any(lanes):
-                    if not reader.infinite or not order:
-                        return
-                    pass_index, split_pos, turn = pass_index + 1, 0, 0
-                    order = reader.segments_for_pass(pass_index)
-                    lane_order = permutation(k, reader.seed, SALT_INTERLEAVE, pass_index).tolist()
-                continue
-            lanes[lane_id] = lane
+        turn = walk.lane_with_turn()
+        if turn is None:
+            if not walk.next_pass():
+                return
+            lanes = walk.lanes
+            continue
+        lane_id, lane = turn
         while lane.units and lane.units[-1][0] == lane.row:
             yield lane.units.pop()[1]
         lane.row += 1

@@ -133,15 +133,11 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
         if held is None:
             held = stats.memory if stats is not None else HeldBytes()
         self._holding = held.holding(self.HOLDER)
-        self._holding.info.update(limited_by=None, one_pass_caps=0)
-        self.describe()
-        self._clear()
-
-    def describe(self) -> None:
-        """Put the limits in the report (``stats()["memory"]["shuffle_buffer"]``); again after changing them."""
+        # The limits in the report (``stats()["memory"]["shuffle_buffer"]``), fixed for the node's life.
         self._holding.owner.limit = self.max_bytes
-        self._holding.info.update(max_rows=self.capacity, max_bytes=self.max_bytes, min_rows=self.min_size,
-                                  min_bytes=self.min_bytes, one_pass=self.one_pass)
+        self._holding.info.update(limited_by=None, one_pass_caps=0, max_rows=self.capacity, max_bytes=self.max_bytes,
+                                  min_rows=self.min_size, min_bytes=self.min_bytes, one_pass=self.one_pass)
+        self._clear()
 
     def _clear(self) -> None:
         self._items: list[Any] = []

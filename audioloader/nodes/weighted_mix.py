@@ -8,33 +8,16 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
-from torchdata.nodes import BaseNode, StopCriteria
+from torchdata.nodes import BaseNode
 
 from ..dsp.hashing import SALT_MIX, uniform
 from ..errors import CheckpointMismatchError
 from ..samples import Key
 from ..stats import LoaderStats
 
-#: When a mix ends (see `audioloader.Mix`).
-STOP_CRITERIA = ("cycle", "first_exhausted", "all_exhausted")
-
-#: torchdata's names (``torchdata.nodes.StopCriteria``) for the same criteria, accepted too.
-TORCHDATA_STOP_CRITERIA = {
-    StopCriteria.CYCLE_FOREVER: "cycle",
-    StopCriteria.FIRST_DATASET_EXHAUSTED: "first_exhausted",
-    StopCriteria.ALL_DATASETS_EXHAUSTED: "all_exhausted",
-}
-
-
-def stop_criterion(stop: Any) -> str:
-    """``stop`` as one of `STOP_CRITERIA` (torchdata's names accepted); ``ValueError`` naming the choices."""
-    if stop in STOP_CRITERIA:
-        return stop
-    if stop in TORCHDATA_STOP_CRITERIA:
-        return TORCHDATA_STOP_CRITERIA[stop]
-    raise ValueError(f"stop={stop!r}: must be one of {STOP_CRITERIA} (or torchdata's StopCriteria "
-                     f"{sorted(TORCHDATA_STOP_CRITERIA)}); CYCLE_UNTIL_ALL_DATASETS_EXHAUSTED is not supported: "
-                     "use 'cycle' for training or 'all_exhausted' to read every source once")
+#: What an exhausted source does, the node's three behaviours (`audioloader.mix.stop_criterion` reads a user's choice,
+#: torchdata's names included, as one of them).
+STOPS = ("cycle", "first_exhausted", "all_exhausted")
 
 
 def start_next_pass(node: BaseNode) -> None:
@@ -77,7 +60,8 @@ class WeightedMix(BaseNode):
     Args:
         sources: ``{name: node}``; a source's position in this mapping is its id.
         weights: ``{name: weight}``, positive (normalised here).
-        stop: ``"cycle"``, ``"first_exhausted"`` or ``"all_exhausted"`` (or torchdata's names).
+        stop: ``"cycle"``, ``"first_exhausted"`` or ``"all_exhausted"`` (`STOPS`; torchdata's names through
+            `audioloader.mix.stop_criterion`).
         infinite: start a new epoch after one ends (meaningless with ``"cycle"``, which never ends).
         seed, rank: seed the draws (ranks draw independently).
         stats: optional `LoaderStats`: per source ``rows_read`` and ``passes``.
@@ -100,7 +84,10 @@ class WeightedMix(BaseNode):
         self.nodes = [sources[name] for name in self.names]
         total = float(sum(weights.values()))
         self.weights = [weights[name] / total for name in self.names]
-        self.stop = stop_criterion(stop)
+        if stop not in STOPS:
+            raise ValueError(f"stop={stop!r}: must be one of {STOPS}; audioloader.mix.stop_criterion reads "
+                             "torchdata's StopCriteria names as one of them")
+        self.stop = stop
         self.infinite = bool(infinite)
         self.seed, self.rank = int(seed), int(rank)
         self.stats = stats

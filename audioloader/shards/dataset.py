@@ -24,7 +24,7 @@ from ..errors import ShardChangedError
 from . import index
 from .cache import ObjectCache, parse_bytes
 from .changes import _check_local, _LocalFileGuard
-from .file_table import AllKept, FileTable, ManifestMetas, SplitTable, plan_splits, unit_starts_of
+from .file_table import AllKept, ManifestMetas, SplitTable, file_table_of, plan_splits, remote_mask, unit_starts_of
 from .file_table import ShardFile as ShardFile  # where it was defined before
 from .filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
 from .formats import _SCAN_THREADS_REMOTE, FORMATS, _FileMeta, _scan_all, _scan_file, cache_identity, listed_meta
@@ -37,7 +37,7 @@ from .row_reads import RowReads
 from .schema import _check_schema, _label_names, check_columns, unify
 from .sources import IcebergTable, TableSnapshot, resolve_iceberg, resolve_source
 from .splits import Split
-from .storage import DEFAULT_REMOTE_READS, RemoteReads
+from .storage import DEFAULT_REMOTE_READS, RemoteReads, Storage
 from .unit_reads import UnitReads
 
 #: Bytes of small remote files a dataset keeps after their first read fetched them whole with their footer (files
@@ -58,6 +58,9 @@ class ShardDataset(RowReads, UnitReads):
         audio_column: encoded audio, binary/large_binary or a struct with a binary ``bytes`` field.
         label_column: integer class ids, or ``None`` for unlabeled data.
         columns: extra columns carried with each row (any type, converted to Python values).
+        storage: how the files are read, as one group (`Storage`: ``split_rows``, ``filesystem``, ``retry``,
+            ``cache_dir``, ``cache_limit`` and the remote reads; its ``rank``/``world_size`` are a reader's). The
+            same settings are also taken one by one (below); beside ``storage`` they stay at their defaults.
         split_rows: target rows per split (batches / row groups are merged up to this).
         filesystem: a ``pyarrow.fs.FileSystem`` in which the source paths are resolved.
         retry: how remote reads are retried (`Retry`); local reads are never retried.
@@ -97,9 +100,14 @@ class ShardDataset(RowReads, UnitReads):
     """
 
     def __init__(self, source: Any, *, audio_column: str = "audio", label_column: str | None = "label",
-                 columns: Sequence[str] = (), split_rows: int = 512, filesystem: Any = None,
-                 retry: Retry | None = None, filter: Any = None, cache_dir: str | None = None,
-                 cache_limit: int | None = None, remote_reads: RemoteReads | None = None):
+                 columns: Sequence[str] = (), filter: Any = None, storage: Storage | None = None,
+                 split_rows: int = 512, filesystem: Any = None, retry: Retry | None = None,
+                 cache_dir: str | None = None, cache_limit: int | None = None,
+                 remote_reads: RemoteReads | None = None):
+        if storage is not None:
+            split_rows, filesystem, retry, cache_dir, cache_limit, remote_reads = checks.instance(
+                "storage", storage, Storage).dataset_fields(
+                "ShardDataset", split_rows, filesystem, retry, cache_dir, cache_limit, remote_reads)
         self.audio_column, self.label_column = audio_column, label_column
         self.columns = self._check_arguments(audio_column, label_column, columns, split_rows, filesystem)
         self.split_rows = split_rows
@@ -132,7 +140,7 @@ class ShardDataset(RowReads, UnitReads):
             metas = self.manifest.metas if self.manifest is not None else self._scan()
             self._metas = metas
             # Columns, not an object a file: a million files cost tens of MB (`audioloader.shards.file_table`).
-            self.files = self._file_table(metas)
+            self.files = file_table_of(self._locations, metas)
             self._check_cache_holds()
             self._unified = self._unify_schemas(metas)
             self.num_rows = self.files.num_rows
@@ -306,13 +314,6 @@ class ShardDataset(RowReads, UnitReads):
         with self._whole_lock:
             return self._whole.get(file_id)
 
-    def _file_table(self, metas: Sequence[_FileMeta]) -> FileTable:
-        """The files' `FileTable`: from a manifest's columns, else from the scanned metadata."""
-        paths = getattr(self._locations, "paths", None)
-        if isinstance(metas, ManifestMetas):
-            return metas.table(paths)
-        return FileTable.of(paths if paths is not None else [loc.path for loc in self._locations], metas)
-
     def _check_cache_holds(self) -> None:
         """The cache's limit holds the largest remote file (`ObjectCache.check_holds`)."""
         remote = self.remote_files() if self.cache is not None else None
@@ -323,10 +324,7 @@ class ShardDataset(RowReads, UnitReads):
 
     def remote_files(self) -> np.ndarray:
         """Whether each file is remote (bool a file; `is_remote`), without making the files' locations."""
-        fs = getattr(self._locations, "fs", 0)  # one filesystem for all: a manifest's files
-        if fs != 0:
-            return np.full(len(self.files), fs is not None)
-        return np.fromiter((loc.fs is not None for loc in self._locations), dtype=bool, count=len(self.files))
+        return remote_mask(self._locations)
 
     def largest_unit_bytes(self) -> int:
         """The largest ``size // units`` of the files whose units are read into memory (all but local IPC files,
@@ -358,10 +356,9 @@ class ShardDataset(RowReads, UnitReads):
 
     def with_columns(self, columns: Sequence[str]) -> ShardDataset:
         """This dataset with other extra ``columns`` (checked against the schema; no file is read again)."""
-        other = copy.copy(self)
+        other = copy.copy(self)  # through __getstate__/__setstate__: its own handles (they read the old columns)
         other.columns = self._check_arguments(self.audio_column, self.label_column, columns, self.split_rows, None)
         check_columns(self._unified, self._schema_paths(), self.audio_column, self.label_column, other.columns)
-        other._tls = threading.local()  # open handles read the old columns
         return other
 
     # ----------------------------------------------------------------- filter

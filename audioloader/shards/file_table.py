@@ -305,6 +305,22 @@ class ManifestMetas(_Rows):
         return self.manifest.distinct_schemas()
 
 
+def file_table_of(locations: Sequence[_Location], metas: Sequence[_FileMeta]) -> FileTable:
+    """The files' `FileTable`: from a manifest's columns (`ManifestMetas`), else from the scanned metadata."""
+    paths = getattr(locations, "paths", None)
+    if isinstance(metas, ManifestMetas):
+        return metas.table(paths)
+    return FileTable.of(paths if paths is not None else [loc.path for loc in locations], metas)
+
+
+def remote_mask(locations: Sequence[_Location]) -> np.ndarray:
+    """Whether each file is remote (bool a file), without making a manifest's locations."""
+    fs = getattr(locations, "fs", 0)  # one filesystem for all: a manifest's files
+    if fs != 0:
+        return np.full(len(locations), fs is not None)
+    return np.fromiter((loc.fs is not None for loc in locations), dtype=bool, count=len(locations))
+
+
 # ----------------------------------------------------------------------------- splits
 
 

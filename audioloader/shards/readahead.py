@@ -122,7 +122,7 @@ class ReadAhead:
                 self.misses += 1
                 if self.stats is not None:
                     self.stats.count("readahead_misses")
-            return self.dataset._read_unit(file_id, unit)
+            return self.dataset.read_unit(file_id, unit)
         requests = queue.popleft()
         self._units -= 1
         if not queue:

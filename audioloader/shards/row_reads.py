@@ -74,7 +74,7 @@ class RowReads:
         unit = bisect.bisect_right(starts, begin) - 1
         while begin < stop and unit < len(starts) - 1:
             if starts[unit + 1] > begin:
-                yield from _slice_batches((read_unit or self._read_unit)(split.file_id, unit), starts[unit], begin,
+                yield from _slice_batches((read_unit or self.read_unit)(split.file_id, unit), starts[unit], begin,
                                           stop)
                 begin = starts[unit + 1]
             unit += 1
@@ -119,7 +119,7 @@ class RowReads:
         for unit in dict.fromkeys(units.tolist()):  # in order, each unit once
             wanted = rows[units == unit]
             pos = starts[unit]
-            for batch in (read_unit or self._read_unit)(file_id, unit):
+            for batch in (read_unit or self.read_unit)(file_id, unit):
                 inside = wanted[(wanted >= pos) & (wanted < pos + batch.num_rows)]
                 if len(inside):
                     yield batch, inside.tolist(), (inside - pos).tolist()
@@ -207,7 +207,7 @@ class RowReads:
                 if (file_id, unit) not in fetched and self.unit_ranges(file_id, unit) is not None:
                     fetched = self.fetch_units(self._next_units(units, n))  # the next ones at once, bounded
                 provided = fetched.pop((file_id, unit), None)
-                batches = (self._read_unit(file_id, unit) if provided is None
+                batches = (self.read_unit(file_id, unit) if provided is None
                            else self.read_unit_from(file_id, unit, provided))
             unit_start = self._unit_starts[file_id][unit]
             for row, k in groups[(file_id, unit)]:

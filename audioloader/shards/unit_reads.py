@@ -251,9 +251,10 @@ class UnitReads:
             fetched.setdefault(file_id, []).append((offset, future.result()))
         return {(file_id, unit): fetched.get(file_id, []) for file_id, unit in known}  # []: in memory already
 
-    def _read_unit(self, file_id: int, unit: int) -> list[pa.RecordBatch]:
-        """One record batch / row group: a remote one's bytes in as few requests as its ranges allow (retried
-        each), a local one after a change check."""
+    def read_unit(self, file_id: int, unit: int) -> list[pa.RecordBatch]:
+        """One record batch / row group / stripe (a `UnitReader`; what `ReadAhead` reads a unit it did not fetch
+        with): a remote one's bytes in as few requests as its ranges allow (retried each), a local one after a
+        change check."""
         if self._locations[file_id].fs is not None and self.unit_ranges(file_id, unit) is not None:
             return self.read_unit_from(file_id, unit, self.fetch_units([(file_id, unit)])[(file_id, unit)])
         return self._remote_or_local(file_id, f"batch/row group {unit}", lambda: self._handle(file_id).unit(unit),
