@@ -28,7 +28,7 @@ from .file_table import AllKept, ManifestMetas, SplitTable, file_table_of, plan_
 from .file_table import ShardFile as ShardFile  # where it was defined before
 from .filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
 from .formats import _SCAN_THREADS_REMOTE, FORMATS, _FileMeta, _scan_all, _scan_file, cache_identity, listed_meta
-from .identity import ETagCheck, md5_etag
+from .identity import ETagCheck, md5_etag, object_identity
 from .manifest import mismatch
 from .manifest_source import FromManifest, open_manifest
 from .remote import PART_BYTES, RemoteFiles
@@ -247,17 +247,20 @@ class ShardDataset(RowReads, UnitReads):
         return meta
 
     def _first_scan(self, file_id: int) -> _FileMeta:
-        """The first scan of a file known from a manifest. With a cache and the object's ETag from the manifest,
-        the file goes into the cache (once a machine, its identity checked) and its footer is read from the copy:
-        its bytes are fetched once, not its tail and then the whole file again."""
+        """The first scan of a file known from a manifest. With a cache, the file goes into the cache (once a
+        machine; its identity: the manifest's ETag, else pyarrow's HEAD) and its footer is read from the copy: its
+        bytes are fetched once, not its tail and then the whole file again."""
         loc, expected = self._locations[file_id], self._metas[file_id]
-        identity = cache_identity(expected) if expected.etag is not None else None
-        if self.cache is None or loc.fs is None or identity is None:
+        if self.cache is None or loc.fs is None:
+            return _scan_file(loc, self.remote, self.cache, keep_whole=True)
+        etag = expected.etag or object_identity(self.remote.opened(loc))
+        identity = cache_identity(dataclasses.replace(expected, etag=etag))
+        if identity is None:  # nothing tells a copy from a changed object: not cached
             return _scan_file(loc, self.remote, self.cache, keep_whole=True)
         self.cache.open(loc, expected.size, identity).close()
         copy = self.cache.path_of(loc.path, expected.size, identity)
         found = _scan_file(dataclasses.replace(loc, fs=None, fs_path=copy, size=None, mtime_ns=None), self.remote)
-        found.mtime_ns = None  # the copy's: the manifest's is the object's (`_checked`)
+        found.mtime_ns, found.etag = None, etag  # the copy's mtime is not the object's: the manifest's is kept
         return found
 
     def unlocated(self, file_ids: Sequence[int]) -> list[int]:
