@@ -40,6 +40,7 @@ start and the new one are measured by this one tool.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import io
 import json
@@ -171,10 +172,10 @@ def plug_identity(store: SimStore) -> None:
 
     from audioloader.shards import cache, formats, remote
 
-    try:
-        sharing = [importlib.import_module("audioloader.shards.manifest_source")]
-    except ImportError:  # 0.3
-        sharing = []
+    sharing = []
+    for name in ("manifest_source", "dataset"):  # where this version reads identities too (0.3: not there)
+        with contextlib.suppress(ImportError):
+            sharing.append(importlib.import_module(f"audioloader.shards.{name}"))
     for module in (cache, formats, remote, *sharing):
         real = getattr(module, "object_identity", None)
         if real is not None:
