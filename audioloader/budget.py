@@ -205,9 +205,7 @@ def fit_interleave(max_bytes: int, lane_bytes: int) -> int:
 def lane_bytes(datasets: Sequence[Any]) -> int:
     """Bytes one reader lane may hold: the largest unit (record batch, row group, stripe) of the files whose units
     are read into memory (Parquet, ORC, remote), from their sizes; 0 when every file is memory-mapped."""
-    units = [f.size // max(1, len(f.batch_rows)) for dataset in datasets for i, f in enumerate(dataset.files)
-             if not dataset.is_memory_mapped(i)]
-    return max(units, default=0)
+    return max((dataset.largest_unit_bytes() for dataset in datasets), default=0)
 
 
 def resolve(shuffle: Shuffle, *, train: bool, bucketing: bool, mixed: bool) -> ShuffleSettings:

@@ -212,6 +212,58 @@ def test_processes_of_a_machine_fetch_the_manifest_once(s3, proxy, tmp_path_fact
     assert requests_by_kind(proxy) == {f"HEAD {MANIFEST_NAME}": 1, f"GET {MANIFEST_NAME}": 1}
 
 
+def test_an_old_shared_manifest_is_kept_while_the_store_has_the_same_one(s3, proxy, tmp_path_factory, tmp_path,
+                                                                        monkeypatch):
+    """Freshness by identity, not by age alone: a copy older than `SHARED_FRESH_SECONDS` costs one HEAD while the
+    store's manifest is the one it was made from (was: fetched again), and is fetched again once it changed."""
+    upload_with_manifest(s3, tmp_path_factory, "parquet", "manifest/aged")
+    monkeypatch.setenv("AUDIOLOADER_CACHE", str(tmp_path / "machine"))
+    monkeypatch.setenv("AUDIOLOADER_JOB_ID", "job-aged")
+    url = s3.url("manifest/aged")
+
+    def start_later() -> al.ShardDataset:
+        for published in (tmp_path / "machine" / "shared").glob("manifest-*.arrow"):
+            os.utime(published, (1e9, 1e9))  # published long ago
+        proxy.clear()
+        return al.ShardDataset(url, retry=FAST, split_rows=4)
+
+    assert al.ShardDataset(url, retry=FAST, split_rows=4).manifest.origin == "store"
+    kept = start_later()
+    assert kept.manifest.origin == "machine" and kept.num_rows == sum(ROWS)
+    assert requests_by_kind(proxy) == {f"HEAD {MANIFEST_NAME}": 1}
+    changed = tmp_path_factory.mktemp("changed")
+    make_shards(changed, [*ROWS, 5], "parquet", batch_rows=4, seconds=0.2)
+    s3.upload(changed, "manifest/aged")
+    write_folder_manifest(s3.url("manifest/aged", direct=True))
+    fetched = start_later()
+    assert fetched.manifest.origin == "store" and fetched.num_rows == sum(ROWS) + 5
+    assert requests_by_kind(proxy)[f"GET {MANIFEST_NAME}"] == 1
+
+
+@pytest.mark.parametrize(("fmt", "etags"), [("ipc_file", True), ("parquet", True), ("parquet", False)])
+def test_with_a_cache_each_object_is_fetched_once_a_machine(s3, proxy, tmp_path_factory, tmp_path, fmt, etags):
+    """Was twice: its first read fetched the small file for its footer, then the cache downloaded it again.
+    ``etags`` False: a manifest written before the upload (`audioloader pack`), which has no ETags."""
+    if etags:
+        folder = upload_with_manifest(s3, tmp_path_factory, fmt, f"manifest/cached-{fmt}")
+    else:
+        folder = tmp_path_factory.mktemp("packed")
+        make_shards(folder, ROWS, fmt, batch_rows=4, seconds=0.2)
+        write_folder_manifest(folder)
+        s3.upload(folder, f"manifest/cached-{fmt}-packed")
+    prefix = f"manifest/cached-{fmt}" + ("" if etags else "-packed")
+    proxy.clear()
+    expected = rows_of(al.ShardDataset(folder, split_rows=4), shuffle=False)
+    for _ in range(2):  # two ranks of one machine: one cache
+        dataset = al.ShardDataset(s3.url(prefix), retry=FAST, split_rows=4, cache_dir=str(tmp_path / "cache"))
+        assert rows_of(dataset, shuffle=False) == expected
+    counts = requests_by_kind(proxy)
+    for i in range(len(ROWS)):
+        name = f"part-{i:05d}.{'arrow' if fmt == 'ipc_file' else fmt}"
+        # Without ETags in the manifest each rank asks for the object's identity (a HEAD), the download one more.
+        assert counts[f"GET {name}"] == 1 and counts[f"HEAD {name}"] <= (1 if etags else 3), counts
+
+
 def test_without_a_manifest_a_machine_lists_and_scans_once(s3, proxy, tmp_path_factory, tmp_path):
     upload_shards(s3, tmp_path_factory.mktemp("unindexed"), "manifest/unindexed", ROWS, "parquet", seconds=0.2)
     proxy.clear()

@@ -40,7 +40,7 @@ from ..errors import CheckpointMismatchError
 from ..samples import Key, RawSample
 from ..shards import Retry, ShardDataset, Split, subdivide
 from ..shards.readahead import ReadAhead
-from ..shards.splits import resolve_rank
+from ..shards.splits import resolve_rank, rows_of, take
 from ..shards.storage import RemoteReads, Storage, reader_share
 from ..stats import LoaderStats
 from .read_order import TAKE_CHUNK, ReaderPosition, Segment, Walk, order_at, segment_units, units_ahead
@@ -266,21 +266,21 @@ class ArrowShardReader(BaseNode[RawSample]):
         if self._eval_assignment is not None:
             return list(self._eval_assignment[self.rank])
         order = permutation(len(self.splits), self.seed, SALT_SPLIT_ORDER, int(pass_index))
-        return [self.splits[i] for i in order[self.rank::self.world_size].tolist()]
+        return take(self.splits, order[self.rank::self.world_size])
 
     def assignment(self) -> list[list[Split]]:
         """Every rank's splits of pass 0, in read order (``shuffle=False``: of every pass)."""
         if self._eval_assignment is not None:
             return [list(parts) for parts in self._eval_assignment]
         order = permutation(len(self.splits), self.seed, SALT_SPLIT_ORDER, 0)
-        return [[self.splits[i] for i in order[r::self.world_size].tolist()] for r in range(self.world_size)]
+        return [take(self.splits, order[r::self.world_size]) for r in range(self.world_size)]
 
     def rows_per_rank(self) -> list[int]:
         """Rows each rank reads in one pass (exact for ``shuffle=False``; pass 0 for ``shuffle=True``)."""
         if self._eval_assignment is not None:
             return [sum(s.num_rows for s in parts) for parts in self._eval_assignment]
         order = permutation(len(self.splits), self.seed, SALT_SPLIT_ORDER, 0)
-        rows = np.array([s.num_rows for s in self.splits], dtype=np.int64)[order]
+        rows = rows_of(self.splits)[order]
         return [int(rows[r::self.world_size].sum()) for r in range(self.world_size)]
 
     def segments_for_pass(self, pass_index: int) -> list[Segment]:

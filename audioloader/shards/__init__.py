@@ -38,7 +38,7 @@ _LAZY_NAMES: dict[str, str] = {
     "Retry": ".retry",
     "SHARD_EXTENSIONS": ".sources",
     "ShardDataset": ".dataset",
-    "ShardFile": ".dataset",
+    "ShardFile": ".file_table",
     "ShardRow": ".row_reads",
     "SourceNotFoundError": ".sources",
     "Split": ".splits",
@@ -48,7 +48,8 @@ _LAZY_NAMES: dict[str, str] = {
 }
 
 if TYPE_CHECKING:
-    from .dataset import ShardDataset, ShardFile
+    from .dataset import ShardDataset
+    from .file_table import ShardFile
     from .formats import FORMATS
     from .retry import Retry
     from .row_reads import BatchColumns, ShardRow

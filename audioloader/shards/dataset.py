@@ -3,17 +3,16 @@ in `audioloader.shards.row_reads` (rows) and `audioloader.shards.unit_reads` (un
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import copy
+import dataclasses
 import gc
-import itertools
 import operator
 import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -25,9 +24,11 @@ from ..errors import ShardChangedError
 from . import index
 from .cache import ObjectCache, parse_bytes
 from .changes import _check_local, _LocalFileGuard
+from .file_table import AllKept, ManifestMetas, SplitTable, file_table_of, plan_splits, remote_mask, unit_starts_of
+from .file_table import ShardFile as ShardFile  # where it was defined before
 from .filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
-from .formats import _FileMeta, _scan_all, _scan_file, listed_meta
-from .identity import ETagCheck, md5_etag
+from .formats import _SCAN_THREADS_REMOTE, FORMATS, _FileMeta, _scan_all, _scan_file, cache_identity, listed_meta
+from .identity import ETagCheck, md5_etag, object_identity
 from .manifest import mismatch
 from .manifest_source import FromManifest, open_manifest
 from .remote import PART_BYTES, RemoteFiles
@@ -35,7 +36,7 @@ from .retry import DEFAULT_RETRY, Retry
 from .row_reads import RowReads
 from .schema import _check_schema, _label_names, check_columns, unify
 from .sources import IcebergTable, TableSnapshot, resolve_iceberg, resolve_source
-from .splits import Split, _file_splits, _numbered
+from .splits import Split
 from .storage import DEFAULT_REMOTE_READS, RemoteReads, Storage
 from .unit_reads import UnitReads
 
@@ -43,27 +44,6 @@ from .unit_reads import UnitReads
 #: known from a manifest), so that their units cost no second request: 64 files of 256 KiB, what the read-ahead
 #: locates at once.
 WHOLE_FILES_BYTES = 16 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class ShardFile:
-    """One shard file.
-
-    Attributes:
-        path: local absolute path or URL.
-        format: ``"ipc_file"``, ``"ipc_stream"``, ``"parquet"`` or ``"orc"``.
-        size: file size in bytes.
-        num_rows: rows in the file.
-        batch_rows: rows per record batch (IPC), row group (Parquet) or stripe (ORC), in file order.
-        index_offset: global index of this file's row 0.
-    """
-
-    path: str
-    format: str
-    size: int
-    num_rows: int
-    batch_rows: tuple[int, ...]
-    index_offset: int
 
 
 class ShardDataset(RowReads, UnitReads):
@@ -158,24 +138,21 @@ class ShardDataset(RowReads, UnitReads):
             self._pruned = self._pruned_by_table(filter)
             self.cache = self.cache or self._open_cache()
             metas = self.manifest.metas if self.manifest is not None else self._scan()
-            if self.cache is not None:
-                self.cache.check_holds([(m.size, loc.path) for loc, m in zip(self._locations, metas, strict=True)
-                                        if loc.fs is not None])
-            self._unified = self._unify_schemas(metas)
             self._metas = metas
-            self.files = self._make_files(metas)
-            self.num_rows = sum(f.num_rows for f in self.files)
+            # Columns, not an object a file: a million files cost tens of MB (`audioloader.shards.file_table`).
+            self.files = file_table_of(self._locations, metas)
+            self._check_cache_holds()
+            self._unified = self._unify_schemas(metas)
+            self.num_rows = self.files.num_rows
             if self.num_rows == 0:
                 raise ValueError(f"the source has no rows: {len(self.files)} file(s), all empty "
                                  f"(first: {self.files[0].path}); write rows into the shards or pass another source")
-            self._offsets = [f.index_offset for f in self.files]
-            self._unit_starts = [tuple(itertools.accumulate(f.batch_rows, initial=0)) for f in self.files]
-            self.splits = _numbered([s for i, f in enumerate(self.files) for s in
-                                     _file_splits(i, f.batch_rows, split_rows, f.format in ("ipc_file", "ipc_stream"))])
+            self._unit_starts = unit_starts_of(self.files)
+            self.splits: Sequence[Split] = plan_splits(self.files, split_rows)
         self.schema = self._unified.schema
         self.label_names = _label_names(self.schema, label_column)
         self._tls = threading.local()
-        self._kept: list[np.ndarray | None] = [None] * len(self.files)  # file rows a filter keeps (None: all)
+        self._kept: Any = AllKept()  # file rows a filter keeps (None: all), by file
         self.filter, self.filter_stats, self.num_kept_rows = filter, None, self.num_rows
         if filter is not None:
             self._apply_filter(filter)
@@ -266,9 +243,25 @@ class ShardDataset(RowReads, UnitReads):
         with lock:  # one read of a footer, however many threads want it
             meta = self._metas[file_id]
             if not meta.located:
-                self._metas[file_id] = meta = self._checked(file_id, _scan_file(self._locations[file_id], self.remote,
-                                                                                self.cache, keep_whole=True))
+                self._metas[file_id] = meta = self._checked(file_id, self._first_scan(file_id))
         return meta
+
+    def _first_scan(self, file_id: int) -> _FileMeta:
+        """The first scan of a file known from a manifest. With a cache, the file goes into the cache (once a
+        machine; its identity: the manifest's ETag, else pyarrow's HEAD) and its footer is read from the copy: its
+        bytes are fetched once, not its tail and then the whole file again."""
+        loc, expected = self._locations[file_id], self._metas[file_id]
+        if self.cache is None or loc.fs is None:
+            return _scan_file(loc, self.remote, self.cache, keep_whole=True)
+        etag = expected.etag or object_identity(self.remote.opened(loc))
+        identity = cache_identity(dataclasses.replace(expected, etag=etag))
+        if identity is None:  # nothing tells a copy from a changed object: not cached
+            return _scan_file(loc, self.remote, self.cache, keep_whole=True)
+        self.cache.open(loc, expected.size, identity).close()
+        copy = self.cache.path_of(loc.path, expected.size, identity)
+        found = _scan_file(dataclasses.replace(loc, fs=None, fs_path=copy, size=None, mtime_ns=None), self.remote)
+        found.mtime_ns, found.etag = None, etag  # the copy's mtime is not the object's: the manifest's is kept
+        return found
 
     def unlocated(self, file_ids: Sequence[int]) -> list[int]:
         """Those of ``file_ids`` whose footers are not read yet (files known from a manifest), each once, sorted."""
@@ -282,7 +275,11 @@ class ShardDataset(RowReads, UnitReads):
             for file_id in wanted:
                 self.located(file_id)
             return len(wanted)
-        found = _scan_all([self._locations[i] for i in wanted], self.retry, self.remote, self.cache, keep_whole=True)
+        if self.cache is not None:  # into the cache and scanned there (`_first_scan`), many at once
+            with ThreadPoolExecutor(min(len(wanted), _SCAN_THREADS_REMOTE)) as pool:
+                found = list(pool.map(self._first_scan, wanted))
+        else:
+            found = _scan_all([self._locations[i] for i in wanted], self.retry, self.remote, keep_whole=True)
         for file_id, meta in zip(wanted, found, strict=True):
             with self._locating_lock:
                 if not self._metas[file_id].located:
@@ -320,33 +317,51 @@ class ShardDataset(RowReads, UnitReads):
         with self._whole_lock:
             return self._whole.get(file_id)
 
-    def _unify_schemas(self, metas: list[_FileMeta]) -> Any:
+    def _check_cache_holds(self) -> None:
+        """The cache's limit holds the largest remote file (`ObjectCache.check_holds`)."""
+        remote = self.remote_files() if self.cache is not None else None
+        if remote is not None and remote.any():
+            largest = int(self.files.sizes[remote].max())
+            self.cache.check_holds([(largest, self.files.paths[i])
+                                    for i in np.flatnonzero(remote & (self.files.sizes == largest)).tolist()])
+
+    def remote_files(self) -> np.ndarray:
+        """Whether each file is remote (bool a file; `is_remote`), without making the files' locations."""
+        return remote_mask(self._locations)
+
+    def largest_unit_bytes(self) -> int:
+        """The largest ``size // units`` of the files whose units are read into memory (all but local IPC files,
+        memory-mapped), 0 when there is none (`budget.lane_bytes`)."""
+        ipc = np.isin(self.files.format_codes, [FORMATS.index("ipc_file"), FORMATS.index("ipc_stream")])
+        return self.files.largest_unit_bytes(self.remote_files() | ~ipc)
+
+    def _schema_paths(self) -> Sequence[str]:
+        """The paths of the files that have a schema (all but a table's files a filter pruned), for messages."""
+        if isinstance(self._metas, ManifestMetas):
+            return self.files.paths
+        return [self.files.paths[i] for i, meta in enumerate(self._metas) if meta.schema is not None]
+
+    def _unify_schemas(self, metas: Sequence[_FileMeta]) -> Any:
         """The scanned files' `schema.Unified` schema, after checking each file's audio and label types."""
-        paths = [loc.path for loc, meta in zip(self._locations, metas, strict=True) if meta.schema is not None]
+        paths = self._schema_paths()
         distinct: dict[int, tuple[str, pa.Schema]] = {}  # files from a manifest share their schema objects
-        for loc, meta in zip(self._locations, metas, strict=True):
-            if meta.schema is not None and id(meta.schema) not in distinct:
-                distinct[id(meta.schema)] = (loc.path, meta.schema)
+        if isinstance(metas, ManifestMetas):
+            distinct = {i: (self.files.paths[f], schema) for i, (f, schema) in enumerate(metas.distinct_schemas())}
+        else:
+            for path, meta in zip(self.files.paths, metas, strict=True):
+                if meta.schema is not None and id(meta.schema) not in distinct:
+                    distinct[id(meta.schema)] = (path, meta.schema)
         for path, schema in distinct.values():
             _check_schema(path, schema, self.audio_column, self.label_column)
         unified = unify([p for p, _ in distinct.values()], [s for _, s in distinct.values()])
         check_columns(unified, paths, self.audio_column, self.label_column, self.columns)
         return unified
 
-    def _make_files(self, metas: list[_FileMeta]) -> list[ShardFile]:
-        files, offset = [], 0
-        for loc, meta in zip(self._locations, metas, strict=True):
-            rows = sum(meta.unit_rows)
-            files.append(ShardFile(loc.path, meta.format, meta.size, rows, meta.unit_rows, offset))
-            offset += rows
-        return files
-
     def with_columns(self, columns: Sequence[str]) -> ShardDataset:
         """This dataset with other extra ``columns`` (checked against the schema; no file is read again)."""
         other = copy.copy(self)  # through __getstate__/__setstate__: its own handles (they read the old columns)
         other.columns = self._check_arguments(self.audio_column, self.label_column, columns, self.split_rows, None)
-        check_columns(self._unified, [f.path for f, m in zip(self.files, self._metas, strict=True)
-                                      if m.schema is not None], self.audio_column, self.label_column, other.columns)
+        check_columns(self._unified, self._schema_paths(), self.audio_column, self.label_column, other.columns)
         return other
 
     # ----------------------------------------------------------------- filter
@@ -399,19 +414,23 @@ class ShardDataset(RowReads, UnitReads):
         rows = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
         return rows.astype(np.int64), pruned, len(units)
 
-    def counted(self, splits: Sequence[Split]) -> list[Split]:
-        """``splits`` with their kept rows counted and those keeping none dropped (as given without a filter)."""
+    def counted(self, splits: Sequence[Split]) -> Sequence[Split]:
+        """``splits`` (in (file, row) order) with their kept rows counted and those keeping none dropped, renumbered
+        (as given without a filter)."""
         if self.filter is None:
-            return list(splits)
-        counted = [Split(s.split_id, s.file_id, s.start, s.stop, self.kept_count(s.file_id, s.start, s.stop))
-                   for s in splits]
-        return _numbered([s for s in counted if s.kept])
+            return splits
+        table = SplitTable.of(splits)
+        kept = np.fromiter((self.kept_count(int(f), int(a), int(b))
+                            for f, a, b in zip(table.file_ids, table.starts, table.stops, strict=True)),
+                           dtype=np.int64, count=len(table))
+        return table.with_kept(kept)
 
     def kept_indices(self) -> np.ndarray:
         """Global indices (int64, ascending) of the rows the filter keeps (every row without one)."""
         if self.filter is None:
             return np.arange(self.num_rows, dtype=np.int64)
-        return np.concatenate([kept + f.index_offset for kept, f in zip(self._kept, self.files, strict=True)])
+        return np.concatenate([kept + offset for kept, offset in zip(self._kept, self.files.row_offsets.tolist(),
+                                                                        strict=False)])
 
     # ----------------------------------------------------------------- identity
 
@@ -422,8 +441,10 @@ class ShardDataset(RowReads, UnitReads):
 
     def fingerprint(self) -> dict[str, Any]:
         """Plain data identifying what reads depend on: files (path, size, rows), columns, split size."""
+        files = self.files
         fingerprint = {
-            "files": [[f.path, f.size, f.num_rows] for f in self.files],
+            "files": [[path, size, rows] for path, size, rows in zip(
+                files.paths, files.sizes.tolist(), np.diff(files.row_offsets).tolist(), strict=True)],
             "columns": {"audio": self.audio_column, "label": self.label_column, "extras": list(self.columns)},
             "split_rows": self.split_rows,
         }
@@ -445,17 +466,19 @@ class ShardDataset(RowReads, UnitReads):
         (`identity.object_identity`; None for local files and where the storage reports none). Computed from
         what construction reads anyway: costs no extra request.
         """
-        identity: dict[str, list[Any]] = {"digests": [m.digest for m in self._metas],
-                                          "mtimes": [m.mtime_ns for m in self._metas]}
-        if any(m.etag is not None for m in self._metas):  # local datasets' checkpoints stay as they were
-            identity["etags"] = [m.etag for m in self._metas]
+        metas = self._metas
+        column = metas.column if isinstance(metas, ManifestMetas) else lambda name: [getattr(m, name) for m in metas]
+        identity: dict[str, list[Any]] = {"digests": column("digest"), "mtimes": column("mtime_ns")}
+        etags = column("etag")
+        if any(e is not None for e in etags):  # local datasets' checkpoints stay as they were
+            identity["etags"] = etags
         return identity
 
     def metadata_memory(self) -> dict[str, int]:
-        """What this dataset's metadata costs this process, in bytes: ``manifest_mapped_bytes`` (the manifest,
-        memory-mapped: page cache, shared by the machine's processes) and ``metadata_bytes`` (the Python objects
-        a file and a split: `ShardFile`, location, `_FileMeta` with any footer kept, `Split`), estimated from
-        the first 64 files and splits (``sys.getsizeof`` of each object and its own fields)."""
+        """This dataset's metadata in bytes: ``manifest_mapped_bytes`` (the manifest, mapped: page cache, shared by
+        the machine's processes) and ``metadata_bytes``: its files' and splits' columns (`file_table`), and the
+        objects of a listed source's locations and metadata, or of a manifest's footers read since (estimated
+        from 64 of them: ``sys.getsizeof`` of each and its own fields)."""
         def size(obj: Any) -> int:
             fields = obj.__dict__.values() if hasattr(obj, "__dict__") else ()
             return sys.getsizeof(obj) + sum(sys.getsizeof(v) for v in fields
@@ -463,11 +486,14 @@ class ShardDataset(RowReads, UnitReads):
 
         def scaled(items: Sequence[Any]) -> int:
             sample = items[:64]
-            return 0 if not sample else sum(size(x) for x in sample) * len(items) // len(sample)
+            return 0 if not sample else sum(size(x) for x in sample) * len(items) // len(sample) + sys.getsizeof(items)
 
-        objects = (scaled(self.files) + scaled(self._locations) + scaled(self._metas) + scaled(self.splits)
-                   + sys.getsizeof(self.files) + sys.getsizeof(self._locations) + sys.getsizeof(self._metas)
-                   + sys.getsizeof(self.splits) + 8 * len(self._offsets) + 64 * len(self._unit_starts))
+        objects = self.files.nbytes() + (self.splits.nbytes() if isinstance(self.splits, SplitTable)
+                                         else scaled(self.splits))
+        if isinstance(self._metas, ManifestMetas):
+            objects += scaled(list(self._metas.located_metas()))
+        else:
+            objects += scaled(self._locations) + scaled(self._metas) + scaled(self.files.paths)
         mapped = self.manifest.manifest.nbytes if self.manifest is not None else 0
         return {"metadata_bytes": objects, "manifest_mapped_bytes": mapped}
 
@@ -486,12 +512,13 @@ class ShardDataset(RowReads, UnitReads):
 
     def is_remote(self, file_id: int) -> bool:
         """Whether a file is read through a remote filesystem (its rows are copies, not memory-map views)."""
-        return self._locations[file_id].fs is not None
+        fs = getattr(self._locations, "fs", 0)  # one filesystem for all: a manifest's files
+        return (self._locations[file_id].fs if fs == 0 else fs) is not None
 
     def is_memory_mapped(self, file_id: int) -> bool:
         """Whether a file's audio values are views of a memory map (a local Arrow IPC file or stream), which
         cost page cache, not process memory; a Parquet or ORC unit is decompressed into process memory."""
-        return self.files[file_id].format in ("ipc_file", "ipc_stream") and not self.is_remote(file_id)
+        return self.files.format(file_id) in ("ipc_file", "ipc_stream") and not self.is_remote(file_id)
 
     def check_unchanged(self, file_id: int) -> None:
         """Raise `ShardReadError` naming the file if a local shard's size or modification time changed.
@@ -518,8 +545,8 @@ class ShardDataset(RowReads, UnitReads):
         if not 0 <= index < self.num_rows:
             raise IndexError(f"row index {index!r} is out of range: the source has {self.num_rows} rows "
                              f"(indices 0..{self.num_rows - 1}) in {len(self.files)} file(s)")
-        file_id = bisect.bisect_right(self._offsets, index) - 1
-        return file_id, index - self._offsets[file_id]
+        file_id = self.files.file_of_row(index)
+        return file_id, index - int(self.files.row_offsets[file_id])
 
     # ----------------------------------------------------------------- pickling
 
@@ -528,9 +555,7 @@ class ShardDataset(RowReads, UnitReads):
         del state["_tls"]  # open handles stay with the process that opened them
         for name in ("_locating", "_locating_lock", "_whole", "_whole_bytes", "_whole_lock"):
             del state[name]
-        if self.manifest is not None:  # a worker needs the metadata, not the manifest's map
-            state["manifest"] = None
-        return state
+        return state  # a manifest travels as its bytes (`Manifest.__reduce__`)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -539,7 +564,7 @@ class ShardDataset(RowReads, UnitReads):
         self._whole, self._whole_bytes, self._whole_lock = OrderedDict(), 0, threading.Lock()
 
     def __repr__(self) -> str:
-        formats = sorted({f.format for f in self.files})
+        formats = sorted({self.files.format(int(i)) for i in np.unique(self.files.format_codes, return_index=True)[1]})
         return (f"ShardDataset({len(self.files)} files ({', '.join(formats)}), {self.num_rows} rows, "
                 f"{len(self.splits)} splits, audio={self.audio_column!r}, label={self.label_column!r})")
 

@@ -32,7 +32,7 @@ try:
 except ImportError:  # Windows: no sharing, every process makes its own copy
     fcntl = None
 
-__all__ = ["SharedFileTimeout", "cache_root", "shared_file"]
+__all__ = ["SharedFileTimeout", "cache_root", "identity_path", "shared_file"]
 
 
 def cache_root() -> Path:
@@ -63,7 +63,8 @@ class SharedFileTimeout(ShardReadError, TimeoutError):
 
 
 def shared_file(name: str, produce: Callable[[str], Any], *, what: str, fresh_seconds: float = SHARED_FRESH_SECONDS,
-                timeout: float | None = None) -> tuple[Path | None, Any]:
+                timeout: float | None = None, still_valid: Callable[[Path], bool] | None = None
+                ) -> tuple[Path | None, Any]:
     """``(path, produced)``: the file ``shared/<name>`` of the machine cache, made once for the machine's processes.
 
     The first process to take the file's lock (``flock``, so a dead holder releases it) is the
@@ -73,6 +74,12 @@ def shared_file(name: str, produce: Callable[[str], Any], *, what: str, fresh_se
     published copy: no request of their own. ``produced`` is what ``produce`` returned, in the
     process that called it; None elsewhere. ``path`` is None where ``produce`` wrote nothing. Where the
     cache folder cannot be written (a read-only home), the file is made in a private temporary folder.
+
+    ``still_valid(path)``: asked by the leader, under the lock, when the published copy is older than
+    ``fresh_seconds``: True keeps it (its age starts again; e.g. one HEAD finds the store's object is still
+    the one the copy was made from), False makes it again. Without it an old copy is made again. ``produce``
+    may write what the file was made from into ``<temporary>.identity``: it is published beside the file as
+    ``<path>.identity`` (`identity_path`), for ``still_valid`` to read.
 
     Raises:
         SharedFileTimeout: the lock was held longer than ``timeout`` seconds (default
@@ -95,6 +102,9 @@ def shared_file(name: str, produce: Callable[[str], Any], *, what: str, fresh_se
         _lock(fd, path, what, timeout)
         if _fresh(path, fresh_seconds):  # published by the leader while this process waited
             return path, None
+        if still_valid is not None and path.exists() and still_valid(path):  # old, but still what the store has
+            os.utime(path)
+            return path, None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)  # named to waiters that time out
         temporary = f"{path}.{os.getpid()}-{secrets.token_hex(4)}.part"
@@ -103,12 +113,23 @@ def shared_file(name: str, produce: Callable[[str], Any], *, what: str, fresh_se
             if not os.path.exists(temporary):  # nothing to publish: each process makes its own
                 return None, produced
             os.replace(temporary, path)
+            if os.path.exists(f"{temporary}.identity"):
+                os.replace(f"{temporary}.identity", identity_path(path))
+            else:  # none recorded for this copy: an old one must not vouch for it
+                with contextlib.suppress(OSError):
+                    os.unlink(identity_path(path))
         finally:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
+            for leftover in (temporary, f"{temporary}.identity"):
+                with contextlib.suppress(OSError):
+                    os.unlink(leftover)
         return path, produced
     finally:
         os.close(fd)  # releases the lock
+
+
+def identity_path(path: Path | str) -> Path:
+    """Where the identity of what the shared file ``path`` was made from is kept (see `shared_file`)."""
+    return Path(f"{path}.identity")
 
 
 def _fresh(path: Path, fresh_seconds: float) -> bool:

@@ -192,7 +192,9 @@ class Manifest:
 
     Attributes:
         num_files: files listed. nbytes: the manifest's bytes (what a rank maps).
-        sizes, file_rows: int64 arrays a file (views of the map / computed once).
+        sizes: int64 a file (a view of the map); file_rows: int64 a file (computed when asked for).
+        unit_offsets, unit_values: the ``unit_rows`` list column's offsets and values (views of the map).
+        format_names: the formats that ``format_codes`` (uint8 a file) index.
 
     Raises:
         ShardReadError: not a manifest, or a manifest of another version (the message names ``audioloader index``).
@@ -218,20 +220,19 @@ class Manifest:
             raise ShardReadError(f"{where} is a manifest of version {version!r}, this audioloader reads {VERSION!r}; "
                                  "write it again with `audioloader index FOLDER` (or `audioloader pack`)")
         self.nbytes = buffer.size()
+        self._file = buffer  # the map (or the buffer) this process read: what a pickle carries
         self._batch = batch
         self.num_files = batch.num_rows
-        self._formats = json.loads(metadata[b"formats"])
+        self.format_names: list[str] = json.loads(metadata[b"formats"])
+        self._formats = self.format_names
         self._schema_bytes = [base64.b64decode(s) for s in json.loads(metadata[b"schemas"])]
         self._schemas: dict[int, pa.Schema] = {}
         self._names = json.loads(metadata[b"names"])
         self.sizes = batch.column("size").to_numpy()
         units = batch.column("unit_rows")
-        self._unit_offsets = units.offsets.to_numpy()
-        self._unit_values = units.values.to_numpy()
-        starts = np.zeros(len(self._unit_values) + 1, dtype=np.int64)
-        np.cumsum(self._unit_values, out=starts[1:])
-        self.file_rows = starts[self._unit_offsets[1:]] - starts[self._unit_offsets[:-1]]
-        self._format_codes = batch.column("format").to_numpy()
+        self.unit_offsets = self._unit_offsets = units.offsets.to_numpy()
+        self.unit_values = self._unit_values = units.values.to_numpy()
+        self.format_codes = self._format_codes = batch.column("format").to_numpy()
         self._schema_ids = batch.column("schema").to_numpy()
         self._digests = batch.column("digest").to_numpy()
         names = batch.schema.names
@@ -294,23 +295,38 @@ class Manifest:
         return _FileMeta(self.format(i), int(self.sizes[i]), self.schema(i), self.unit_rows(i),
                          mtime_ns=self.mtime_ns(i), digest=self.digest(i), etag=self.etag(i), located=False)
 
-    def metas(self) -> list[_FileMeta]:
-        """Every file's `meta` (columns converted once: a million files in a few seconds)."""
-        formats = [self._formats[c] for c in self._format_codes.tolist()]
-        schemas = [self._distinct_schema(s) for s in range(len(self._schema_bytes))]
-        schema_of = [schemas[s] for s in self._schema_ids.tolist()]
-        values, offsets = self._unit_values.tolist(), self._unit_offsets.tolist()
-        digests = [f"{d:016x}" for d in self._digests.tolist()]
-        etags = [self.etag(i) for i in range(self.num_files)] if self._etags is not None else None
-        mtimes = self._mtimes.to_pylist() if self._mtimes is not None else None
-        return [_FileMeta(formats[i], size, schema_of[i], tuple(values[offsets[i]:offsets[i + 1]]),
-                          mtime_ns=None if mtimes is None else mtimes[i], digest=digests[i],
-                          etag=None if etags is None else etags[i], located=False)
-                for i, size in enumerate(self.sizes.tolist())]
+    def distinct_schemas(self) -> list[tuple[int, pa.Schema]]:
+        """``(first file, schema)`` of each distinct schema the files have, in order of first file."""
+        ids = self._schema_ids
+        present = np.flatnonzero(np.bincount(ids, minlength=len(self._schema_bytes)))
+        if len(present) <= 16:  # the usual few: a pass over the ids each, no sort
+            pairs = sorted((int(np.argmax(ids == s)), int(s)) for s in present)
+        else:
+            unique, first = np.unique(ids, return_index=True)
+            pairs = sorted(zip(first.tolist(), unique.tolist(), strict=True))
+        return [(int(f), self._distinct_schema(int(s))) for f, s in pairs]
 
-    def memory_bytes(self) -> int:
-        """Bytes of the manifest this process holds beyond the map: the per-file arrays computed from it."""
-        return int(self.file_rows.nbytes)
+    def values(self, name: str) -> list[Any]:
+        """Every file's ``digest``, ``mtime_ns`` or ``etag`` as `meta` gives them, as a list (no meta made)."""
+        if name == "digest":
+            return [f"{d:016x}" for d in self._digests.tolist()]
+        if name == "mtime_ns":
+            return [None] * self.num_files if self._mtimes is None else self._mtimes.to_pylist()
+        if name == "etag":
+            return [None] * self.num_files if self._etags is None else [self.etag(i) for i in range(self.num_files)]
+        raise ValueError(f"a manifest has no per-file {name!r}; ask for 'digest', 'mtime_ns' or 'etag'")
+
+    @property
+    def file_rows(self) -> np.ndarray:
+        """Rows a file (int64), computed from the rows per unit."""
+        starts = np.zeros(len(self._unit_values) + 1, dtype=np.int64)
+        np.cumsum(self._unit_values, out=starts[1:])
+        return starts[self._unit_offsets[1:]] - starts[self._unit_offsets[:-1]]
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, str]]:
+        # A worker gets the bytes this process read, not the path: the machine's shared copy may be published
+        # again meanwhile (`machine_cache.shared_file`).
+        return Manifest, (pa.py_buffer(bytes(self._file.read_at(self.nbytes, 0))), self.where)
 
 
 def mismatch(expected: _FileMeta, found: _FileMeta) -> str | None:

@@ -22,16 +22,19 @@ from __future__ import annotations
 import hashlib
 import os
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..errors import redacted
+from .file_table import ManifestLocations, ManifestMetas
 from .formats import _FileMeta
-from .machine_cache import shared_file
+from .identity import object_identity
+from .machine_cache import identity_path, shared_file
 from .manifest import MANIFEST_NAME, Manifest, manifest_table, write_manifest
 from .retry import Retry, with_retries
 from .sources import _GLOB_CHARS, SHARD_EXTENSIONS, _filesystem_for, _is_url, _Location, _url_for
@@ -46,17 +49,18 @@ class FromManifest:
 
     Attributes:
         manifest: the `Manifest` (memory-mapped where it is a file on this machine).
-        locations: every file's `_Location`, sorted, as `sources.resolve_source` gives them.
-        metas: every file's `_FileMeta`: the manifest's (footers not read: ``located`` False), or, in the
-            process that listed and scanned the folder, what it scanned.
+        locations: every file's `_Location`, sorted, as `sources.resolve_source` gives them (`ManifestLocations`:
+            made on demand from the manifest's columns).
+        metas: every file's `_FileMeta`: the manifest's (`ManifestMetas`, made on demand; footers not read:
+            ``located`` False), or, in the process that listed and scanned the folder, what it scanned (lists).
         origin: ``"local"`` (beside local shards), ``"store"`` (read from the store by this process),
             ``"machine"`` (published by another process of the machine), ``"listing"`` (this process listed
             and scanned the folder and published the result for the machine).
     """
 
     manifest: Manifest
-    locations: list[_Location]
-    metas: list[_FileMeta]
+    locations: Sequence[_Location]
+    metas: Sequence[_FileMeta]
     origin: str
 
 
@@ -114,8 +118,7 @@ def _local(path: str) -> FromManifest | None:
     if not os.path.isfile(manifest_path):
         return None
     manifest = Manifest(manifest_path, manifest_path)
-    paths = [os.path.join(folder, name) for name in manifest.names()]
-    return FromManifest(manifest, [_Location(p, None, p) for p in paths], manifest.metas(), "local")
+    return FromManifest(manifest, ManifestLocations(manifest, None, folder, None), ManifestMetas(manifest), "local")
 
 
 def _remote(source: str, fs: Any, fs_path: str, scheme: str | None, retry: Retry,
@@ -134,14 +137,16 @@ def _remote(source: str, fs: Any, fs_path: str, scheme: str | None, retry: Retry
         if data is None:
             return None
         manifest = Manifest(data, where)
-        return FromManifest(manifest, _locations(manifest, fs, folder, scheme), manifest.metas(), "store")
+        return FromManifest(manifest, ManifestLocations(manifest, fs, folder, scheme), ManifestMetas(manifest), "store")
 
     def produce(temporary: str) -> Any:
-        data = _read_manifest(fs, manifest_path, where, retry)
+        data, identity = _read_identified(fs, manifest_path, where, retry)
         if data is not None:
             Manifest(data, where)  # refused before it is published when it is not one this version reads
             with open(temporary, "wb") as out:
                 out.write(data)
+            if identity is not None:  # what a later start checks the copy against (`still_valid`)
+                Path(f"{temporary}.identity").write_text(identity, encoding="utf-8")
             return "store"
         if build is None or manifest_path == fs_path:
             return None
@@ -153,37 +158,52 @@ def _remote(source: str, fs: Any, fs_path: str, scheme: str | None, retry: Retry
         return locations, metas
 
     key = hashlib.blake2b(f"{job}\0{source}\0{type(fs).__name__}".encode(), digest_size=16).hexdigest()
-    path, produced = shared_file(f"manifest-{key}.arrow", produce, what=f"the manifest of {redacted(source)}")
+    def still_valid(published: Path) -> bool:  # one HEAD: the store's manifest is still the one published
+        try:
+            recorded = identity_path(published).read_text(encoding="utf-8")
+        except OSError:
+            return False  # built from a listing (or the store reports no identity): made again
+        return _identity_of(fs, manifest_path, where, retry) == recorded
+
+    path, produced = shared_file(f"manifest-{key}.arrow", produce, what=f"the manifest of {redacted(source)}",
+                                 still_valid=still_valid)
     if path is None:
         return None
     manifest = Manifest(str(path), where)
     if isinstance(produced, tuple):  # this process listed and scanned: it keeps what it scanned
         return FromManifest(manifest, produced[0], produced[1], "listing")
-    locations = _locations(manifest, fs, folder, scheme)
-    return FromManifest(manifest, locations, manifest.metas(), "store" if produced == "store" else "machine")
+    return FromManifest(manifest, ManifestLocations(manifest, fs, folder, scheme), ManifestMetas(manifest),
+                        "store" if produced == "store" else "machine")
 
 
 def _read_manifest(fs: Any, path: str, where: str, retry: Retry) -> pa.Buffer | None:
     """The bytes of the manifest at ``path`` (pyarrow: a HEAD and a GET), or None when there is none."""
-    def read() -> pa.Buffer | None:
+    return _read_identified(fs, path, where, retry)[0]
+
+
+def _read_identified(fs: Any, path: str, where: str, retry: Retry) -> tuple[pa.Buffer | None, str | None]:
+    """``(bytes, identity)`` of the manifest at ``path`` (`identity.object_identity`: its ETag or version, from
+    the same request), or ``(None, None)`` when there is none."""
+    def read() -> tuple[pa.Buffer | None, str | None]:
         try:
             with fs.open_input_stream(path) as f:
-                return f.read_buffer()
+                return f.read_buffer(), object_identity(f)
         except FileNotFoundError:
-            return None
+            return None, None
 
     return with_retries(read, what=f"the manifest {where}", retry=retry)
 
 
-def _locations(manifest: Manifest, fs: Any, folder: str, scheme: str | None) -> list[_Location]:
-    """Every file of a remote manifest as a `_Location` (size and modification time from the manifest)."""
-    sizes = manifest.sizes.tolist()
-    locations = []
-    for i, name in enumerate(manifest.names()):
-        fs_path = f"{folder}/{name}"
-        locations.append(_Location(_url_for(scheme, fs_path) if scheme else fs_path, fs, fs_path,
-                                   manifest.mtime_ns(i), size=sizes[i]))
-    return locations
+def _identity_of(fs: Any, path: str, where: str, retry: Retry) -> str | None:
+    """The store's manifest's identity now (pyarrow's open: a HEAD, no byte read), None when there is none."""
+    def head() -> str | None:
+        try:
+            with fs.open_input_file(path) as f:
+                return object_identity(f)
+        except FileNotFoundError:
+            return None
+
+    return with_retries(head, what=f"the manifest {where}", retry=retry)
 
 
 def write_folder_manifest(source: Any, filesystem: Any = None) -> str:

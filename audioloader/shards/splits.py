@@ -7,6 +7,8 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from .. import checks
 
 
@@ -64,15 +66,16 @@ def _numbered(splits: Sequence[Split]) -> list[Split]:
     return [Split(i, s.file_id, s.start, s.stop, s.kept) for i, s in enumerate(ordered)]
 
 
-def subdivide(splits: Sequence[Split], count: int) -> list[Split]:
+def subdivide(splits: Sequence[Split], count: int) -> Sequence[Split]:
     """At least ``count`` splits (when there are that many rows): halve the largest until there are.
 
     Deterministic: the largest split (ties: lowest ``split_id``) is cut in half
     each step; the result is renumbered in (file, row) order. Used so every rank
-    has data when ``world_size`` exceeds the natural number of splits.
+    has data when ``world_size`` exceeds the natural number of splits. ``splits`` themselves when there are
+    enough (a dataset's `file_table.SplitTable`, not a million objects).
     """
     if len(splits) >= count:
-        return list(splits)
+        return splits
     heap = [(-s.num_rows, s.split_id, s) for s in splits]
     heapq.heapify(heap)
     serial = len(splits)
@@ -83,6 +86,20 @@ def subdivide(splits: Sequence[Split], count: int) -> list[Split]:
             heapq.heappush(heap, (-part.num_rows, serial, part))
             serial += 1
     return _numbered([s for _, _, s in heap])
+
+
+def take(splits: Sequence[Split], indices: np.ndarray) -> list[Split]:
+    """``[splits[i] for i in indices]``, made at once where ``splits`` are columns (`file_table.SplitTable`)."""
+    taker = getattr(splits, "take", None)
+    return taker(indices) if taker is not None else [splits[i] for i in np.asarray(indices).tolist()]
+
+
+def rows_of(splits: Sequence[Split]) -> np.ndarray:
+    """Rows read from each split (int64 a split; the kept ones under a filter)."""
+    rows = getattr(splits, "num_rows", None)
+    if callable(rows):
+        return rows().astype(np.int64)
+    return np.fromiter((s.num_rows for s in splits), dtype=np.int64, count=len(splits))
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
