@@ -173,7 +173,7 @@ def _summary(table: dict[str, dict[str, dict]], ns: list[int]) -> None:
         for kind in ("processes", "decode-processes"):
             print(f"  {'CPU a sample, ' + kind:26s}"
                   + "  ".join(f"{tree_ms(results.get(f'{kind}-{n}', {})):6.2f}" for n in ns)
-                  + "   (ms, the whole process tree: what a shared machine disturbs least)")
+                  + "   (ms, the whole process tree; inflated too when others load the machine)")
         print(f"  (cores used by the contender's process tree; ! = other processes used > {DISTURBED_CORES} cores "
               "meanwhile)")
         best_al = max((rate(results.get(f"{k}-{n}")) or 0, f"{k}-{n}") for k in ("threads", "processes") for n in ns)
