@@ -133,7 +133,7 @@ class BatchArenas:
         ring_arenas = max(2, min(self.RING_ARENAS, int(max_bytes) // max(1, self.arena_bytes)))
         self.ring_bytes = ring_arenas * self.arena_bytes
         self._ring: list[np.ndarray] = []  # the shared arenas, once `use_ring` was called
-        self._ring_start = self._ring_end = 0  # their address range
+        self._ring_offsets: dict[int, int] = {}  # id() of each -> where it starts in the shared memory
         # The arenas a batcher may still ask about; weak, so that they do not count as used (see Recycler).
         self._recent: deque[weakref.ref] = deque(maxlen=4)
         self.restart()
@@ -142,8 +142,7 @@ class BatchArenas:
         """Cut the arenas from ``memory`` (a writable buffer of `ring_bytes`, shared with the workers)."""
         self._ring = [np.frombuffer(memory, np.uint8, self.arena_bytes, i * self.arena_bytes)
                       for i in range(self.ring_bytes // self.arena_bytes)]
-        self._ring_start = self._ring[0].ctypes.data
-        self._ring_end = self._ring_start + self.ring_bytes
+        self._ring_offsets = {id(arena): i * self.arena_bytes for i, arena in enumerate(self._ring)}
 
     def restart(self) -> None:
         """The stream starts again (a reset, nothing in flight): the next row asked for is a batch's first."""
@@ -228,10 +227,10 @@ class BatchArenas:
 
     def _offset(self, arena: np.ndarray, position: int) -> int | None:
         """Where row ``position`` of ``arena`` is in the shared arenas, or None when ``arena`` is not shared."""
-        address = arena.ctypes.data
-        if not self._ring_start <= address < self._ring_end:
+        start = self._ring_offsets.get(id(arena))  # the ring holds its arenas: their ids are never reused
+        if start is None:
             return None
-        return address - self._ring_start + (position % self.batch_size) * self.row_bytes
+        return start + (position % self.batch_size) * self.row_bytes
 
     def batch_of(self, features: list[torch.Tensor]) -> torch.Tensor | None:
         """``features`` as one float32 ``[n, *shape]`` tensor without a copy, when they are rows ``0 .. n-1`` of
