@@ -17,7 +17,8 @@ goes on with the next item.
 
 Processes: each worker owns ``depth`` `SharedSlot` s, one per chunk it may
 have in flight; a chunk's inputs and then its results travel through its slot
-(see `audioloader.workers.wire`), the socket carries only small pickles. Workers
+(see `audioloader.workers.wire`; a stream's features go straight into the batch's rows in
+shared memory instead, `audioloader.workers.recycle.BatchArenas`), the socket carries only small pickles. Workers
 ignore SIGINT (Ctrl-C is the consumer's to handle), run torch with one
 intra-op thread, exit when their socket closes (so they never outlive the
 consumer), and are watched: a worker that dies (killed by the OOM killer, a
