@@ -265,7 +265,7 @@ class ProcessPool:
         self._encode = getattr(job, "encode", None)
         self._results_memory = Recycler(RESULT_RECYCLE_BYTES)  # results are copied out of the slots into these
         self._arenas = arenas if arenas is not None and arenas.row_bytes >= wire.INLINE_BYTES else None
-        self._ring: wire.SharedSlot | None = None  # the arenas' shared memory, made at the first start
+        self._ring: wire.SharedSlot | None = None  # the arenas' shared memory, made at each start
         self._reserved: set[int] = set()  # chunks submitted with rows of the arenas reserved
         self._workers: list[_Worker] = []
         self._generation = 0
@@ -380,6 +380,9 @@ class ProcessPool:
                 worker.conn.close()
                 for slot in [worker.control, *worker.slots]:
                     slot.close()
+        if self._ring is not None:  # its file goes; batches still held keep their mapping, the next start a new one
+            self._ring.close()
+            self._ring = None
         self._in_flight.clear()
         self._reserved.clear()
 
