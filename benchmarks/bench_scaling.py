@@ -88,6 +88,12 @@ def main_us(r: dict) -> float:
     return 1e6 * cores / rate if cores is not None and rate else float("nan")
 
 
+def tree_ms(r: dict) -> float:
+    """Milliseconds of CPU of the contender's whole process tree per sample delivered."""
+    cores, rate = r.get("cores_used"), r.get("samples_per_s")
+    return 1e3 * cores / rate if cores and rate else float("nan")
+
+
 def _print(name: str, r: dict) -> None:
     if not r.get("ok"):
         print(f"  {name:22s} FAILED {r.get('error')} {r.get('stderr', '')[-800:]}", flush=True)
@@ -164,6 +170,10 @@ def _summary(table: dict[str, dict[str, dict]], ns: list[int]) -> None:
             a, b = rate(results.get(f"processes-{n}")), rate(results.get(f"decode-processes-{n}"))
             ratios.append("-" if not (a and b) else f"{a / b:.2f}")
         print(f"  {'processes-N / limit':26s}" + "  ".join(f"{x:>6s}" for x in ratios) + "   (target >= 0.95)")
+        for kind in ("processes", "decode-processes"):
+            print(f"  {'CPU a sample, ' + kind:26s}"
+                  + "  ".join(f"{tree_ms(results.get(f'{kind}-{n}', {})):6.2f}" for n in ns)
+                  + "   (ms, the whole process tree; inflated too when others load the machine)")
         print(f"  (cores used by the contender's process tree; ! = other processes used > {DISTURBED_CORES} cores "
               "meanwhile)")
         best_al = max((rate(results.get(f"{k}-{n}")) or 0, f"{k}-{n}") for k in ("threads", "processes") for n in ns)

@@ -57,7 +57,7 @@ class _InlinePool:
     def start(self) -> None:
         pass
 
-    def submit(self, seq: int, items: list[Any]) -> None:
+    def submit(self, seq: int, items: list[Any], into: Any = None) -> None:
         self._chunks[seq] = items
 
     def result(self, seq: int, into: Any = None) -> tuple[list[Any], None]:
@@ -109,8 +109,9 @@ class ParallelMap(BaseNode):
             bytes of the items in flight go to ``stats.memory`` (holder ``"decode_in_flight"``, reported
             beside the budgeted total: when results come back depends on timing).
         size_fn: ``item -> bytes`` it holds (e.g. `held_bytes`); None: not counted.
-        collate_into: `BatchArenas` that a process pool copies the stream's results into, so that a `Batcher`
-            reading this node's items in order (and nothing else) collates them without a copy.
+        collate_into: `BatchArenas` that a process pool's workers write the stream's results into (or the pool
+            copies them into), so that a `Batcher` reading this node's items in order (and nothing else)
+            collates them without a copy.
         max_bytes_in_flight: submit no further chunk while the chunks in flight hold this many bytes (at
             least one chunk is always in flight). Only when work is handed out depends on it, never the
             results or the state. None: ``num_workers * depth`` chunks, whatever they weigh.
@@ -143,7 +144,8 @@ class ParallelMap(BaseNode):
         elif backend == "thread":
             self._pool = ThreadPool(job, num_workers, initializer=thread_initializer, name=f"audioloader-{what}")
         else:
-            self._pool = ProcessPool(job, num_workers, depth=depth, start_method=start_method, what=what)
+            self._pool = ProcessPool(job, num_workers, depth=depth, start_method=start_method, what=what,
+                                     arenas=collate_into)
         self._capacity = max(1, num_workers) * depth
         if self._tuner is not None:
             self.set_count(self._tuner.count)
@@ -317,7 +319,7 @@ class ParallelMap(BaseNode):
             chunk.results = []
             return
         try:
-            self._pool.submit(chunk.seq, items)
+            self._pool.submit(chunk.seq, items, self.collate_into)  # its rows reserved in the batch arenas
         except PoolClosed:  # shut down from another thread: the stream ends
             chunk.results, chunk.error, self._source_done = [], None, True
             return

@@ -17,7 +17,8 @@ goes on with the next item.
 
 Processes: each worker owns ``depth`` `SharedSlot` s, one per chunk it may
 have in flight; a chunk's inputs and then its results travel through its slot
-(see `audioloader.workers.wire`), the socket carries only small pickles. Workers
+(see `audioloader.workers.wire`; a stream's features go straight into the batch's rows in
+shared memory instead, `audioloader.workers.recycle.BatchArenas`), the socket carries only small pickles. Workers
 ignore SIGINT (Ctrl-C is the consumer's to handle), run torch with one
 intra-op thread, exit when their socket closes (so they never outlive the
 consumer), and are watched: a worker that dies (killed by the OOM killer, a
@@ -45,7 +46,7 @@ from typing import Any
 from ..errors import CudaInWorkerError, WorkerError  # noqa: F401 - importable from here as before
 from . import cuda, forks, wire
 from .process_worker import _RemoteFailure, run_chunk, worker_main
-from .recycle import Recycler
+from .recycle import BatchArenas, Recycler
 from .threads import join_or_report
 
 #: Seconds between liveness checks while waiting for a worker.
@@ -177,7 +178,7 @@ class ThreadPool:
             self._executor = ThreadPoolExecutor(self.num_workers, thread_name_prefix=self._name,
                                                 initializer=self._initializer)
 
-    def submit(self, seq: int, items: list[Any]) -> None:
+    def submit(self, seq: int, items: list[Any], into: Any = None) -> None:
         executor = self._executor
         if executor is None:
             raise PoolClosed
@@ -251,10 +252,13 @@ class ProcessPool:
         start_method: ``"forkserver"``, ``"spawn"`` or ``"fork"`` (None: `choose_start_method` when the
             workers start).
         what: how errors name the workers (e.g. "decode worker").
+        arenas: `BatchArenas` whose rows the workers write the results of chunks submitted with them straight
+            into (through shared memory), where the consumer would otherwise copy them there.
     """
 
     def __init__(self, job: Callable[[Any], Any], num_workers: int, *, depth: int = 2,
-                 slot_bytes: int = 4 << 20, start_method: str | None = None, what: str = "worker") -> None:
+                 slot_bytes: int = 4 << 20, start_method: str | None = None, what: str = "worker",
+                 arenas: BatchArenas | None = None) -> None:
         self.job = job
         self.num_workers = num_workers
         self.depth = depth
@@ -264,6 +268,9 @@ class ProcessPool:
         self._job_bytes = _pickle_job(job, what)
         self._encode = getattr(job, "encode", None)
         self._results_memory = Recycler(RESULT_RECYCLE_BYTES)  # results are copied out of the slots into these
+        self._arenas = arenas if arenas is not None and arenas.row_bytes >= wire.INLINE_BYTES else None
+        self._ring: wire.SharedSlot | None = None  # the arenas' shared memory, made at each start
+        self._reserved: set[int] = set()  # chunks submitted with rows of the arenas reserved
         self._workers: list[_Worker] = []
         self._generation = 0
         self._in_flight: dict[int, tuple[int, int]] = {}  # chunk seq -> (worker, slot) it went to
@@ -300,6 +307,9 @@ class ProcessPool:
                           RuntimeWarning, stacklevel=4)
         self.method_used = method
         context = multiprocessing.get_context(method)
+        if self._arenas is not None and self._ring is None:
+            self._ring = wire.SharedSlot.create(self._arenas.ring_bytes)
+            self._arenas.use_ring(self._ring.view(0, self._ring.size))
         if method == "forkserver":
             context.set_forkserver_preload(_PRELOAD)
         if method == "fork":
@@ -321,7 +331,9 @@ class ProcessPool:
     def _launch(self, context: Any, index: int) -> _Worker:
         ours, theirs = context.Pipe(duplex=True)
         process = context.Process(target=worker_main,
-                                  args=(theirs, self._job_bytes, self.depth, os.getpid(), self.what),
+                                  args=(theirs, self._job_bytes, self.depth, os.getpid(), self.what,
+                                        self._ring.size if self._ring is not None else 0,
+                                        self._arenas.row_bytes if self._arenas is not None else 0),
                                   name=f"audioloader-{self.what.replace(' ', '-')}-{index}", daemon=True)
         try:
             with _main_module_hidden(context.get_start_method() != "fork" and b"__main__" not in self._job_bytes):
@@ -334,7 +346,7 @@ class ProcessPool:
             control = wire.SharedSlot.create(8)
             _set_generation(control, self._generation)
             slots = [wire.SharedSlot.create(self.slot_bytes) for _ in range(self.depth)]
-            for slot in [control, *slots]:
+            for slot in [control, *slots, *([self._ring] if self._ring is not None else [])]:
                 reduction.send_handle(ours, slot.fd, process.pid)
         except BaseException:  # Ctrl-C between the start and the return: this process is in no list yet
             process.kill()
@@ -372,7 +384,11 @@ class ProcessPool:
                 worker.conn.close()
                 for slot in [worker.control, *worker.slots]:
                     slot.close()
+        if self._ring is not None:  # its file goes; batches still held keep their mapping, the next start a new one
+            self._ring.close()
+            self._ring = None
         self._in_flight.clear()
+        self._reserved.clear()
 
     # -- work ---------------------------------------------------------------------------------
 
@@ -402,7 +418,9 @@ class ProcessPool:
                 raise RuntimeError(f"every {self.what} holds {self.depth} chunks (a bug; please report it)")
         return best
 
-    def submit(self, seq: int, items: list[Any]) -> None:
+    def submit(self, seq: int, items: list[Any], into: Any = None) -> None:
+        """Send chunk ``seq``; ``into``: the pool's `BatchArenas` when the chunk's results are to become the rows
+        due in them (see `result`)."""
         workers = self._workers
         if not workers or self._closed.is_set():
             raise PoolClosed
@@ -411,7 +429,11 @@ class ProcessPool:
         if self._encode is not None:
             items = [self._encode(item) for item in items]
         data, table, size = wire.dumps(items, worker.slots[slot])
-        self._send(worker, ("chunk", seq, self._generation, slot, data, table, size))
+        places = None
+        if into is not None and into is self._arenas:
+            places = into.reserve(seq, len(items))
+            self._reserved.add(seq)
+        self._send(worker, ("chunk", seq, self._generation, slot, data, table, size, places))
         self._free_slots[index].pop(0)
         self._in_flight[seq] = (index, slot)
 
@@ -435,7 +457,10 @@ class ProcessPool:
             return [], None
         _, _, slot, data, table, size, stats = reply
         results = wire.loads(data, table, worker.slots[slot], size, copy=True,
-                             into=self._results_memory if into is None else into)
+                             into=self._results_memory if into is None else into, ring=self._ring)
+        if seq in self._reserved:
+            self._reserved.discard(seq)
+            into.settle(seq)
         return [r.to_failure() if isinstance(r, _RemoteFailure) else r for r in results], stats
 
     def cancel(self) -> None:
@@ -455,6 +480,7 @@ class ProcessPool:
             self._receive(self._workers[index], f"cancelling {self.what} work")
             self._free_slots[index].append(slot)
         self._in_flight.clear()
+        self._reserved.clear()  # the rows they were to take are free again (the arenas restart with the stream)
 
     # -- the socket ---------------------------------------------------------------------------
 

@@ -162,9 +162,12 @@ def _exit_with_consumer(consumer: int) -> None:
     threading.Thread(target=watch, name="audioloader-consumer-watch", daemon=True).start()
 
 
-def worker_main(conn: Any, job_bytes: bytes, depth: int, consumer: int, what: str = "worker") -> None:
+def worker_main(conn: Any, job_bytes: bytes, depth: int, consumer: int, what: str = "worker", ring_bytes: int = 0,
+                row_bytes: int = 0) -> None:
     """A worker process: read chunks from ``conn``, answer with results, until told to stop, the socket
-    closes, or the ``consumer`` process exits. ``what`` names it in errors (e.g. "decode worker")."""
+    closes, or the ``consumer`` process exits. ``what`` names it in errors (e.g. "decode worker").
+    ``ring_bytes``: the consumer's shared batch arenas follow the slots on ``conn``; a chunk's result
+    buffers of ``row_bytes`` bytes are written straight into the rows the chunk names there."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the consumer; it stops us
     _exit_with_consumer(consumer)
     cuda.refuse_cuda_here(what)  # before the job is unpickled: that runs user code too
@@ -173,6 +176,7 @@ def worker_main(conn: Any, job_bytes: bytes, depth: int, consumer: int, what: st
     torch.set_num_threads(1)
     control = wire.SharedSlot(reduction.recv_handle(conn), 8)
     slots = [wire.SharedSlot(reduction.recv_handle(conn), 0) for _ in range(depth)]
+    ring = wire.SharedSlot(reduction.recv_handle(conn), ring_bytes) if ring_bytes else None
     try:
         job = pickle.loads(job_bytes)
     except Exception as error:
@@ -193,7 +197,7 @@ def worker_main(conn: Any, job_bytes: bytes, depth: int, consumer: int, what: st
             return  # the consumer went away
         if message[0] == "stop":
             return
-        _, seq, generation, slot_index, data, table, size = message
+        _, seq, generation, slot_index, data, table, size, places = message
         slot = slots[slot_index]
 
         def cancelled(generation: int = generation) -> bool:
@@ -212,7 +216,7 @@ def worker_main(conn: Any, job_bytes: bytes, depth: int, consumer: int, what: st
         else:
             results = [_RemoteFailure(r.error) if isinstance(r, Failure) else r for r in results]
             delta = stats.drain() if stats is not None and hasattr(stats, "drain") else None
-            data, table, size = wire.dumps(results, slot)
+            data, table, size = wire.dumps(results, slot, places, ring, row_bytes)
             reply = ("done", seq, slot_index, data, table, size, delta)
         try:
             conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))

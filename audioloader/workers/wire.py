@@ -29,10 +29,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from .recycle import Recycler
+from .recycle import BatchArenas, Recycler
 
 #: Buffers smaller than this stay inside the pickle (a table entry costs more than the copy).
 INLINE_BYTES = 4096
+
+#: Where a buffer of a message is (its table entry's first field): the chunk's slot, or a batch's row in the
+#: shared arenas.
+IN_SLOT, IN_RING = 0, 1
 
 #: Slots grow in steps of this many bytes (fewer remaps when sizes vary a little).
 _GROWTH_STEP = 1 << 20
@@ -104,10 +108,13 @@ class SharedSlot:
             self.fd = -1
 
 
-def dumps(obj: Any, slot: SharedSlot) -> tuple[bytes, list[tuple[int, int]], int]:
+def dumps(obj: Any, slot: SharedSlot, places: list[int | None] | None = None, ring: SharedSlot | None = None,
+          row_bytes: int = 0) -> tuple[bytes, list[tuple[int, int, int]], int]:
     """Pickle ``obj``; its large buffers go into ``slot``.
 
-    Returns ``(pickle bytes, [(offset, length)] of the out-of-band buffers, slot size)``;
+    ``places``: the j-th buffer of ``row_bytes`` bytes goes to offset ``places[j]`` of ``ring`` instead (where
+    that is not None): a batch's row, reserved by the consumer (`audioloader.workers.recycle.BatchArenas`).
+    Returns ``(pickle bytes, [(IN_SLOT or IN_RING, offset, length)] of the out-of-band buffers, slot size)``;
     the slot size tells the reader to remap if the slot grew.
     """
     buffers: list[pickle.PickleBuffer] = []
@@ -120,28 +127,41 @@ def dumps(obj: Any, slot: SharedSlot) -> tuple[bytes, list[tuple[int, int]], int
 
     stream = io.BytesIO()
     _Pickler(stream, protocol=5, buffer_callback=out_of_band).dump(obj)
-    table, offset = [], 0
+    table, offset, rows = [], 0, 0
     for buffer in buffers:
-        table.append((offset, buffer.raw().nbytes))
-        offset += buffer.raw().nbytes
+        nbytes = buffer.raw().nbytes
+        if places is not None and nbytes == row_bytes:
+            place = places[rows] if rows < len(places) else None
+            rows += 1
+            if place is not None:
+                table.append((IN_RING, place, nbytes))
+                continue
+        table.append((IN_SLOT, offset, nbytes))
+        offset += nbytes
     slot.ensure(offset)
-    for buffer, (start, length) in zip(buffers, table, strict=True):
+    for buffer, (where, start, length) in zip(buffers, table, strict=True):
         source = np.frombuffer(buffer.raw(), dtype=np.uint8)
-        np.copyto(np.frombuffer(slot.view(start, length), dtype=np.uint8), source)  # releases the GIL
+        target = (slot if where == IN_SLOT else ring).view(start, length)
+        np.copyto(np.frombuffer(target, dtype=np.uint8), source)  # releases the GIL
     return stream.getvalue(), table, slot.size
 
 
-def loads(data: bytes, table: list[tuple[int, int]], slot: SharedSlot, slot_size: int, *, copy: bool,
-          into: Recycler | None = None) -> Any:
+def loads(data: bytes, table: list[tuple[int, int, int]], slot: SharedSlot, slot_size: int, *, copy: bool,
+          into: Recycler | BatchArenas | None = None, ring: SharedSlot | None = None) -> Any:
     """Unpickle a `dumps` message.
 
     ``copy=True`` gives objects private copies of their buffers (the slot may be
     rewritten at once), in arrays from ``into`` when given (reused ones: no page
     faults); ``copy=False`` gives views of the slot, valid until the slot's next message.
+    Buffers a worker wrote into ``ring`` (rows reserved by ``into``, a `BatchArenas`) are
+    taken from there by ``into.take_placed`` (no copy when the row is the one due).
     """
     slot.follow(slot_size)
     buffers = []
-    for offset, length in table:
+    for where, offset, length in table:
+        if where == IN_RING:
+            buffers.append(into.take_placed(ring.view(0, ring.size), offset))
+            continue
         view = np.frombuffer(slot.view(offset, length), dtype=np.uint8)
         if not copy:
             buffers.append(view)
