@@ -4,6 +4,7 @@ shaping, fault-injecting proxy: rows equal local rows, the byte budget holds, re
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import random
 import threading
@@ -225,6 +226,42 @@ def test_construction_requests_without_and_with_an_index(s3, proxy, tmp_path, mo
     assert indexed.index_stats == {"indexed": 24, "stale": 0, "unindexed": 0}
     assert indexed.files == dataset.files and indexed.identity() == dataset.identity()
     assert rows_of(ArrowShardReader(indexed, shuffle=False)) == rows_of(ArrowShardReader(dataset, shuffle=False))
+
+
+def test_a_remote_folder_is_listed_in_one_call(s3, proxy, tmp_path, monkeypatch):
+    # Before its files are read a folder costs one LIST (and the look for its manifest), not also the folder check
+    # (a HEAD and a LIST) and a look for a Hugging Face state.json: three round trips fewer at 20-100 ms each.
+    small_files(tmp_path / "once", 6)
+    s3.upload(tmp_path / "once", "ahead/once")
+    monkeypatch.setenv("AUDIOLOADER_CACHE", str(tmp_path / "cache"))
+    proxy.clear()
+    dataset = al.ShardDataset(s3.url("ahead/once"), retry=FAST)
+    counts = shard_requests(proxy, "ahead/once")
+    assert {k: n for k, n in counts.items() if "part-" not in k} == {"LIST": 1, "HEAD _audioloader_manifest.arrow": 1}
+    assert len(dataset.files) == 6 and dataset.num_rows == 12
+
+
+def test_a_remote_hugging_face_folder_still_reads_only_the_files_its_state_json_names(s3, proxy, tmp_path):
+    # The listing shows state.json: its files are the dataset, a cache-*.arrow beside them is not.
+    small_files(tmp_path / "hf", 3)
+    os.rename(tmp_path / "hf" / "part-00002.arrow", tmp_path / "hf" / "cache-1234.arrow")
+    names = ["part-00000.arrow", "part-00001.arrow"]
+    (tmp_path / "hf" / "state.json").write_text(json.dumps({"_data_files": [{"filename": n} for n in names]}))
+    s3.upload(tmp_path / "hf", "ahead/hf")
+    dataset = al.ShardDataset(s3.url("ahead/hf"), retry=FAST)
+    assert [p.rsplit("/", 1)[-1] for p in dataset.files.paths] == names and dataset.num_rows == 4
+
+
+def test_a_remote_file_or_missing_path_is_still_found_or_refused(s3, proxy, tmp_path):
+    # A path with no shard extension that is a file (nothing under it as a folder) is asked about as before.
+    small_files(tmp_path / "single", 1)
+    s3.upload(tmp_path / "single", "ahead/single")
+    fs = s3.filesystem()
+    fs.copy_file("ahead/single/part-00000.arrow", "ahead/single/noext")
+    dataset = al.ShardDataset(s3.url("ahead/single/noext"), retry=FAST)
+    assert dataset.num_rows == 2
+    with pytest.raises(al.SourceNotFoundError, match="no such file or folder"):
+        al.ShardDataset(s3.url("ahead/nothing-here"), retry=FAST)
 
 
 def test_a_stale_index_entry_is_not_used(s3, proxy, tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import glob
 import json
 import os
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,11 +207,21 @@ def _expand_remote(item: str, fs: Any, fs_path: str, retry: Retry,
         note_indexes(infos)
         files = [_listed(i) for i in infos if i.type == pafs.FileType.File and _glob_match(i.path, fs_path)]
         return files, f"glob {item!r} ({len(files)} matches)"
-    info = listing(fs_path)
+    def read_text(p: str) -> str:
+        with fs.open_input_stream(p) as f:
+            return f.read().decode("utf-8")
+
+    folder = None if fs_path.lower().endswith(SHARD_EXTENSIONS) else _list_folder(listing, fs_path)
+    if folder:  # one LIST call, not the folder check (a HEAD and a LIST) and a look for state.json (a HEAD) first
+        if any(i.type == pafs.FileType.File and i.path == f"{fs_path.rstrip('/')}/state.json" for i in folder):
+            listed = _hf_state_files(read_text, fs_path)
+            if listed is not None:
+                return [(p, None, None) for p in listed], f"Hugging Face dataset folder {item!r} (state.json)"
+        note_indexes(folder)
+        files = [_listed(i) for i in folder if i.type == pafs.FileType.File and _has_shard_extension(i.path)]
+        return files, f"folder {item!r} and its subfolders for *{'/*'.join(SHARD_EXTENSIONS)}"
+    info = listing(fs_path)  # a file, an empty folder, or nothing: asked as before
     if info.type == pafs.FileType.Directory:
-        def read_text(p: str) -> str:
-            with fs.open_input_stream(p) as f:
-                return f.read().decode("utf-8")
         listed = _hf_state_files(read_text, fs_path)
         if listed is not None:
             return [(p, None, None) for p in listed], f"Hugging Face dataset folder {item!r} (state.json)"
@@ -222,6 +232,15 @@ def _expand_remote(item: str, fs: Any, fs_path: str, retry: Retry,
     if info.type == pafs.FileType.File:
         return [_listed(info)], f"file {item!r}"
     raise SourceNotFoundError(f"shard source {item!r}: no such file or folder")
+
+
+def _list_folder(listing: Callable[[Any], Any], fs_path: str) -> list[pafs.FileInfo]:
+    """Everything under ``fs_path`` as a folder, listed recursively; empty where it is a file, an empty folder or
+    nothing, or where the store refuses to list it (the caller then asks what ``fs_path`` is, as pyarrow would)."""
+    try:
+        return listing(pafs.FileSelector(fs_path, recursive=True, allow_not_found=True))
+    except OSError:  # e.g. NotADirectoryError (fsspec), no permission to list: the caller's look says what it is
+        return []
 
 
 def _expand(item: Any, filesystem: Any, retry: Retry, indexes: list[_Location]) -> tuple[list[_Location], str]:
