@@ -20,14 +20,18 @@ samples (10 ms), plus the labels, with ``--workers`` worker processes, endless
   ``DynamicCutSampler(cuts, max_cuts=B, shuffle=True)``, a ``torch.utils.data.Dataset``
   that crops each cut (``cut.truncate(offset=U(0, 5 s), duration=5)``), resamples it
   (``cut.resample(32000)``) and computes ``Fbank`` on the fly
-  (``OnTheFlyFeatures``), under ``DataLoader(batch_size=None, num_workers=N)``.
+  (``OnTheFlyFeatures``), under ``DataLoader(batch_size=None, num_workers=N)``;
+- ``lhotse-per-cut``: the same with ``OnTheFlyFeatures(..., use_batch_extract=False)``:
+  fbank one cut at a time (Lhotse's default computes it on the whole padded batch at
+  once, whose intermediate tensors take about 480 MB a worker at these sizes).
 
 Where the features differ (Lhotse's ``FbankConfig`` cannot express torchaudio's
 ``MelSpectrogram`` exactly): Lhotse frames with ``snip_edges=False`` (500 frames, not
 501), floors the mel energies at 1e-10 before the log (audioloader adds 1e-6) and
-decodes only the cropped 5 s of each file (audioloader decodes the whole row); its
-window (``hanning``), pre-emphasis (0), DC removal (off), dither (0), band edges
-(0 Hz to Nyquist) and mel scale (HTK, unnormalised) are set to audioloader's.
+resamples with its own windowed-sinc resampler (torchaudio's kind; audioloader: soxr
+HQ); its window (``hanning``), pre-emphasis (0), DC removal (off), dither (0), band
+edges (0 Hz to Nyquist) and mel scale (HTK, unnormalised) are set to audioloader's.
+Both decode only the cropped window of each FLAC file (a seek), not the whole 10 s.
 
 Reported per contender (medians over ``--rounds`` interleaved rounds): samples per
 second over a steady window of ``--seconds`` after the warm-up (``--warmup``
@@ -39,7 +43,7 @@ meanwhile (``!`` = disturbed). Issue 27's targets (same run): audioloader >= 1.5
 Lhotse's samples/s, peak PSS <= Lhotse's.
 
     python benchmarks/bench_classification.py [--clips 256] [--workers 2] [--batch-size 64]
-        [--seconds 20] [--rounds 2] [--warmup 3] [--contenders audioloader lhotse]
+        [--seconds 20] [--rounds 2] [--warmup 3] [--contenders audioloader lhotse lhotse-per-cut]
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from pathlib import Path
 
 BATCH_SIZE = 64
 CROP_S, RATE, N_FFT, HOP, N_MELS = 5.0, 32000, 1024, 320, 128
+CONTENDERS = ("audioloader", "lhotse", "lhotse-per-cut")
 TARGETS = {"samples_per_s": 1.5, "peak_pss_mb": 1.0}  # audioloader / Lhotse: at least, at most
 
 
@@ -126,14 +131,14 @@ def run_audioloader(spec: dict) -> dict:
 class CroppedFbank:
     """Lhotse's side: a map-style dataset over a sampler's ``CutSet`` of a batch: random 5 s crop, 32 kHz, fbank."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, batch_extract: bool = True) -> None:
         from lhotse import Fbank, FbankConfig
         from lhotse.dataset import OnTheFlyFeatures
 
         config = FbankConfig(sampling_rate=RATE, frame_length=N_FFT / RATE, frame_shift=HOP / RATE,
                              remove_dc_offset=False, preemph_coeff=0.0, window_type="hanning", dither=0.0,
                              low_freq=0.0, high_freq=0.0, num_filters=N_MELS)
-        self.features = OnTheFlyFeatures(Fbank(config))
+        self.features = OnTheFlyFeatures(Fbank(config), use_batch_extract=batch_extract)
         self.seed = seed
 
     def __getitem__(self, cuts):
@@ -159,7 +164,8 @@ def run_lhotse(spec: dict) -> dict:
     started = time.perf_counter()
     cuts = CutSet.from_file(spec["manifest"]).repeat()  # an endless stream, as audioloader's training
     sampler = DynamicCutSampler(cuts, max_cuts=spec["batch_size"], shuffle=True, seed=0)
-    loader = torch.utils.data.DataLoader(CroppedFbank(seed=0), sampler=sampler, batch_size=None,
+    dataset = CroppedFbank(seed=0, batch_extract=spec["kind"] == "lhotse")
+    loader = torch.utils.data.DataLoader(dataset, sampler=sampler, batch_size=None,
                                          num_workers=spec["workers"])
     batches = ((len(b["labels"]), tuple(b["features"].shape)) for b in loader)
     return measure(batches, spec, started, spec["warmup"])
@@ -185,16 +191,16 @@ def measure(batches, spec: dict, started: float, warmup: int) -> dict:
 
 
 def report(runs: dict[str, list[dict]]) -> list[str]:
-    lines = [f"{'contender':12s} {'samples/s':>9s} {'(rounds)':>13s} {'first batch s':>13s} {'peak PSS MB':>11s} "
+    lines = [f"{'contender':14s} {'samples/s':>9s} {'(rounds)':>13s} {'first batch s':>13s} {'peak PSS MB':>11s} "
              f"{'batch shape':>16s} {'others':>7s}"]
     for contender, results in runs.items():
         ok = [r for r in results if r.get("ok")]
         if len(ok) < len(results):
-            lines.append(f"{contender:12s} FAILED {next(r for r in results if not r.get('ok'))['error'][-800:]}")
+            lines.append(f"{contender:14s} FAILED {next(r for r in results if not r.get('ok'))['error'][-800:]}")
             continue
         rounds = " / ".join(f"{r['samples_per_s']:.0f}" for r in ok)
         mark = "!" if any(r["disturbed"] for r in ok) else " "
-        lines.append(f"{contender:12s} {_median(ok, 'samples_per_s'):9.1f} {rounds:>13s} "
+        lines.append(f"{contender:14s} {_median(ok, 'samples_per_s'):9.1f} {rounds:>13s} "
                      f"{_median(ok, 'first_batch_s'):13.2f} {_median(ok, 'peak_pss_mb'):11.0f} "
                      f"{'x'.join(map(str, ok[0]['shape'])):>16s} "
                      f"{max(r['others_cores'] or 0.0 for r in ok):6.2f}{mark}")
@@ -202,18 +208,25 @@ def report(runs: dict[str, list[dict]]) -> list[str]:
         ok = [r for r in results if r.get("ok")]
         if ok and len(ok) == len(results):
             split = "; ".join(_by_process(r) for r in ok)
-            lines.append(f"{contender:12s} peak PSS by process (main + workers, MB), rounds: {split}")
-    pairs = [(a, b) for a, b in zip(runs.get("audioloader", []), runs.get("lhotse", []), strict=False)
-             if a.get("ok") and b.get("ok")]
+            lines.append(f"{contender:14s} peak PSS by process (main + workers, MB), rounds: {split}")
+    for peer in (c for c in runs if c.startswith("lhotse")):
+        lines += _ratios(runs.get("audioloader", []), runs[peer], peer)
+    return lines
+
+
+def _ratios(ours: list[dict], theirs: list[dict], peer: str) -> list[str]:
+    """audioloader / ``peer`` per round (rounds paired in order) and their median, against `TARGETS`."""
+    pairs = [(a, b) for a, b in zip(ours, theirs, strict=False) if a.get("ok") and b.get("ok")]
+    lines = []
     for key in ("samples_per_s", "first_batch_s", "peak_pss_mb") if pairs else ():
         values = [a[key] / b[key] for a, b in pairs]
-        target = TARGETS.get(key)
-        verdict = ""
+        ratio, target = statistics.median(values), TARGETS.get(key)
+        verdict = ")"
         if target is not None:
-            met = statistics.median(values) >= target if key == "samples_per_s" else statistics.median(values) <= target
+            met = ratio >= target if key == "samples_per_s" else ratio <= target
             verdict = f"; target {'>=' if key == 'samples_per_s' else '<='} {target:g}x) {'met' if met else 'MISSED'}"
-        lines.append(f"audioloader / lhotse {key:14s} {statistics.median(values):5.2f}x (rounds "
-                     f"{' / '.join(f'{v:.2f}' for v in values)}{verdict or ')'}")
+        lines.append(f"audioloader / {peer:14s} {key:14s} {ratio:5.2f}x (rounds "
+                     f"{' / '.join(f'{v:.2f}' for v in values)}{verdict}")
     return lines
 
 
@@ -231,7 +244,7 @@ def main() -> int:
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--prepare-manifest", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--clips", type=int, default=256, help="clips of the standard dataset (issue 27: 1280)")
-    parser.add_argument("--contenders", nargs="+", choices=("audioloader", "lhotse"), default=["audioloader", "lhotse"])
+    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
     parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per contender and round")
@@ -241,7 +254,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.child:
         spec = json.loads(args.child)
-        result = run_lhotse(spec) if spec["kind"] == "lhotse" else run_audioloader(spec)
+        result = run_audioloader(spec) if spec["kind"] == "audioloader" else run_lhotse(spec)
         print("RESULT " + json.dumps(result), flush=True)
         return 0
     if args.prepare_manifest:
@@ -253,8 +266,8 @@ def main() -> int:
     data = dataset(args.clips)
     pythons = {"audioloader": sys.executable}
     manifest = None
-    if "lhotse" in args.contenders:
-        pythons["lhotse"] = lhotse_python(cache)
+    if any(c.startswith("lhotse") for c in args.contenders):
+        pythons["lhotse"] = pythons["lhotse-per-cut"] = lhotse_python(cache)
         manifest = lhotse_manifest(pythons["lhotse"], data, cache)
     runs: dict[str, list[dict]] = {c: [] for c in args.contenders}
     for round_index in range(args.rounds):
