@@ -263,13 +263,14 @@ def _repeats(batch) -> int:
     return int(len(set(batch[2])) < len(batch[2]))
 
 
-def in_child(spec: dict, python: str) -> dict:
-    """One contender in a fresh process, its process tree's peak PSS sampled every 0.25 s."""
+def in_child(spec: dict, python: str, script: str | None = None) -> dict:
+    """One contender in a fresh process (``python script --child SPEC``, this script by default; it prints one line
+    ``RESULT <json>``), its process tree's peak PSS sampled every 0.25 s."""
     from audioloader.tools.bench.runner import Disturbance, TreeSampler
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with Disturbance() as disturbance:
-        proc = subprocess.Popen([python, os.path.abspath(__file__), "--child", json.dumps(spec)],
+        proc = subprocess.Popen([python, script or os.path.abspath(__file__), "--child", json.dumps(spec)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         sampler = TreeSampler(proc.pid, interval=0.05, pss_every=5)
         sampler.start()
@@ -282,7 +283,9 @@ def in_child(spec: dict, python: str) -> dict:
     line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
         return {"ok": False, "error": err[-2000:]}
+    by_process = {role: [kb / 1024 for kb in kbs] for role, kbs in sampler.peak_pss_by_process_kb.items()}
     return {"ok": True, **json.loads(line[len("RESULT "):]), "peak_pss_mb": sampler.peak_pss_kb / 1024,
+            "peak_pss_by_process_mb": by_process,
             "others_cores": disturbance.cores, "disturbed": disturbance.disturbed}
 
 
