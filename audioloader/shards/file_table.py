@@ -188,7 +188,7 @@ class FileTable(_Rows):
         self._starts_lock = threading.Lock()
 
 
-class _StartsOf(Sequence):
+class _StartsOf(_Rows):
     """``starts[i]`` = `FileTable.unit_starts` (i): what the row reads index by file."""
 
     def __init__(self, files: FileTable) -> None:
@@ -197,10 +197,8 @@ class _StartsOf(Sequence):
     def __len__(self) -> int:
         return len(self._files)
 
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self._files.unit_starts(j) for j in range(*i.indices(len(self)))]
-        return self._files.unit_starts(_checked_index(i, len(self)))
+    def _make(self, i: int) -> tuple[int, ...]:
+        return self._files.unit_starts(i)
 
 
 class AllKept(dict):
@@ -247,7 +245,7 @@ class ManifestLocations(_Rows):
                          self.manifest.mtime_ns(i), size=int(self.manifest.sizes[i]))
 
 
-class _Paths(Sequence):
+class _Paths(_Rows):
     """The paths of `ManifestLocations`, made on demand."""
 
     def __init__(self, locations: ManifestLocations) -> None:
@@ -256,13 +254,8 @@ class _Paths(Sequence):
     def __len__(self) -> int:
         return len(self._locations)
 
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self._locations.path(j) for j in range(*i.indices(len(self)))]
-        return self._locations.path(_checked_index(i, len(self)))
-
-    def __iter__(self) -> Iterator[str]:
-        return (self._locations.path(i) for i in range(len(self)))
+    def _make(self, i: int) -> str:
+        return self._locations.path(i)
 
 
 class ManifestMetas(_Rows):
