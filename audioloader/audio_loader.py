@@ -23,7 +23,14 @@ import torch
 
 from . import checkpoint, elastic
 from .budget import Shuffle
-from .chain import build_chain, open_sources, pinned_source, resumed_batches, settle, settle_for_checkpoint
+from .chain import (
+    build_chain,
+    note_shuffle_quality,
+    open_sources,
+    pinned_source,
+    settle,
+    settle_for_checkpoint,
+)
 from .dsp.config import FeatureConfig, LengthPolicy
 from .errors import CheckpointMismatchError
 from .loader import Loader, Stream, StreamIterator, batches_ahead_of_framework, shutdown_keeping_error
@@ -288,35 +295,31 @@ class AudioLoader:
         between the checkpoint's loader and this one (and, for a list, a rank
         that is missing or given twice).
         """
-        if isinstance(state_dict, (list, tuple)):
-            self._load_states_of_all_ranks(list(state_dict))
-            return
-        checkpoint.check_format(state_dict)
-        self._resume_with(state_dict["fingerprint"])
-        self._stream.load_state_dict(state_dict["loader"])
-
-    def _resume_with(self, theirs: dict[str, Any], ignore: Sequence[str] = ()) -> None:
-        """Check the fingerprint ``theirs`` of a checkpoint against this loader's, with the settings that checkpoint
-        resumes with (`chain.settle_for_checkpoint`: its bucket count, a legacy buffer); where those differ from
-        this loader's, a new chain is built from them (the old one stopped first)."""
-        settings = settle_for_checkpoint(self.settings, self.sources, theirs)
-        ours = self._fingerprint if settings is self.settings else checkpoint.fingerprint(settings, self.sources)
-        self._check_fingerprint(ours, theirs, ignore)
-        if settings is not self.settings:
+        resume = checkpoint.Resume.of(state_dict, self.rank, self.world_size)
+        if resume.elastic and self.mix is not None:
+            raise CheckpointMismatchError(
+                f"this Mix checkpoint was saved on {len(resume.states)} ranks and this loader runs on "
+                f"{self.world_size}: a mix resumes only on the same number of ranks (its draws are per rank); "
+                f"resume with world_size={len(resume.states)}", {"world_size": (len(resume.states), self.world_size)})
+        settings = settle_for_checkpoint(self.settings, self.sources, resume, self._fingerprint)
+        if settings is not self.settings:  # taken with other settings: a new chain, built with them
             self.shutdown()
             self._build(settings)
-
-    def _check_fingerprint(self, ours: dict[str, Any], theirs: dict[str, Any], ignore: Sequence[str] = ()) -> None:
-        datasets = ({None: self.sources.datasets[0]} if self.mix is None else
-                    dict(zip(self.source_names, self.sources.datasets, strict=True)))
-        if self.batching is not None:  # rows are buffered raw with batching, whatever an older loader reported
-            ignore = (*ignore, "shuffle_before_decode")
-        checkpoint.check_fingerprint(ours, theirs, datasets, ignore)
+        if resume.elastic:  # the rows the old ranks left of their pass, spread over the new ranks (`elastic.plan`)
+            start = elastic.plan(self._loader.root, self.reader, [state["loader"]["root"] for state in resume.states])
+            batches = None if self.num_batches is None else elastic.batches_left(self.settings, self.sources, start)
+            self.reader.start_from(start.state_for(self.reader))
+            if batches is not None:  # evaluation: the batches every new rank yields in the rest of the pass
+                self._chain.batcher.start_pass_with(batches)
+            self._stream.start_fresh()  # the next iteration starts the chain anew, at the reader's carry
+        else:
+            self._stream.load_state_dict(resume.states[0]["loader"])
 
     def _build(self, settings: Settings) -> None:
         """The chain, its `Loader` and `Stream`, and the fingerprint, from final ``settings`` (`chain.settle`)."""
         self.settings = settings
         self._chain = build_chain(settings, self.sources, self.stats_counters)
+        note_shuffle_quality(settings, self.sources, self.stats_counters)
         self._loader = Loader(self._chain.root)
         # Infinite loaders continue their stream on a new iter(); one-pass loaders start the next pass.
         self._stream = Stream(self._loader, continues=settings.infinite)
@@ -335,28 +338,6 @@ class AudioLoader:
         self.stats_counters.memory.notes.update(
             loader_budget_bytes=shuffle.max_bytes, interleave=shuffle.interleave, lane_bytes=shuffle.lane_bytes,
             legacy_checkpoint=shuffle.legacy)
-
-    def _load_states_of_all_ranks(self, states: list[dict[str, Any]]) -> None:
-        """`load_state_dict` of a list: the states of ranks 0..W-1 of one run."""
-        for state in states:
-            checkpoint.check_format(state)
-        by_rank = checkpoint.states_by_rank(states)
-        if len(by_rank) == self.world_size:
-            self.load_state_dict(by_rank[self.rank])
-            return
-        if self.mix is not None:
-            raise CheckpointMismatchError(
-                f"this Mix checkpoint was saved on {len(by_rank)} ranks and this loader runs on {self.world_size}: "
-                "a mix resumes only on the same number of ranks (its draws are per rank); resume with "
-                f"world_size={len(by_rank)}", {"world_size": (len(by_rank), self.world_size)})
-        self._resume_with(by_rank[0]["fingerprint"], ignore=("rank", "world_size"))
-        chain_states = [state["loader"]["root"] for state in by_rank]
-        start = elastic.plan(self._loader.root, self.reader, chain_states)
-        self.reader.start_from(start.state_for(self.reader))
-        if self.num_batches is not None:
-            boundaries = None if self.settings.buckets is None else self.settings.buckets.boundaries
-            self._chain.batcher.start_pass_with(resumed_batches(self.settings, self.sources, boundaries, start))
-        self._stream.start_fresh()  # the next iteration starts the chain anew, at the reader's carry
 
     # ------------------------------------------------------------ pickling
 

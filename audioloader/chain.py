@@ -24,20 +24,30 @@ import numpy as np
 import pyarrow as pa
 from torchdata.nodes import BaseNode, PinMemory
 
+from . import checkpoint
 from .budget import lane_bytes
+from .checkpoint import Resume
 from .dsp.config import LengthPolicy, Segments
+from .elastic import planned_batches
 from .errors import CheckpointMismatchError
 from .mix import Mix, Source, check_columns, check_lengths, source_seed
 from .nodes.arrow_shard_reader import ArrowShardReader
 from .nodes.batch_augment import BatchAugment
 from .nodes.batch_features import BatchFeatures
-from .nodes.batcher import Batcher
+from .nodes.batcher import Batcher, BatchLayout
 from .nodes.catch_failures import CatchFailures
 from .nodes.decode_spectrogram import DecodeSpectrogram
-from .nodes.duration_bucketer import DurationBucketer, estimate_boundaries, fit_bucket_count, plan, row_seconds
+from .nodes.duration_bucketer import (
+    BucketLimits,
+    DurationBucketer,
+    estimate_boundaries,
+    fit_bucket_count,
+    row_seconds,
+)
 from .nodes.prefetcher import Prefetcher
+from .nodes.read_order import ReadPlan
 from .nodes.rows import fetch_mixed, fetch_rows
-from .nodes.shuffle_buffer import ShuffleBuffer
+from .nodes.shuffle_buffer import BufferLimits, ShuffleBuffer
 from .nodes.weighted_mix import WeightedMix
 from .options import DEFAULT_NUM_BUCKETS, FULL_BATCHES_PER_BUCKET, Buckets, Settings
 from .samples import BadRow, Key, RawSample, Sample
@@ -118,36 +128,101 @@ def settle(settings: Settings, sources: Sources) -> Settings:
     """
     shuffle = settings.shuffle.fitted(lane_bytes(sources.datasets))
     shuffle = dataclasses.replace(shuffle, before_decode=_before_decode(settings, sources))
-    return _planned(dataclasses.replace(settings, shuffle=shuffle), sources)
+    return _node_groups(_planned(dataclasses.replace(settings, shuffle=shuffle), sources), sources)
 
 
-def settle_for_checkpoint(settings: Settings, sources: Sources, theirs: dict[str, Any]) -> Settings:
-    """The final settings a checkpoint with fingerprint ``theirs`` resumes with: ``settings`` (`settle`'s),
-    or, where the checkpoint was taken with settings a loader given the same arguments no longer chooses, those.
+def settle_for_checkpoint(settings: Settings, sources: Sources, resume: Resume,
+                          fingerprint: dict[str, Any] | None = None) -> Settings:
+    """The final settings the checkpoint ``resume`` resumes with, checked against it: ``settings`` (`settle`'s,
+    whose checkpoint fingerprint is ``fingerprint`` when known), or, where the checkpoint was taken with settings a
+    loader given the same arguments no longer chooses, those. Raises `CheckpointMismatchError` naming every field
+    and file that differs (`checkpoint.check_fingerprint`).
 
     A count of duration buckets other than the one fitted here (0.2's 16, 0.3's 32), when this loader was
     given none: the default changed, the run did not (a count given is kept, and a differing checkpoint
     refused by the fingerprint check). A checkpoint from before byte budgets (no ``"memory"``): the settings
     it was taken with (`budget.ShuffleSettings.as_legacy`). The caller builds a new chain from what differs.
     """
-    changes: dict[str, Any] = {}
+    theirs, changes = resume.fingerprint, {}
     batching, taken = settings.batching, (theirs.get("batching") or {}).get("num_buckets")
     if (batching is not None and batching.num_buckets is None and batching.boundaries is None
             and isinstance(taken, int) and taken != settings.buckets.count):
         changes["batching"], changes["buckets"] = dataclasses.replace(batching, num_buckets=taken), None
     if "memory" not in theirs and not settings.shuffle.legacy:
         changes["shuffle"] = settings.shuffle.as_legacy(theirs)
-    return _planned(dataclasses.replace(settings, **changes), sources) if changes else settings
+    resumed = _planned(dataclasses.replace(settings, **changes), sources) if changes else settings
+    ours = fingerprint if resumed is settings and fingerprint is not None else checkpoint.fingerprint(resumed, sources)
+    datasets = ({None: sources.datasets[0]} if sources.mix is None else
+                dict(zip(sources.names, sources.datasets, strict=True)))
+    # With batching rows are buffered raw, whatever an older loader reported.
+    ignore = (*resume.ignore, "shuffle_before_decode") if settings.batching is not None else resume.ignore
+    checkpoint.check_fingerprint(ours, theirs, datasets, ignore)
+    return _node_groups(resumed, sources) if changes else settings
 
 
 def _planned(settings: Settings, sources: Sources) -> Settings:
-    """``settings`` with the bucketing's `Buckets` (unless known) and, in evaluation, ``num_batches``."""
-    buckets = settings.buckets
-    if settings.batching is not None and buckets is None:
-        buckets = duration_buckets(settings, sources)
-    boundaries = None if buckets is None else buckets.boundaries
-    num_batches = None if settings.train else count_batches(settings, sources, boundaries)
-    return dataclasses.replace(settings, buckets=buckets, num_batches=num_batches)
+    """``settings`` with each source's `ReadPlan`, the bucketing's `Buckets` (unless known) and, in evaluation,
+    ``num_batches``, in that order (each needs the last); then come the other nodes' groups (`_node_groups`)."""
+    settings = dataclasses.replace(settings, reads=read_plans(settings, sources))
+    if settings.batching is not None and settings.buckets is None:
+        settings = dataclasses.replace(settings, buckets=duration_buckets(settings, sources))
+    return dataclasses.replace(settings, num_batches=None if settings.train else count_batches(settings, sources))
+
+
+def _node_groups(settings: Settings, sources: Sources) -> Settings:
+    """``settings`` with the shuffle buffer's `BufferLimits`, the bucketer's `BucketLimits`, the batcher's
+    `BatchLayout` and the bytes of batch memory the decode processes write into (`batch_layout`)."""
+    s, shuffle = settings, settings.shuffle
+    buffer = BufferLimits(shuffle.buffer_size, shuffle.min_size, shuffle.buffer_max_bytes, shuffle.min_bytes,
+                          shuffle.one_pass)
+    buckets = None
+    if s.batching is not None:
+        buckets = BucketLimits(s.batching.max_duration, tuple(s.buckets.boundaries), s.batching.max_batch_size,
+                               shuffle.bucketer_max_bytes, shuffle.one_pass)
+    layout, arena_bytes = batch_layout(settings, sources)
+    return dataclasses.replace(settings, buffer_limits=buffer, bucket_limits=buckets, batch_layout=layout,
+                               arena_bytes=arena_bytes)
+
+
+def read_plans(settings: Settings, sources: Sources) -> tuple[ReadPlan, ...]:
+    """Each source's `ReadPlan`: the splits this rank reads each pass. A mix's sources each have their seed and
+    end with their pass (the `WeightedMix` decides when the mix ends)."""
+    s, mixed = settings, sources.mix is not None
+    plans = []
+    for position, dataset in enumerate(sources.datasets):
+        try:
+            plans.append(ReadPlan.of(dataset, seed=source_seed(s.seed, position) if mixed else s.seed,
+                                     rank=s.storage.rank, world_size=s.storage.world_size, shuffle=s.train,
+                                     infinite=s.infinite and not mixed, interleave=s.shuffle.interleave))
+        except Exception as error:
+            if mixed and hasattr(error, "add_note"):  # Python 3.11+
+                error.add_note(f"(in Mix source {sources.names[position]!r})")
+            raise
+    return tuple(plans)
+
+
+def batch_layout(settings: Settings, sources: Sources) -> tuple[BatchLayout, int]:
+    """The batcher's `BatchLayout`, and the bytes of batch memory the decode processes write features into (0:
+    none). With a feature device the batcher stacks waveforms (in page-locked memory for a GPU) and
+    `BatchFeatures`, after the prefetcher, computes the features."""
+    s, per_sample, variable = settings, settings.device is None, settings.length.variable_length
+    clip = 0 if variable else s.length.clip_samples(s.features)
+    if per_sample:
+        key, time_axis = s.features.batch_key, s.features.time_axis
+        shape = tuple(s.features.feature_shape(s.features.num_frames(clip) if clip else 0))
+    else:
+        key, shape, time_axis = "waveform", (clip,), 0
+    layout = BatchLayout(
+        s.batch_size, s.drop_last, num_batches=s.num_batches, spectrogram_shape=shape, columns=s.columns,
+        tensor_columns=frozenset(_numeric_columns(sources.datasets[0].schema, s.columns)),
+        has_labels=sources.has_labels, features_key=key, pin_memory=not per_sample and s.device.type == "cuda",
+        time_axis=time_axis if variable else None, follow_markers=s.batching is not None,
+        sources=sources.mix is not None)
+    # Process workers write fixed-shape features in decode order straight into batch rows (`BatchArenas`).
+    arenas = (per_sample and not variable and s.batching is None and bool(s.shuffle.before_decode)
+              and s.workers.kind == "process" and bool(s.workers.num_workers))
+    batch_bytes = 4 * s.batch_size * math.prod(shape)
+    return layout, max(ARENA_BATCHES * batch_bytes, 64 << 20) if arenas else 0
 
 
 def _before_decode(settings: Settings, sources: Sources) -> bool:
@@ -175,30 +250,31 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
     ``settings`` are final (`settle`): every node is built with them and none changes them afterwards.
     """
     s = settings
-    # Batch memory the decode processes copy into, where the decoded samples go to the batcher in order.
-    arenas = _batch_arenas(settings) if s.batching is None and s.shuffle.before_decode else None
     readers, rows = _readers(settings, sources, stats)
-    source_rows, fetch_rows = rows, sources.fetch()
-    boundaries = None if s.buckets is None else s.buckets.boundaries
-    decoder = functools.partial(_decoder, settings, sources, stats)
     held: list[ShuffleBuffer] = []  # the buffer, once made
 
     def buffer(source: BaseNode, restore: Any) -> ShuffleBuffer:
         # The byte budget less the readers' lanes, shared with a bucketer after it (`audioloader.budget`).
-        held.append(ShuffleBuffer(source, s.shuffle.buffer_size, s.shuffle.min_size, seed=s.seed, rank=s.storage.rank,
-                                  restore=restore, stats=stats, max_bytes=s.shuffle.buffer_max_bytes,
-                                  min_bytes=s.shuffle.min_bytes, one_pass=s.shuffle.one_pass))
+        held.append(ShuffleBuffer(source, limits=s.buffer_limits, seed=s.seed, rank=s.storage.rank, restore=restore,
+                                  stats=stats))
         return held[0]
 
+    def augmented(batches: BaseNode) -> BaseNode:  # per-batch augmentations, where the batches have features
+        per_batch = s.augmentations is not None and s.augmentations.per_batch
+        return BatchAugment(batches, s.augmentations, s.features.batch_key) if per_batch else batches
+
+    source_rows, fetch_rows = rows, sources.fetch()
+    decoder = functools.partial(_decoder, settings, sources, stats)
+    arenas = None
+    if s.arena_bytes:
+        arenas = BatchArenas(s.batch_size, s.batch_layout.spectrogram_shape, max_bytes=s.arena_bytes)
     bucketer = None
     if s.batching is not None:  # rows grouped by duration before they are decoded: only a batch's rows decode
         rows = buffer(rows, restore=fetch_rows) if s.train else rows
         rows = bucketer = DurationBucketer(
-            rows, max_duration=s.batching.max_duration, boundaries=boundaries,
-            max_batch_size=s.batching.max_batch_size, restore=fetch_rows, drop_last=s.drop_last, stats=stats,
+            rows, limits=s.bucket_limits, drop_last=s.drop_last, restore=fetch_rows, stats=stats,
             duration_fn=functools.partial(row_seconds, duration_column=sources.duration_column,
-                                          segments=sources.segments),
-            max_bytes=s.shuffle.bucketer_max_bytes, distinct=s.shuffle.one_pass)
+                                          segments=sources.segments))
         samples = decode = decoder(rows)
     elif s.shuffle.before_decode:  # the buffer holds raw rows
         samples = decode = decoder(buffer(rows, restore=fetch_rows), collate_into=arenas)
@@ -206,60 +282,28 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
         decode = decoder(rows)
         # A partial of a module function, not a bound method: the chain must not point back at the front.
         samples = buffer(decode, restore=functools.partial(_restore_decoded, fetch_rows, decode))
-    batches = batcher = _batcher(settings, sources, samples, stats, arenas)
-    per_batch_augment = s.augmentations is not None and s.augmentations.per_batch
-    if s.device is None and per_batch_augment:
-        batches = BatchAugment(batches, s.augmentations, s.features.batch_key)
-    root: BaseNode = Prefetcher(CatchFailures(batches), prefetch_factor=s.workers.prefetch_batches)
-    if s.device is not None:  # features per batch on the device, after the prefetcher
-        root = BatchFeatures(root, s.features, s.device)
-        if per_batch_augment:
-            root = BatchAugment(root, s.augmentations, s.features.batch_key)
-    elif s.workers.pin_memory and _has_cuda():
-        root = PinMemory(root)
+    batcher = Batcher(samples, layout=s.batch_layout, stats=stats, collate_from=arenas)
+    if s.device is None:  # features per sample, made by the decoder
+        root: BaseNode = Prefetcher(CatchFailures(augmented(batcher)), prefetch_factor=s.workers.prefetch_batches)
+        if s.workers.pin_memory and _has_cuda():
+            root = PinMemory(root)
+    else:  # features per batch on the device, after the prefetcher
+        root = Prefetcher(CatchFailures(batcher), prefetch_factor=s.workers.prefetch_batches)
+        root = augmented(BatchFeatures(root, s.features, s.device))
     return Chain(root, decode, batcher, readers, source_rows, held[0] if held else None, bucketer)
 
 
 def _readers(settings: Settings, sources: Sources, stats: LoaderStats) -> tuple[list[ArrowShardReader], BaseNode]:
-    """The readers of the sources and the node that reads from them: the one reader, or a `WeightedMix`."""
-    readers = [_reader(settings, sources, position, stats) for position in range(len(sources.datasets))]
-    stats.shuffle.configure([_split_rows_of(reader) for reader in readers],
-                            sources.mix.weights if sources.mix is not None else [1.0], settings.batch_size)
+    """The readers of the sources (each reading its `ReadPlan`) and the node that reads from them: the one reader,
+    or a `WeightedMix`."""
+    readers = [ArrowShardReader(dataset, plan=plan, stats=stats)
+               for dataset, plan in zip(sources.datasets, settings.reads, strict=True)]
     if sources.mix is None:
         return readers, readers[0]
     s, names = settings, sources.names
     return readers, WeightedMix(dict(zip(names, readers, strict=True)), dict(zip(names, sources.mix.weights,
                                                                                  strict=True)),
                                 stop=sources.stop, infinite=s.infinite, seed=s.seed, rank=s.storage.rank, stats=stats)
-
-
-def _reader(settings: Settings, sources: Sources, position: int, stats: LoaderStats | None = None,
-            rank: int | None = None) -> ArrowShardReader:
-    """The reader of source ``position``'s dataset: the chain's (``stats``), or one that plans the batches of
-    ``rank`` (one pass, not counted). A mix's sources each have their seed and end with their pass."""
-    s, mixed = settings, sources.mix is not None
-    planning = rank is not None
-    try:
-        return ArrowShardReader(sources.datasets[position], seed=source_seed(s.seed, position) if mixed else s.seed,
-                                rank=s.storage.rank if rank is None else rank, world_size=s.storage.world_size,
-                                shuffle=s.train, infinite=s.infinite and not mixed and not planning, stats=stats,
-                                interleave=s.shuffle.interleave)
-    except Exception as error:
-        if mixed and hasattr(error, "add_note"):  # Python 3.11+
-            error.add_note(f"(in Mix source {sources.names[position]!r})")
-        raise
-
-
-def _batch_arenas(settings: Settings) -> BatchArenas | None:
-    """Batch-shaped memory the decode processes' features are copied into, so the batcher copies nothing
-    (`BatchArenas`); None where batches are not made of fixed-shape features in the decode order."""
-    s = settings
-    if s.workers.kind != "process" or not s.workers.num_workers or s.device is not None \
-            or s.length.variable_length:
-        return None
-    shape = s.features.feature_shape(s.features.num_frames(s.length.clip_samples(s.features)))
-    batch_bytes = 4 * s.batch_size * math.prod(shape)
-    return BatchArenas(s.batch_size, shape, max_bytes=max(ARENA_BATCHES * batch_bytes, 64 << 20))
 
 
 def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: BaseNode,
@@ -274,25 +318,6 @@ def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: Bas
         on_error=s.on_error, stats=stats, fetch=fetch, compute_features=s.device is None, length=length,
         guard=file_guard(sources.datasets), segments=sources.segments,
         max_bytes_in_flight=s.shuffle.decode_max_bytes, collate_into=collate_into)
-
-
-def _batcher(settings: Settings, sources: Sources, samples: BaseNode, stats: LoaderStats,
-             arenas: BatchArenas | None = None) -> Batcher:
-    # With a feature device the batcher stacks waveforms (in page-locked memory for a
-    # GPU) and BatchFeatures, after the prefetcher, computes the features.
-    s, per_sample, variable = settings, settings.device is None, settings.length.variable_length
-    clip = 0 if variable else s.length.clip_samples(s.features)
-    if per_sample:
-        shape, time_axis = s.features.feature_shape(s.features.num_frames(clip) if clip else 0), s.features.time_axis
-    else:
-        shape, time_axis = (clip,), 0
-    return Batcher(
-        samples, s.batch_size, s.drop_last, num_batches=s.num_batches, spectrogram_shape=shape, columns=s.columns,
-        tensor_columns=_numeric_columns(sources.datasets[0].schema, s.columns),
-        has_labels=sources.has_labels, stats=stats, sources=sources.mix is not None,
-        features_key=s.features.batch_key if per_sample else "waveform",
-        pin_memory=not per_sample and s.device.type == "cuda",
-        time_axis=time_axis if variable else None, follow_markers=s.batching is not None, collate_from=arenas)
 
 
 def _has_cuda() -> bool:
@@ -416,10 +441,15 @@ def pinned_source(source: Any, sources: Sources) -> Any:
     return dataclasses.replace(source, data=pinned) if isinstance(source, Source) else pinned
 
 
-def _split_rows_of(reader: ArrowShardReader) -> list[tuple[int, int]]:
-    """``(first global index, rows)`` of each split this rank reads in pass 0 (for the shuffle-quality figures)."""
-    files = reader.dataset.files
-    return [(files[s.file_id].index_offset + s.start, s.num_rows) for s in reader.splits_for_pass(0)]
+def note_shuffle_quality(settings: Settings, sources: Sources, stats: LoaderStats) -> None:
+    """Give ``stats.shuffle`` each source's splits of pass 0 on this rank (``(first global index, rows)``) and the
+    mix's weights, for its per-batch figures and their references (`stats.ShuffleQuality`)."""
+    split_rows = []
+    for dataset, reads in zip(sources.datasets, settings.reads, strict=True):
+        files = dataset.files
+        split_rows.append([(files[s.file_id].index_offset + s.start, s.num_rows) for s in reads.splits_for_pass(0)])
+    stats.shuffle.configure(split_rows, sources.mix.weights if sources.mix is not None else [1.0],
+                            settings.batch_size)
 
 
 def _raw_rows_are_free(dataset: ShardDataset) -> bool:
@@ -496,33 +526,12 @@ def duration_buckets(settings: Settings, sources: Sources) -> Buckets:
     return Buckets(count, estimate_boundaries(durations, count), fitted, pass_seconds)
 
 
-def count_batches(settings: Settings, sources: Sources, boundaries: list[float] | None) -> int:
-    """Eval: batches every rank yields (equal across ranks, see Batcher.num_batches)."""
+def count_batches(settings: Settings, sources: Sources) -> int:
+    """Eval: batches every rank yields (equal across ranks, see Batcher.num_batches), from ``settings.reads`` and,
+    with bucketing, ``settings.buckets``."""
     if settings.batching is not None:
-        return planned_batches(settings, sources, boundaries)
-    readers = [_reader(settings, sources, position, rank=0) for position in range(len(sources.datasets))]
-    rows = [sum(counts) for counts in zip(*(reader.rows_per_rank() for reader in readers), strict=True)]
+        return planned_batches(settings, sources)
+    rows = [sum(counts) for counts in zip(*(plan.rows_per_rank() for plan in settings.reads), strict=True)]
     if settings.drop_last:
         return min(rows) // settings.batch_size
     return math.ceil(max(rows) / settings.batch_size)
-
-
-def resumed_batches(settings: Settings, sources: Sources, boundaries: list[float] | None, start: Any) -> int:
-    """Eval, after an elastic resume: batches every new rank yields in the rest of the pass (equal on all)."""
-    if settings.batching is None:
-        rows = start.rows_per_rank
-        return min(rows) // settings.batch_size if settings.drop_last else math.ceil(max(rows) / settings.batch_size)
-    return planned_batches(settings, sources, boundaries, start)
-
-
-def planned_batches(settings: Settings, sources: Sources, boundaries: list[float] | None, start: Any = None) -> int:
-    """Eval with bucketing: the most batches a rank's rows make, each rank's read in its reader's order
-    (interleaved too), from the pass's start or, after an elastic resume (``start``), from its carry."""
-    s, counts = settings, []
-    for rank in range(s.storage.world_size):
-        rows = _reader(settings, sources, 0, rank=rank)
-        if start is not None:
-            rows.start_from(start.state_for(rows))
-        counts.append(len(plan((sources.seconds_of(r) for r in rows), boundaries,
-                               s.batching.max_duration, s.batching.max_batch_size, s.drop_last)))
-    return max(counts)

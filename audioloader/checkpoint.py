@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .dsp.config import LengthPolicy, MelSpectrogramConfig
@@ -115,6 +116,35 @@ def _check_file_identity(ours: dict[str, Any], theirs: dict[str, Any] | None,
             f"{len(changed)} shard file(s) changed since the checkpoint was taken, so it would resume on other "
             "data:\n" + "\n".join(changed) + "\nResume on the data the checkpoint was taken on, or start "
             "a new run on the new data", {"file_identity": (theirs, ours)})
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A checkpoint given to `AudioLoader.load_state_dict`, read (`of`): its states checked, in rank order.
+
+    ``states``: this rank's state alone, or every rank's of the run that saved them (ranks 0..W-1); ``elastic``:
+    they are every rank's of a run with another world size (the rows left are spread over the new ranks,
+    `audioloader.elastic`); ``fingerprint``: the one checked against the loader's (this rank's, or rank 0's);
+    ``ignore``: the fingerprint's fields that may differ (an elastic resume's rank and world size).
+    """
+
+    states: list[dict[str, Any]]
+    elastic: bool
+    fingerprint: dict[str, Any]
+    ignore: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, state_dict: dict[str, Any] | Sequence[dict[str, Any]], rank: int, world_size: int) -> Resume:
+        """``state_dict`` (one state, or a list of every rank's) read for rank ``rank`` of ``world_size``."""
+        if not isinstance(state_dict, (list, tuple)):
+            check_format(state_dict)
+            return cls([state_dict], False, state_dict["fingerprint"])
+        for state in state_dict:
+            check_format(state)
+        by_rank = states_by_rank(list(state_dict))
+        if len(by_rank) == world_size:  # the same world: this rank's state, as if it were passed alone
+            return cls([by_rank[rank]], False, by_rank[rank]["fingerprint"])
+        return cls(by_rank, True, by_rank[0]["fingerprint"], ignore=("rank", "world_size"))
 
 
 def check_format(state: Any) -> None:

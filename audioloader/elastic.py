@@ -25,6 +25,7 @@ rank computes the same parts from the same list of states.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from .dsp.hashing import SALT_ELASTIC, permutation
 from .errors import CheckpointMismatchError
 from .nodes._torchdata_compat import rows_held as torchdata_rows_held
 from .nodes.arrow_shard_reader import ArrowShardReader
+from .nodes.duration_bucketer import plan as plan_buckets
 from .nodes.held import RowsHeld
 from .nodes.read_order import ReaderPosition, Segment, order_at
 from .samples import Key
@@ -205,3 +207,26 @@ def plan(root: BaseNode, reader: ArrowShardReader, states: Sequence[dict[str, An
         pieces.segments = [pieces.segments[i] for i in order.tolist()]
     parts = pieces.cut(reader.world_size)
     return Plan(parts, [sum(reader.segment_rows(s) for s in part) for part in parts], last_pass)
+
+
+def batches_left(settings: Any, sources: Any, start: Plan) -> int:
+    """Eval, after an elastic resume from ``start``: batches every new rank yields in the rest of the pass (equal
+    on all); ``settings`` and ``sources``: the loader's (`chain.settle`'s, `chain.Sources`)."""
+    if settings.batching is None:
+        rows = start.rows_per_rank
+        return min(rows) // settings.batch_size if settings.drop_last else math.ceil(max(rows) / settings.batch_size)
+    return planned_batches(settings, sources, start)
+
+
+def planned_batches(settings: Any, sources: Any, start: Plan | None = None) -> int:
+    """Eval with bucketing: the most batches a rank's rows make, each rank's read in its reader's order
+    (interleaved too) into ``settings.buckets``, from the pass's start or, after an elastic resume (``start``),
+    from its carry."""
+    s, counts = settings, []
+    for rank in range(s.storage.world_size):
+        rows = ArrowShardReader(sources.datasets[0], plan=s.reads[0].for_rank(rank))
+        if start is not None:
+            rows.start_from(start.state_for(rows))
+        counts.append(len(plan_buckets((sources.seconds_of(r) for r in rows), s.buckets.boundaries,
+                                       s.batching.max_duration, s.batching.max_batch_size, s.drop_last)))
+    return max(counts)

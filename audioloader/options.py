@@ -299,10 +299,12 @@ class Settings:
     """Every option of an `AudioLoader`, checked, with the mode's presets filled in (see `resolve`).
 
     Where each setting becomes final: `resolve` checks the arguments and fills in the presets (every field
-    but the four below); `chain.settle`, once the sources' shards are open and before any node is built,
+    but those below); `chain.settle`, once the sources' shards are open and before any node is built,
     decides what depends on the shards: ``shuffle.interleave`` and ``shuffle.lane_bytes`` (a preset's
     interleave fitted to the byte budget and the shards' units), ``shuffle.before_decode`` (None until then),
-    ``buckets`` and ``num_batches``; `chain.settle_for_checkpoint` gives the settings a checkpoint was taken
+    ``buckets`` and ``num_batches``, and the nodes' own groups: each source's ``reads`` (the splits every rank
+    reads each pass), the buffer's, the bucketer's and the batcher's, and the batch memory;
+    `chain.settle_for_checkpoint` gives the settings a checkpoint was taken
     with (its bucket count, a legacy buffer), from which the chain is built anew. Nodes never change them.
     """
 
@@ -323,6 +325,12 @@ class Settings:
     on_error: OnError
     buckets: Buckets | None = None  # with batching: the count and edges (`chain.settle`)
     num_batches: int | None = None  # evaluation: batches every rank yields (`chain.settle`)
+    # The nodes' own groups (`chain.settle`), handed to each node whole by `chain.build_chain`:
+    reads: tuple[Any, ...] = ()  # each source's `nodes.read_order.ReadPlan`
+    buffer_limits: Any = None  # the shuffle buffer's `nodes.shuffle_buffer.BufferLimits`
+    bucket_limits: Any = None  # with batching, the `nodes.duration_bucketer.BucketLimits`
+    batch_layout: Any = None  # the batcher's `nodes.batcher.BatchLayout`
+    arena_bytes: int = 0  # shared memory the decode processes write features into (`workers.recycle.BatchArenas`)
 
 
 def resolve(*, batch_size: Any, train: Any, seed: Any, infinite: Any, features: Any, length: Any, batching: Any,

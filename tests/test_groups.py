@@ -9,9 +9,14 @@ import pytest
 from torchdata.nodes import StopCriteria
 
 import audioloader as al
+from audioloader.checkpoint import Resume
 from audioloader.dsp.augment import Augmentations
 from audioloader.mix import stop_criterion
 from audioloader.nodes.arrow_shard_reader import ArrowShardReader
+from audioloader.nodes.batcher import Batcher, BatchLayout
+from audioloader.nodes.duration_bucketer import BucketLimits, DurationBucketer
+from audioloader.nodes.read_order import ReadPlan
+from audioloader.nodes.shuffle_buffer import BufferLimits, ShuffleBuffer
 from audioloader.nodes.weighted_mix import WeightedMix
 from audioloader.samples import Key
 from audioloader.shards import ShardDataset
@@ -89,3 +94,78 @@ def test_a_mix_stop_is_resolved_where_it_is_given_and_the_node_takes_the_value(f
     assert node.stop == "first_exhausted"
     with pytest.raises(ValueError, match=r"stop='never'.*must be one of.*stop_criterion"):
         WeightedMix(readers, {"a": 1.0, "b": 1.0}, stop="never")
+
+
+# -- the nodes' own groups, settled before the chain (issue 30, step 2) ------------------------------------------
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_reader_built_from_a_read_plan_reads_what_its_arguments_read(folder, shuffle):
+    dataset = ShardDataset(folder, storage=al.Storage(split_rows=4))
+    for rank in range(3):
+        options = dict(seed=5, rank=rank, world_size=3, shuffle=shuffle, interleave=2)
+        plan = ReadPlan.of(dataset, **options)
+        planned = ArrowShardReader(dataset, plan=plan)
+        assert planned.plan is plan and keys(planned) == keys(ArrowShardReader(dataset, **options))
+        assert plan.splits_for_pass(1) == ArrowShardReader(dataset, **options).splits_for_pass(1)
+
+
+def test_a_read_plan_holds_the_share_and_nothing_is_given_twice(folder):
+    dataset = ShardDataset(folder)
+    plan = ReadPlan.of(dataset, rank=1, world_size=2)
+    with pytest.raises(ValueError, match=r"plan=\.\.\., seed=.*the plan holds seed"):
+        ArrowShardReader(dataset, plan=plan, seed=3)
+    with pytest.raises(ValueError, match="pass that dataset"):
+        ArrowShardReader(folder, plan=plan)
+    with pytest.raises(ValueError, match=r"rank=2 must be in \[0, world_size=2\)"):
+        ReadPlan.of(dataset, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="interleave=0 must be an int >= 1"):
+        ReadPlan.of(dataset, interleave=0)
+
+
+def test_buffer_bucketer_and_batcher_take_their_group_or_its_fields_and_check_them_once(folder):
+    rows = ArrowShardReader(folder, shuffle=False)
+    limits = BufferLimits(6, 2, one_pass=True)
+    assert keys(ShuffleBuffer(rows, limits=limits, seed=1)) == keys(ShuffleBuffer(rows, 6, 2, seed=1, one_pass=True))
+    with pytest.raises(ValueError, match=r"min_size=9: must be an integer in \[0, capacity=6\]"):
+        ShuffleBuffer(rows, 6, 9)
+    with pytest.raises(ValueError, match=r"give each limit once, in BufferLimits"):
+        ShuffleBuffer(rows, 6, limits=limits)
+    bucketed = DurationBucketer(rows, limits=BucketLimits(0.05, (0.01, 0.03)), max_batch_size=None)
+    assert bucketed.boundaries == [0.01, 0.03] and bucketed.max_duration == 0.05
+    with pytest.raises(ValueError, match="must be ascending"):
+        DurationBucketer(rows, max_duration=1.0, boundaries=[2.0, 1.0])
+    with pytest.raises(ValueError, match=r"give each once, in BucketLimits"):
+        DurationBucketer(rows, max_duration=1.0, limits=BucketLimits(1.0))
+    layout = BatchLayout(4, drop_last=True, columns=["uid"])
+    assert (Batcher(rows, layout=layout).layout, Batcher(rows, layout=layout).drop_last) == (layout, True)
+    with pytest.raises(ValueError, match=r"give each once, in BatchLayout"):
+        Batcher(rows, 4, layout=layout)
+    with pytest.raises(ValueError, match="num_batches needs spectrogram_shape"):
+        Batcher(rows, 4, num_batches=2)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_the_loader_hands_each_node_the_group_settled_before_the_chain(folder, train):
+    with al.AudioLoader(folder, batch_size=4, train=train, storage=al.Storage(split_rows=4),
+                        workers=al.Workers(num_workers=0)) as loader:
+        s, chain = loader.settings, loader._chain
+        assert chain.readers[0].plan is s.reads[0] and chain.batcher.layout is s.batch_layout
+        assert chain.buffer is None or chain.buffer.limits is s.buffer_limits
+        assert s.batch_layout.num_batches == s.num_batches == (None if train else len(loader))
+
+
+def test_a_checkpoint_is_read_once_for_this_rank_or_for_an_elastic_resume():
+    def state(rank, world):
+        return {"format": al.audio_loader.STATE_FORMAT, "fingerprint": {"rank": rank, "world_size": world},
+                "loader": {"rank": rank}}
+
+    one = Resume.of(state(1, 2), rank=1, world_size=2)
+    assert (one.states, one.elastic, one.ignore) == ([state(1, 2)], False, ())
+    mine = Resume.of([state(1, 2), state(0, 2)], rank=1, world_size=2)
+    assert mine.states == [state(1, 2)] and not mine.elastic
+    elastic = Resume.of([state(2, 3), state(0, 3), state(1, 3)], rank=0, world_size=2)
+    assert [s["loader"]["rank"] for s in elastic.states] == [0, 1, 2] and elastic.elastic
+    assert elastic.fingerprint == state(0, 3)["fingerprint"] and elastic.ignore == ("rank", "world_size")
+    with pytest.raises(al.CheckpointMismatchError, match="not an AudioLoader state dict"):
+        Resume.of([state(0, 2), {"format": "other"}], rank=0, world_size=2)

@@ -10,7 +10,8 @@ import pytest
 from torchdata.nodes import Loader, ParallelMapper
 
 from audioloader.errors import CheckpointMismatchError
-from audioloader.nodes.arrow_shard_reader import ArrowShardReader, balance_splits
+from audioloader.nodes.arrow_shard_reader import ArrowShardReader
+from audioloader.nodes.read_order import balance_splits
 from audioloader.samples import Key, RawSample
 from audioloader.shards import ShardDataset
 
@@ -123,11 +124,11 @@ def test_eval_balances_rows_longest_first(tmp_path):
 def test_eval_imbalance_is_logged(tmp_path, caplog):
     write_ipc_file(tmp_path / "a.arrow", audio_table(0, 10, **SHORT), batch_rows=10)
     write_ipc_file(tmp_path / "b.arrow", audio_table(10, 1, **SHORT), batch_rows=1)
-    with caplog.at_level(logging.WARNING, logger="audioloader.nodes.arrow_shard_reader"):
+    with caplog.at_level(logging.WARNING, logger="audioloader.nodes.read_order"):
         ArrowShardReader(tmp_path, world_size=2, rank=0, shuffle=False, split_rows=100)
     assert "rank 0 reads 10 rows, rank 1 reads 1" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="audioloader.nodes.arrow_shard_reader"):
+    with caplog.at_level(logging.WARNING, logger="audioloader.nodes.read_order"):
         ArrowShardReader(tmp_path, world_size=2, rank=0, shuffle=False, split_rows=3)  # splits 4,3,3,1 -> 6/5
     assert caplog.text == ""
 

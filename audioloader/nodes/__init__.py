@@ -7,19 +7,25 @@ Build the default chain by hand (or reorder it, or add your own nodes)::
     shuffle = ShuffleBuffer(decode, capacity=1000, min_size=500, seed=0)
     batches = Batcher(shuffle, batch_size=64)
     loader = audioloader.Loader(batches)
+
+Each node also takes its settings as one checked group: ``ArrowShardReader(dataset, plan=ReadPlan.of(dataset,
+seed=0, rank=..., world_size=...))``, ``ShuffleBuffer(source, limits=BufferLimits(1000, 500))``,
+``DurationBucketer(source, limits=BucketLimits(...))``, ``Batcher(source, layout=BatchLayout(64))``.
 """
 
 from .arrow_shard_reader import ArrowShardReader
 from .batch_augment import BatchAugment
 from .batch_features import BatchFeatures
-from .batcher import Batcher
+from .batcher import Batcher, BatchLayout
 from .catch_failures import CatchFailures
 from .decode_spectrogram import DecodeSpectrogram
-from .duration_bucketer import DurationBucketer
+from .duration_bucketer import BucketLimits, DurationBucketer
 from .parallel_map import ParallelMap
 from .prefetcher import Prefetcher
-from .shuffle_buffer import ShuffleBuffer
+from .read_order import ReadPlan
+from .shuffle_buffer import BufferLimits, ShuffleBuffer
 from .weighted_mix import WeightedMix
 
-__all__ = ["ArrowShardReader", "BatchAugment", "BatchFeatures", "Batcher", "CatchFailures", "DecodeSpectrogram",
-           "DurationBucketer", "ParallelMap", "Prefetcher", "ShuffleBuffer", "WeightedMix"]
+__all__ = ["ArrowShardReader", "BatchAugment", "BatchFeatures", "BatchLayout", "Batcher", "BucketLimits",
+           "BufferLimits", "CatchFailures", "DecodeSpectrogram", "DurationBucketer", "ParallelMap", "Prefetcher",
+           "ReadPlan", "ShuffleBuffer", "WeightedMix"]

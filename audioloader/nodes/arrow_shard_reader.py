@@ -25,37 +25,32 @@ its share of what the old ranks left of their pass(es), the ``carry``: a list of
 from __future__ import annotations
 
 import functools
-import heapq
-import logging
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
 from torchdata.nodes import BaseNode
 
 from .. import checks
-from ..dsp.hashing import SALT_SPLIT_ORDER, audio_checksum, permutation
+from ..dsp.hashing import audio_checksum
 from ..errors import CheckpointMismatchError
 from ..samples import Key, RawSample
-from ..shards import Retry, ShardDataset, Split, subdivide
+from ..shards import Retry, ShardDataset, Split
 from ..shards.readahead import ReadAhead
-from ..shards.splits import resolve_rank, rows_of, take
 from ..shards.storage import RemoteReads, Storage, reader_share
 from ..stats import LoaderStats
-from .read_order import TAKE_CHUNK, ReaderPosition, Segment, Walk, order_at, segment_units, units_ahead
+from .read_order import (
+    TAKE_CHUNK,
+    ReaderPosition,
+    ReadPlan,
+    Segment,
+    Walk,
+    order_at,
+    plan_arguments,
+    segment_units,
+    units_ahead,
+)
 from .rows import fetch_rows, owned_audio
-
-logger = logging.getLogger(__name__)
-
-# Eval mode warns when the busiest rank reads more than this times the rows of the least busy one.
-IMBALANCE_WARNING_RATIO = 1.2
-
-
-def _checked_interleave(interleave: Any) -> int:
-    if not checks.is_integer(interleave) or interleave < 1:
-        raise ValueError(f"interleave={interleave!r} must be an int >= 1 (the splits read at once; 1: one by one)")
-    return int(interleave)
 
 
 class _Block:
@@ -105,19 +100,27 @@ class _Lane:
         self.i = 0
 
 
-def balance_splits(splits: Sequence[Split], world_size: int) -> list[list[Split]]:
-    """Longest-processing-time assignment of splits to ranks; each rank's list in (file, row) order.
+def _check_plan_alone(source: Any, seed: int, rank: int | None, world_size: int | None, shuffle: bool,
+                      infinite: bool, interleave: int, storage: Storage | None) -> None:
+    """``plan=`` holds the share and the order: beside it, a `ShardDataset` and none of the fields it holds."""
+    if not isinstance(source, ShardDataset):
+        raise ValueError("ArrowShardReader(plan=...) reads the ShardDataset the plan was made for: pass that "
+                         f"dataset, not {type(source).__name__} (ReadPlan.of(dataset, ...))")
+    given = {"seed": (seed, 0), "rank": (rank, 0), "world_size": (world_size, 1), "shuffle": (shuffle, True),
+             "infinite": (infinite, False), "interleave": (interleave, 1), "storage": (storage, None)}
+    for name, (value, default) in given.items():
+        if value != default:
+            raise ValueError(f"ArrowShardReader(plan=..., {name}=...): the plan holds {name}; give it once, to "
+                             "ReadPlan.of(dataset, ...)")
 
-    Splits are taken by rows descending (ties: lowest ``split_id``) and each goes
-    to the rank with the fewest rows so far (ties: lowest rank).
-    """
-    loads = [(0, rank) for rank in range(world_size)]
-    assigned: list[list[Split]] = [[] for _ in range(world_size)]
-    for split in sorted(splits, key=lambda s: (-s.num_rows, s.split_id)):
-        rows, rank = heapq.heappop(loads)
-        assigned[rank].append(split)
-        heapq.heappush(loads, (rows + split.num_rows, rank))
-    return [sorted(parts, key=lambda s: s.split_id) for parts in assigned]
+
+def _read_ahead(dataset: ShardDataset, stats: LoaderStats | None) -> ReadAhead | None:
+    """The read-ahead of a dataset's remote files (`audioloader.shards.readahead`), or None: no remote file, a budget
+    of 0, or a cache (files it keeps are read from their local copies)."""
+    budget = dataset.remote_reads.readahead_bytes
+    remote = dataset.cache is None and any(dataset.is_remote(i) and f.format != "orc"
+                                           for i, f in enumerate(dataset.files))
+    return ReadAhead(dataset, budget, stats) if remote and budget else None
 
 
 class ArrowShardReader(BaseNode[RawSample]):
@@ -151,6 +154,10 @@ class ArrowShardReader(BaseNode[RawSample]):
         remote_reads: how remote files are read (`RemoteReads`); with remote files and
             ``readahead_bytes > 0`` the reader fetches its upcoming record batches / row
             groups ahead (`audioloader.shards.readahead`), in the order it reads them.
+        plan: the share and the order as one value made beforehand (`ReadPlan.of(dataset, seed=..., rank=...,
+            world_size=..., shuffle=..., infinite=..., interleave=...)`, which checks them), with the `ShardDataset`
+            it was made for; the reader then only reads it (`AudioLoader` settles its readers' plans before any node
+            is built). The fields it holds are not given again.
 
     Yields ``RawSample(key=Key(index, pass), audio=pyarrow.Buffer | None,
     label=int | None, extras={name: value}, file, row, problem)``; a row with
@@ -171,44 +178,53 @@ class ArrowShardReader(BaseNode[RawSample]):
                  shuffle: bool = True, infinite: bool = False, split_rows: int = 512, filesystem: Any = None,
                  stats: LoaderStats | None = None, retry: Retry | None = None, filter: Any = None,
                  interleave: int = 1, cache_dir: str | None = None, cache_limit: int | None = None,
-                 remote_reads: RemoteReads | None = None, storage: Storage | None = None):
+                 remote_reads: RemoteReads | None = None, storage: Storage | None = None,
+                 plan: ReadPlan | None = None):
         super().__init__()
         self.stats = stats
-        checks.integer("seed", seed)
-        self.interleave = _checked_interleave(interleave)
-        rank, world_size = reader_share(checks.instance("storage", storage, Storage), rank, world_size,
-                                        has_files=isinstance(source_or_dataset, ShardDataset))
-        self.rank, self.world_size = resolve_rank(rank, world_size)
-        self.seed, self.shuffle, self.infinite = int(seed), bool(shuffle), bool(infinite)
+        if plan is None:
+            rank, world_size = reader_share(checks.instance("storage", storage, Storage), rank, world_size,
+                                            has_files=isinstance(source_or_dataset, ShardDataset))
+            plan_arguments(seed, rank, world_size, interleave)  # before the dataset opens its files: fail at once
+        else:
+            _check_plan_alone(source_or_dataset, seed, rank, world_size, shuffle, infinite, interleave, storage)
         self.dataset = self._dataset(source_or_dataset, audio_column, label_column, columns, split_rows, filesystem,
                                      retry, filter, (cache_dir, cache_limit), remote_reads, storage)
-        if stats is not None and self.dataset.cache is not None:
-            self.dataset.cache.report_to(stats)
-        budget = self.dataset.remote_reads.readahead_bytes
-        # Files a cache keeps are read from their local copies: only the others are read ahead.
-        remote = self.dataset.cache is None and any(self.dataset.is_remote(i) and f.format != "orc"
-                                                    for i, f in enumerate(self.dataset.files))
-        self._readahead = ReadAhead(self.dataset, budget, stats) if remote and budget else None
-        if stats is not None and self.dataset.remote.on_read is None:
-            self.dataset.remote.on_read = stats.count_request
-            # Throttling during construction (footer scans) counts too: what the dataset saw so far, then each.
-            stats.count("throttled_requests", self.dataset.remote.throttled)
-            stats.add_seconds("throttle_wait", self.dataset.remote.throttle_seconds)
-            self.dataset.remote.on_throttle = stats.count_throttle
-        self._ahead_from_here = True  # the read-ahead starts over at the next row (a new position)
+        self.plan = plan if plan is not None else ReadPlan.of(
+            self.dataset, seed=seed, rank=rank, world_size=world_size, shuffle=shuffle, infinite=infinite,
+            interleave=interleave)
+        if stats is not None:
+            self._report_to(stats)
+        self._readahead = _read_ahead(self.dataset, stats)
         self._pass_units: int | None = None
-        self.splits = self._splits_for_world()
-        if stats is not None:  # metadata_bytes, manifest_mapped_bytes (`ShardDataset.metadata_memory`)
-            for name, value in self.dataset.metadata_memory().items():
-                stats.set_gauge(name, value)
-        self._eval_assignment = None if self.shuffle else balance_splits(self.splits, self.world_size)
-        if self._eval_assignment is not None:
-            self._warn_if_unbalanced()
+        self._ahead_from_here = True  # the read-ahead starts over at the next row (a new position)
         self._started = False
         self._pending: dict[str, Any] | None = None  # a position to start from at the next reset(None)
         self._walk_from(ReaderPosition(0, 0, 0))
 
+    seed = property(lambda self: self.plan.seed)
+    rank = property(lambda self: self.plan.rank)
+    world_size = property(lambda self: self.plan.world_size)
+    shuffle = property(lambda self: self.plan.shuffle)
+    infinite = property(lambda self: self.plan.infinite)
+    interleave = property(lambda self: self.plan.interleave)
+    splits = property(lambda self: self.plan.splits)
+
     # ----------------------------------------------------------------- construction
+
+    def _report_to(self, stats: LoaderStats) -> None:
+        """Count the dataset's cache, requests and throttling (construction's too) and its metadata in ``stats``."""
+        dataset = self.dataset
+        if dataset.cache is not None:
+            dataset.cache.report_to(stats)
+        if dataset.remote.on_read is None:
+            dataset.remote.on_read = stats.count_request
+            # Throttling during construction (footer scans) counts too: what the dataset saw so far, then each.
+            stats.count("throttled_requests", dataset.remote.throttled)
+            stats.add_seconds("throttle_wait", dataset.remote.throttle_seconds)
+            dataset.remote.on_throttle = stats.count_throttle
+        for name, value in dataset.metadata_memory().items():  # metadata_bytes, manifest_mapped_bytes
+            stats.set_gauge(name, value)
 
     @staticmethod
     def _dataset(source: Any, audio_column: str, label_column: str | None, columns: Sequence[str],
@@ -237,51 +253,19 @@ class ArrowShardReader(BaseNode[RawSample]):
                              "has its files (pass them to the ShardDataset)")
         return source
 
-    def _splits_for_world(self) -> list[Split]:
-        """The dataset's splits, subdivided so every rank gets at least one when rows allow."""
-        w, rows = self.world_size, self.dataset.num_kept_rows
-        if rows < w and self.shuffle:
-            raise ValueError(f"world_size={w} but the source has only {rows} rows (kept by the filter, if any), so "
-                             "some ranks would have no data in training (shuffle=True); use fewer ranks or more "
-                             "data (evaluation, shuffle=False, allows idle ranks)")
-        splits = self.dataset.counted(subdivide(self.dataset.splits, w))
-        for _ in range(64):  # under a filter a half may keep no row and be dropped: halve again
-            if len(splits) >= min(w, rows):
-                break
-            splits = self.dataset.counted(subdivide(splits, w))
-        return splits
-
-    def _warn_if_unbalanced(self) -> None:
-        loads = self.rows_per_rank()
-        busiest, idlest = int(np.argmax(loads)), int(np.argmin(loads))
-        if loads[busiest] > IMBALANCE_WARNING_RATIO * loads[idlest]:
-            logger.warning("evaluation rows are unbalanced across ranks: rank %d reads %d rows, rank %d reads %d "
-                           "(rows per rank: %s). Smaller split_rows, or shards with more record batches / row "
-                           "groups, balance better", busiest, loads[busiest], idlest, loads[idlest], loads)
-
     # ----------------------------------------------------------------- assignment
 
     def splits_for_pass(self, pass_index: int) -> list[Split]:
-        """This rank's splits for pass ``pass_index``, in read order."""
-        if self._eval_assignment is not None:
-            return list(self._eval_assignment[self.rank])
-        order = permutation(len(self.splits), self.seed, SALT_SPLIT_ORDER, int(pass_index))
-        return take(self.splits, order[self.rank::self.world_size])
+        """This rank's splits for pass ``pass_index``, in read order (`ReadPlan.splits_for_pass`)."""
+        return self.plan.splits_for_pass(pass_index)
 
     def assignment(self) -> list[list[Split]]:
         """Every rank's splits of pass 0, in read order (``shuffle=False``: of every pass)."""
-        if self._eval_assignment is not None:
-            return [list(parts) for parts in self._eval_assignment]
-        order = permutation(len(self.splits), self.seed, SALT_SPLIT_ORDER, 0)
-        return [take(self.splits, order[r::self.world_size]) for r in range(self.world_size)]
+        return self.plan.assignment()
 
     def rows_per_rank(self) -> list[int]:
         """Rows each rank reads in one pass (exact for ``shuffle=False``; pass 0 for ``shuffle=True``)."""
-        if self._eval_assignment is not None:
-            return [sum(s.num_rows for s in parts) for parts in self._eval_assignment]
-        order = permutation(len(self.splits), self.seed, SALT_SPLIT_ORDER, 0)
-        rows = rows_of(self.splits)[order]
-        return [int(rows[r::self.world_size].sum()) for r in range(self.world_size)]
+        return self.plan.rows_per_rank()
 
     def segments_for_pass(self, pass_index: int) -> list[Segment]:
         """This rank's read order of pass ``pass_index`` as `Segment` s (its splits; see `splits_for_pass`)."""
@@ -321,8 +305,9 @@ class ArrowShardReader(BaseNode[RawSample]):
     def for_rank(self, rank: int, world_size: int) -> ArrowShardReader:
         """A reader of the same dataset, seed and modes for rank ``rank`` of ``world_size`` (an elastic resume reads
         the old ranks' states with readers of the old layout)."""
-        return ArrowShardReader(self.dataset, seed=self.seed, rank=rank, world_size=world_size, shuffle=self.shuffle,
-                                infinite=self.infinite, interleave=self.interleave)
+        plan = ReadPlan.of(self.dataset, seed=self.seed, rank=rank, world_size=world_size, shuffle=self.shuffle,
+                           infinite=self.infinite, interleave=self.interleave)
+        return ArrowShardReader(self.dataset, plan=plan)
 
     def position_of(self, state: dict[str, Any]) -> ReaderPosition:
         """Where ``state`` puts this reader in its read order, checked against its splits

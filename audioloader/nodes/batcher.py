@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +29,44 @@ BATCH_RECYCLE_BYTES = 128 << 20
 
 #: Batch key of the per-batch augmentation parameters (`Sample.batch_params`), consumed by `BatchAugment`.
 BATCH_PARAMS_KEY = "batch_params"
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """The batches a `Batcher` makes, checked once, here: its arguments of the same names (see `Batcher`), as one
+    group. ``spectrogram_shape`` is one sample's features' shape (required with ``num_batches``)."""
+
+    batch_size: int
+    drop_last: bool = False
+    num_batches: int | None = None
+    spectrogram_shape: tuple[int, ...] | None = None
+    columns: tuple[str, ...] | None = None
+    tensor_columns: frozenset[str] | None = None
+    has_labels: bool | None = None
+    features_key: str = "spectrogram"
+    pin_memory: bool = False
+    time_axis: int | None = None
+    follow_markers: bool = False
+    sources: bool = False
+
+    def __post_init__(self) -> None:
+        checks.count("batch_size", self.batch_size)
+        if self.num_batches is not None and (not isinstance(self.num_batches, int) or self.num_batches < 0):
+            raise ValueError(f"num_batches={self.num_batches!r} must be None or an integer >= 0")
+        if self.num_batches is not None and self.spectrogram_shape is None:
+            raise ValueError("num_batches needs spectrogram_shape=(n_mels, frames) for padding entries")
+        fields = {"spectrogram_shape": None if self.spectrogram_shape is None else tuple(self.spectrogram_shape),
+                  "columns": None if self.columns is None else tuple(self.columns),
+                  "tensor_columns": None if self.tensor_columns is None else frozenset(self.tensor_columns),
+                  "drop_last": bool(self.drop_last), "pin_memory": bool(self.pin_memory),
+                  "follow_markers": bool(self.follow_markers), "sources": bool(self.sources)}
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
+
+#: `BatchLayout`'s fields in order, and the `Batcher` arguments' defaults for them (``batch_size`` None: not given).
+_LAYOUT_FIELDS = tuple(field.name for field in dataclasses.fields(BatchLayout))
+_LAYOUT_DEFAULTS = (None, False, None, None, None, None, None, "spectrogram", False, None, False, False)
 
 
 class Batcher(BaseNode[dict]):
@@ -78,6 +118,8 @@ class Batcher(BaseNode[dict]):
         sources: add ``source`` (``Key.source`` of each sample; -1 for padding).
         collate_from: the `BatchArenas` its source's worker processes copied the features into: a batch
             whose features are one arena's rows in order is that arena (no copy); others are stacked.
+        layout: every argument above but ``source``, ``stats`` and ``collate_from`` as one checked group
+            (`BatchLayout`; `AudioLoader` settles its own before the chain is built), instead of one by one.
 
     Samples with ``batch_params`` (augmentations that run per batch) give the batch
     ``batch_params``: ``{name: tensor [B, ...]}`` (zeros for padding), for `BatchAugment`.
@@ -87,33 +129,26 @@ class Batcher(BaseNode[dict]):
 
     SOURCE_KEY = "source"
 
-    def __init__(self, source: BaseNode, batch_size: int, drop_last: bool = False, *,
+    def __init__(self, source: BaseNode, batch_size: int | None = None, drop_last: bool = False, *,
                  num_batches: int | None = None, spectrogram_shape: tuple[int, int] | None = None,
                  columns: Sequence[str] | None = None, tensor_columns: Collection[str] | None = None,
                  has_labels: bool | None = None,
                  stats: LoaderStats | None = None, features_key: str = "spectrogram",
                  pin_memory: bool = False, time_axis: int | None = None, follow_markers: bool = False,
-                 sources: bool = False, collate_from: BatchArenas | None = None) -> None:
+                 sources: bool = False, collate_from: BatchArenas | None = None,
+                 layout: BatchLayout | None = None) -> None:
         super().__init__()
-        checks.count("batch_size", batch_size)
-        if num_batches is not None and (not isinstance(num_batches, int) or num_batches < 0):
-            raise ValueError(f"num_batches={num_batches!r} must be None or an integer >= 0")
-        if num_batches is not None and spectrogram_shape is None:
-            raise ValueError("num_batches needs spectrogram_shape=(n_mels, frames) for padding entries")
+        one_by_one = (batch_size, drop_last, num_batches, spectrogram_shape, columns, tensor_columns, has_labels,
+                      features_key, pin_memory, time_axis, follow_markers, sources)
+        if layout is None:
+            layout = BatchLayout(*one_by_one)
+        elif one_by_one != _LAYOUT_DEFAULTS:
+            raise ValueError("Batcher(layout=..., batch_size=/drop_last=/...): give each once, in BatchLayout(...)")
         self.source = source
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.num_batches = num_batches
-        self.spectrogram_shape = tuple(spectrogram_shape) if spectrogram_shape is not None else None
-        self.columns = None if columns is None else tuple(columns)
-        self.tensor_columns = None if tensor_columns is None else frozenset(tensor_columns)
-        self.has_labels = has_labels
+        self.layout = layout
+        for name in _LAYOUT_FIELDS:  # the group's fields, as the node's attributes too
+            setattr(self, name, getattr(layout, name))
         self.stats = stats
-        self.features_key = features_key
-        self.pin_memory = bool(pin_memory)
-        self.time_axis = time_axis
-        self.follow_markers = bool(follow_markers)
-        self.sources = bool(sources)
         self._yielded = 0
         self._exhausted = False
         self._memory = Recycler(BATCH_RECYCLE_BYTES)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -128,6 +129,32 @@ def plan(durations: Iterable[float], boundaries: Sequence[float], max_duration: 
     return sizes
 
 
+@dataclass(frozen=True)
+class BucketLimits:
+    """A `DurationBucketer`'s settings, checked once, here: ``max_duration`` seconds of audio a batch (> 0);
+    ``boundaries`` the bucket edges in seconds, ascending; ``max_batch_size`` rows a batch at most (None: no
+    limit); ``max_bytes`` of rows held in buckets (None: no byte bound); ``distinct``: no batch holds an index
+    twice (see `DurationBucketer`)."""
+
+    max_duration: float
+    boundaries: tuple[float, ...] = ()
+    max_batch_size: int | None = None
+    max_bytes: int | None = None
+    distinct: bool = False
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_duration, (int, float)) and self.max_duration > 0):
+            raise ValueError(f"max_duration={self.max_duration!r}: must be a positive number of seconds")
+        checks.count("max_batch_size", self.max_batch_size, allow_none=True)
+        edges = tuple(float(b) for b in self.boundaries)
+        if list(edges) != sorted(edges):
+            raise ValueError(f"boundaries={list(self.boundaries)!r}: must be ascending")
+        checks.count("max_bytes", self.max_bytes, allow_none=True)
+        object.__setattr__(self, "max_duration", float(self.max_duration))
+        object.__setattr__(self, "boundaries", edges)
+        object.__setattr__(self, "distinct", bool(self.distinct))
+
+
 class DurationBucketer(BaseNode):
     """Groups rows into batches of similar duration, as Lhotse's DynamicBucketingSampler does.
 
@@ -172,37 +199,35 @@ class DurationBucketer(BaseNode):
         distinct: close a bucket before it would hold an index twice (see above).
         size_fn: ``item -> bytes`` it keeps alive (default `held_bytes`).
         held: the `HeldBytes` to record into (shared with a `ShuffleBuffer` before this node).
+        limits: ``max_duration``, ``boundaries``, ``max_batch_size``, ``max_bytes`` and ``distinct`` as one checked
+            group (`BucketLimits`; `AudioLoader` settles its own before the chain is built), instead of one by one.
     """
 
     HOLDER = "bucketer"
 
     SOURCE_KEY = "source"
 
-    def __init__(self, source: BaseNode, *, max_duration: float, boundaries: Sequence[float] = (),
+    def __init__(self, source: BaseNode, *, max_duration: float | None = None, boundaries: Sequence[float] = (),
                  max_batch_size: int | None = None, duration_fn: Callable[[Any], float] = row_seconds,
                  restore: RestoreFn | None = None, drop_last: bool = False,
                  key_fn: Callable[[Any], Key] = item_key, stats: LoaderStats | None = None,
                  max_bytes: int | None = None, distinct: bool = False, size_fn: Callable[[Any], int] = held_bytes,
-                 held: HeldBytes | None = None) -> None:
+                 held: HeldBytes | None = None, limits: BucketLimits | None = None) -> None:
         super().__init__()
-        if not (isinstance(max_duration, (int, float)) and max_duration > 0):
-            raise ValueError(f"max_duration={max_duration!r}: must be a positive number of seconds")
-        checks.count("max_batch_size", max_batch_size, allow_none=True)
-        edges = [float(b) for b in boundaries]
-        if edges != sorted(edges):
-            raise ValueError(f"boundaries={list(boundaries)!r}: must be ascending")
-        checks.count("max_bytes", max_bytes, allow_none=True)
+        if limits is None:
+            limits = BucketLimits(max_duration, tuple(boundaries), max_batch_size, max_bytes, distinct)
+        elif (max_duration, tuple(boundaries), max_batch_size, max_bytes, distinct) != (None, (), None, None, False):
+            raise ValueError("DurationBucketer(limits=..., max_duration=/boundaries=/max_batch_size=/max_bytes=/"
+                             "distinct=...): give each once, in BucketLimits(...)")
         self.source = source
-        self.max_duration = float(max_duration)
-        self.boundaries = edges
-        self.max_batch_size = max_batch_size
+        self.limits = limits
+        self.max_duration, self.boundaries = limits.max_duration, list(limits.boundaries)
+        self.max_batch_size, self.max_bytes, self.distinct = limits.max_batch_size, limits.max_bytes, limits.distinct
         self.duration_fn = duration_fn
         self.restore = restore
         self.drop_last = bool(drop_last)
         self.key_fn = key_fn
         self.stats = stats
-        self.max_bytes = max_bytes
-        self.distinct = bool(distinct)
         self.size_fn = size_fn
         if held is None:
             held = stats.memory if stats is not None else HeldBytes()

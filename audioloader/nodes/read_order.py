@@ -10,12 +10,22 @@ row, carry, lanes, turn).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import heapq
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
-from ..dsp.hashing import SALT_INTERLEAVE, permutation
+import numpy as np
+
+from .. import checks
+from ..dsp.hashing import SALT_INTERLEAVE, SALT_SPLIT_ORDER, permutation
+from ..shards import ShardDataset, Split, subdivide
+from ..shards.splits import resolve_rank, rows_of, take
+
+logger = logging.getLogger(__name__)
 
 Unit = tuple[int, int]  # (file_id, unit)
 
@@ -255,3 +265,120 @@ def _interleaved(walk: Walk[_LaneUnits]) -> Iterator[Unit]:
         lane.row += 1
         if lane.row == lane.rows:
             lanes[lane_id] = None
+
+
+# Eval mode warns when the busiest rank reads more than this times the rows of the least busy one.
+IMBALANCE_WARNING_RATIO = 1.2
+
+
+def plan_arguments(seed: Any, rank: Any, world_size: Any, interleave: Any) -> tuple[int, int, int, int]:
+    """``(seed, rank, world_size, interleave)`` checked (`ValueError`/`TypeError` naming the argument); a rank and
+    world size of None from torch.distributed (`resolve_rank`)."""
+    seed = checks.integer("seed", seed)
+    interleave = _checked_interleave(interleave)
+    rank, world_size = resolve_rank(rank, world_size)
+    return seed, rank, world_size, interleave
+
+
+def _checked_interleave(interleave: Any) -> int:
+    if not checks.is_integer(interleave) or interleave < 1:
+        raise ValueError(f"interleave={interleave!r} must be an int >= 1 (the splits read at once; 1: one by one)")
+    return int(interleave)
+
+
+def balance_splits(splits: Sequence[Split], world_size: int) -> list[list[Split]]:
+    """Longest-processing-time assignment of splits to ranks; each rank's list in (file, row) order.
+
+    Splits are taken by rows descending (ties: lowest ``split_id``) and each goes
+    to the rank with the fewest rows so far (ties: lowest rank).
+    """
+    loads = [(0, rank) for rank in range(world_size)]
+    assigned: list[list[Split]] = [[] for _ in range(world_size)]
+    for split in sorted(splits, key=lambda s: (-s.num_rows, s.split_id)):
+        rows, rank = heapq.heappop(loads)
+        assigned[rank].append(split)
+        heapq.heappush(loads, (rows + split.num_rows, rank))
+    return [sorted(parts, key=lambda s: s.split_id) for parts in assigned]
+
+
+@dataclass(frozen=True, eq=False)
+class ReadPlan:
+    """Which splits of a dataset rank ``rank`` of ``world_size`` reads, pass by pass: made before its reader (`of`).
+
+    A reader built with a plan only reads it (a chain's settings, plans included, are final before any node exists:
+    `audioloader.chain.settle`). ``splits``: the dataset's splits, subdivided so every rank has one when rows allow
+    (a `file_table.SplitTable` where there are enough already: columns, not a million objects);
+    ``eval_assignment``: with ``shuffle=False``, every rank's splits (`balance_splits`), the same every pass.
+    """
+
+    seed: int
+    rank: int
+    world_size: int
+    shuffle: bool
+    infinite: bool
+    interleave: int
+    splits: Sequence[Split]
+    eval_assignment: list[list[Split]] | None
+
+    @classmethod
+    def of(cls, dataset: ShardDataset, *, seed: int = 0, rank: int | None = 0, world_size: int | None = 1,
+           shuffle: bool = True, infinite: bool = False, interleave: int = 1) -> ReadPlan:
+        """The plan of ``dataset`` for these arguments (`ArrowShardReader`'s, which says what each means); errors
+        name the argument (``world_size`` above the rows in training, a bad ``interleave``, ``rank``...)."""
+        seed, rank, world_size, interleave = plan_arguments(seed, rank, world_size, interleave)
+        splits = _splits_for_world(dataset, world_size, bool(shuffle))
+        assignment = None if shuffle else balance_splits(splits, world_size)
+        plan = cls(int(seed), rank, world_size, bool(shuffle), bool(infinite), interleave, splits, assignment)
+        if assignment is not None:
+            _warn_if_unbalanced(plan.rows_per_rank())
+        return plan
+
+    def for_rank(self, rank: int) -> ReadPlan:
+        """The plan of another rank of the same world size, read once (the batches a rank will make are planned
+        by reading its rows: `audioloader.elastic.planned_batches`)."""
+        return dataclasses.replace(self, rank=rank, infinite=False)
+
+    def splits_for_pass(self, pass_index: int) -> list[Split]:
+        """This rank's splits for pass ``pass_index``, in read order."""
+        if self.eval_assignment is not None:
+            return list(self.eval_assignment[self.rank])
+        order = permutation(len(self.splits), self.seed, SALT_SPLIT_ORDER, int(pass_index))
+        return take(self.splits, order[self.rank::self.world_size])
+
+    def assignment(self) -> list[list[Split]]:
+        """Every rank's splits of pass 0, in read order (``shuffle=False``: of every pass)."""
+        if self.eval_assignment is not None:
+            return [list(parts) for parts in self.eval_assignment]
+        order = permutation(len(self.splits), self.seed, SALT_SPLIT_ORDER, 0)
+        return [take(self.splits, order[r::self.world_size]) for r in range(self.world_size)]
+
+    def rows_per_rank(self) -> list[int]:
+        """Rows each rank reads in one pass (exact for ``shuffle=False``; pass 0 for ``shuffle=True``)."""
+        if self.eval_assignment is not None:
+            return [sum(s.num_rows for s in parts) for parts in self.eval_assignment]
+        order = permutation(len(self.splits), self.seed, SALT_SPLIT_ORDER, 0)
+        rows = rows_of(self.splits)[order]
+        return [int(rows[r::self.world_size].sum()) for r in range(self.world_size)]
+
+
+def _splits_for_world(dataset: ShardDataset, world_size: int, shuffle: bool) -> Sequence[Split]:
+    """The dataset's splits, subdivided so every rank gets at least one when rows allow."""
+    w, rows = world_size, dataset.num_kept_rows
+    if rows < w and shuffle:
+        raise ValueError(f"world_size={w} but the source has only {rows} rows (kept by the filter, if any), so "
+                         "some ranks would have no data in training (shuffle=True); use fewer ranks or more "
+                         "data (evaluation, shuffle=False, allows idle ranks)")
+    splits = dataset.counted(subdivide(dataset.splits, w))
+    for _ in range(64):  # under a filter a half may keep no row and be dropped: halve again
+        if len(splits) >= min(w, rows):
+            break
+        splits = dataset.counted(subdivide(splits, w))
+    return splits
+
+
+def _warn_if_unbalanced(loads: list[int]) -> None:
+    busiest, idlest = int(np.argmax(loads)), int(np.argmin(loads))
+    if loads[busiest] > IMBALANCE_WARNING_RATIO * loads[idlest]:
+        logger.warning("evaluation rows are unbalanced across ranks: rank %d reads %d rows, rank %d reads %d "
+                       "(rows per rank: %s). Smaller split_rows, or shards with more record batches / row "
+                       "groups, balance better", busiest, loads[busiest], idlest, loads[idlest], loads)

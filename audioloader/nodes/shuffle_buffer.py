@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from torchdata.nodes import BaseNode
@@ -40,6 +41,28 @@ def verify_checksums(items: Sequence[Any], expected: Sequence[int] | None, check
         "when the checkpoint was taken; their shards changed:\n" + "\n".join(lines)
         + "\nResume on the data the checkpoint was taken on, or start a new run on the new data",
         {"rows": ([want for _, want, _ in changed], [got for _, _, got in changed])})
+
+
+@dataclass(frozen=True)
+class BufferLimits:
+    """A `ShuffleBuffer`'s limits, checked once, here: ``capacity`` items (>= 1); ``min_size`` items held before
+    the first emit (0 to ``capacity``); ``max_bytes`` / ``min_bytes`` the same in bytes (None: by rows only);
+    ``one_pass``: never hold two passes (see `ShuffleBuffer`'s rules)."""
+
+    capacity: int
+    min_size: int = 0
+    max_bytes: int | None = None
+    min_bytes: int | None = None
+    one_pass: bool = False
+
+    def __post_init__(self) -> None:
+        capacity = checks.count("ShuffleBuffer capacity", self.capacity)
+        if not checks.is_integer(self.min_size) or not 0 <= self.min_size <= capacity:
+            raise checks.bad("ShuffleBuffer min_size", self.min_size, f"must be an integer in [0, capacity={capacity}]")
+        checks.count("ShuffleBuffer max_bytes", self.max_bytes, allow_none=True)
+        checks.count("ShuffleBuffer min_bytes", self.min_bytes, minimum=0, allow_none=True)
+        object.__setattr__(self, "capacity", capacity)
+        object.__setattr__(self, "one_pass", bool(self.one_pass))
 
 
 class ShuffleBuffer(BaseNode[T], Generic[T]):
@@ -100,30 +123,30 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
             decoded sample's features, plus its Python objects).
         one_pass: see the rules (off by default; `AudioLoader` turns it on for one source).
         held: the `HeldBytes` this buffer records into and whose total ``max_bytes`` bounds.
+        limits: ``capacity``, ``min_size``, ``max_bytes``, ``min_bytes`` and ``one_pass`` as one checked group
+            (`BufferLimits`; `AudioLoader` settles its own before the chain is built), instead of one by one.
     """
 
     SOURCE_KEY = "source"
     HOLDER = "shuffle_buffer"
 
-    def __init__(self, source: BaseNode, capacity: int, min_size: int = 0, *, seed: int = 0, rank: int = 0,
-                 restore: RestoreFn | None = None, key_fn: Callable[[Any], Key] = item_key,
+    def __init__(self, source: BaseNode, capacity: int | None = None, min_size: int = 0, *, seed: int = 0,
+                 rank: int = 0, restore: RestoreFn | None = None, key_fn: Callable[[Any], Key] = item_key,
                  checksum_fn: Callable[[Any], int] = item_checksum, stats: LoaderStats | None = None,
                  max_bytes: int | None = None, min_bytes: int | None = None,
                  size_fn: Callable[[Any], int] = held_bytes, one_pass: bool = False,
-                 held: HeldBytes | None = None) -> None:
+                 held: HeldBytes | None = None, limits: BufferLimits | None = None) -> None:
         super().__init__()
-        capacity = checks.count("ShuffleBuffer capacity", capacity)
-        if not checks.is_integer(min_size) or not 0 <= min_size <= capacity:
-            raise checks.bad("ShuffleBuffer min_size", min_size, f"must be an integer in [0, capacity={capacity}]")
-        checks.count("ShuffleBuffer max_bytes", max_bytes, allow_none=True)
-        checks.count("ShuffleBuffer min_bytes", min_bytes, minimum=0, allow_none=True)
+        if limits is None:
+            limits = BufferLimits(capacity, min_size, max_bytes, min_bytes, one_pass)
+        elif (capacity, min_size, max_bytes, min_bytes, one_pass) != (None, 0, None, None, False):
+            raise ValueError("ShuffleBuffer(limits=..., capacity=/min_size=/max_bytes=/min_bytes=/one_pass=...): "
+                             "give each limit once, in BufferLimits(...)")
         self.source = source
-        self.capacity = capacity
-        self.min_size = min_size
-        self.max_bytes = max_bytes
-        self.min_bytes = min_bytes
+        self.limits = limits
+        self.capacity, self.min_size, self.one_pass = limits.capacity, limits.min_size, limits.one_pass
+        self.max_bytes, self.min_bytes = limits.max_bytes, limits.min_bytes
         self.size_fn = size_fn
-        self.one_pass = bool(one_pass)
         self.seed = seed
         self.rank = rank
         self.restore = restore
