@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from torchdata.nodes import Loader, ParallelMapper
 
 from audioloader.errors import CheckpointMismatchError
 from audioloader.nodes.arrow_shard_reader import ArrowShardReader
-from audioloader.nodes.read_order import balance_splits
+from audioloader.nodes.read_order import Balance, balance_splits
 from audioloader.samples import Key, RawSample
 from audioloader.shards import ShardDataset
+from audioloader.shards.file_table import SplitTable
 
 from .helpers import audio_table, clip_bytes, make_shards, write_ipc_file, write_parquet
 
@@ -119,6 +122,29 @@ def test_eval_balances_rows_longest_first(tmp_path):
     assert [len(list(r)) for r in readers] == [18, 18]
     # Ties go to the lowest rank: three equal splits over two ranks.
     assert [len(p) for p in balance_splits(ds.splits[:1] * 3, 2)] == [2, 1]
+
+
+def _balance_by_objects(splits, world_size):
+    """The longest-first rule as 0.3 wrote it, one `Split` object at a time: the reference `Balance` must equal."""
+    loads = [(0, rank) for rank in range(world_size)]
+    assigned = [[] for _ in range(world_size)]
+    for split in sorted(splits, key=lambda s: (-s.num_rows, s.split_id)):
+        rows, rank = heapq.heappop(loads)
+        assigned[rank].append(split)
+        heapq.heappush(loads, (rows + split.num_rows, rank))
+    return [sorted(parts, key=lambda s: s.split_id) for parts in assigned]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_eval_balance_as_arrays_equals_the_rule_split_by_split(seed):
+    rng = np.random.default_rng(seed)
+    count, world = int(rng.integers(1, 3000)), int(rng.integers(1, 70))
+    rows = rng.integers(1, 8, count) * int(rng.choice([1, 64]))  # many ties, as equal-sized splits give
+    table = SplitTable(np.arange(count) // 3, (np.arange(count) % 3) * 1000, (np.arange(count) % 3) * 1000 + rows)
+    expected = _balance_by_objects(list(table), world)
+    assert balance_splits(table, world) == balance_splits(list(table), world) == expected
+    balance = Balance.of(table, world)
+    assert list(balance.rows) == [sum(s.num_rows for s in part) for part in expected]
 
 
 def test_eval_imbalance_is_logged(tmp_path, caplog):

@@ -286,19 +286,60 @@ def _checked_interleave(interleave: Any) -> int:
     return int(interleave)
 
 
-def balance_splits(splits: Sequence[Split], world_size: int) -> list[list[Split]]:
-    """Longest-processing-time assignment of splits to ranks; each rank's list in (file, row) order.
+#: Splits assigned per step of `Balance.of`'s loop (bounds the Python objects alive at once).
+_BALANCE_CHUNK = 1 << 16
 
-    Splits are taken by rows descending (ties: lowest ``split_id``) and each goes
-    to the rank with the fewest rows so far (ties: lowest rank).
+
+@dataclass(frozen=True, eq=False)
+class Balance:
+    """Splits spread over ranks by rows, longest first (`of`): the evaluation assignment, as arrays.
+
+    ``grouped``: split positions (int64) ordered by rank, then ``split_id``; rank ``r``'s are
+    ``grouped[bounds[r]:bounds[r + 1]]``; ``rows``: the rows each rank reads. At 1,000,000 splits it holds 8 MB
+    and takes about a second, where a list of `Split` objects per rank held 190 MB.
     """
-    loads = [(0, rank) for rank in range(world_size)]
-    assigned: list[list[Split]] = [[] for _ in range(world_size)]
-    for split in sorted(splits, key=lambda s: (-s.num_rows, s.split_id)):
-        rows, rank = heapq.heappop(loads)
-        assigned[rank].append(split)
-        heapq.heappush(loads, (rows + split.num_rows, rank))
-    return [sorted(parts, key=lambda s: s.split_id) for parts in assigned]
+
+    grouped: np.ndarray
+    bounds: np.ndarray
+    rows: tuple[int, ...]
+
+    @classmethod
+    def of(cls, splits: Sequence[Split], world_size: int) -> Balance:
+        """Longest-processing-time assignment: splits are taken by rows descending (ties: lowest ``split_id``)
+        and each goes to the rank with the fewest rows so far (ties: lowest rank)."""
+        rows, ids = rows_of(splits), _split_ids(splits)
+        owner = np.empty(len(rows), dtype=np.int64)
+        loads = [(0, rank) for rank in range(world_size)]  # a heap of (rows so far, rank)
+        order = np.lexsort((ids, -rows))
+        for start in range(0, len(order), _BALANCE_CHUNK):  # Python ints a chunk at a time, not a million at once
+            part = order[start:start + _BALANCE_CHUNK]
+            for position, count in zip(part.tolist(), rows[part].tolist(), strict=True):
+                load, rank = loads[0]
+                owner[position] = rank
+                heapq.heapreplace(loads, (load + count, rank))
+        grouped = np.lexsort((ids, owner))
+        bounds = np.searchsorted(owner[grouped], np.arange(world_size + 1))
+        totals = [0] * world_size
+        for load, rank in loads:
+            totals[rank] = load
+        return cls(grouped, bounds, tuple(totals))
+
+    def of_rank(self, rank: int) -> np.ndarray:
+        """Positions of rank ``rank``'s splits, in ``split_id`` order (int64)."""
+        return self.grouped[self.bounds[rank]:self.bounds[rank + 1]]
+
+
+def balance_splits(splits: Sequence[Split], world_size: int) -> list[list[Split]]:
+    """Every rank's splits by `Balance` (longest-processing-time), each rank's list in (file, row) order."""
+    balance = Balance.of(splits, world_size)
+    return [take(splits, balance.of_rank(rank)) for rank in range(world_size)]
+
+
+def _split_ids(splits: Sequence[Split]) -> np.ndarray:
+    """Each split's ``split_id`` (int64): its position in a `file_table.SplitTable`."""
+    if hasattr(splits, "num_rows") and callable(splits.num_rows):  # a SplitTable: numbered by position
+        return np.arange(len(splits), dtype=np.int64)
+    return np.fromiter((s.split_id for s in splits), dtype=np.int64, count=len(splits))
 
 
 @dataclass(frozen=True, eq=False)
@@ -308,7 +349,7 @@ class ReadPlan:
     A reader built with a plan only reads it (a chain's settings, plans included, are final before any node exists:
     `audioloader.chain.settle`). ``splits``: the dataset's splits, subdivided so every rank has one when rows allow
     (a `file_table.SplitTable` where there are enough already: columns, not a million objects);
-    ``eval_assignment``: with ``shuffle=False``, every rank's splits (`balance_splits`), the same every pass.
+    ``balance``: with ``shuffle=False``, every rank's splits (`Balance`), the same every pass.
     """
 
     seed: int
@@ -318,7 +359,7 @@ class ReadPlan:
     infinite: bool
     interleave: int
     splits: Sequence[Split]
-    eval_assignment: list[list[Split]] | None
+    balance: Balance | None
 
     @classmethod
     def of(cls, dataset: ShardDataset, *, seed: int = 0, rank: int | None = 0, world_size: int | None = 1,
@@ -327,9 +368,9 @@ class ReadPlan:
         name the argument (``world_size`` above the rows in training, a bad ``interleave``, ``rank``...)."""
         seed, rank, world_size, interleave = plan_arguments(seed, rank, world_size, interleave)
         splits = _splits_for_world(dataset, world_size, bool(shuffle))
-        assignment = None if shuffle else balance_splits(splits, world_size)
-        plan = cls(int(seed), rank, world_size, bool(shuffle), bool(infinite), interleave, splits, assignment)
-        if assignment is not None:
+        balance = None if shuffle else Balance.of(splits, world_size)
+        plan = cls(int(seed), rank, world_size, bool(shuffle), bool(infinite), interleave, splits, balance)
+        if balance is not None:
             _warn_if_unbalanced(plan.rows_per_rank())
         return plan
 
@@ -340,22 +381,22 @@ class ReadPlan:
 
     def splits_for_pass(self, pass_index: int) -> list[Split]:
         """This rank's splits for pass ``pass_index``, in read order."""
-        if self.eval_assignment is not None:
-            return list(self.eval_assignment[self.rank])
+        if self.balance is not None:
+            return take(self.splits, self.balance.of_rank(self.rank))
         order = permutation(len(self.splits), self.seed, SALT_SPLIT_ORDER, int(pass_index))
         return take(self.splits, order[self.rank::self.world_size])
 
     def assignment(self) -> list[list[Split]]:
         """Every rank's splits of pass 0, in read order (``shuffle=False``: of every pass)."""
-        if self.eval_assignment is not None:
-            return [list(parts) for parts in self.eval_assignment]
+        if self.balance is not None:
+            return [take(self.splits, self.balance.of_rank(rank)) for rank in range(self.world_size)]
         order = permutation(len(self.splits), self.seed, SALT_SPLIT_ORDER, 0)
         return [take(self.splits, order[r::self.world_size]) for r in range(self.world_size)]
 
     def rows_per_rank(self) -> list[int]:
         """Rows each rank reads in one pass (exact for ``shuffle=False``; pass 0 for ``shuffle=True``)."""
-        if self.eval_assignment is not None:
-            return [sum(s.num_rows for s in parts) for parts in self.eval_assignment]
+        if self.balance is not None:
+            return list(self.balance.rows)
         order = permutation(len(self.splits), self.seed, SALT_SPLIT_ORDER, 0)
         rows = rows_of(self.splits)[order]
         return [int(rows[r::self.world_size].sum()) for r in range(self.world_size)]
