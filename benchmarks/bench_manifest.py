@@ -7,9 +7,11 @@ S3 MD5 ETags, one schema; names ``part-NNNNNNN.parquet`` (a pattern: no name sto
 with ``--free-names``, names that follow no pattern (each stored). Then a `ShardDataset` is
 built from it (local: the files do not exist, and construction opens none, which is the
 point) and measured: seconds to construct, the growth of the process's resident memory, the
-dataset's own estimate (`ShardDataset.metadata_memory`, what ``stats()`` reports) and splits.
+dataset's own estimate (`ShardDataset.metadata_memory`, what ``stats()`` reports) and splits;
+then what rank 1 of ``--ranks`` adds to start reading: its `ReadPlan` in training (a seeded order of the
+splits) and in evaluation (the splits balanced over the ranks, `read_order.Balance`), seconds and growth.
 
-    python benchmarks/bench_manifest.py [--files 1000,100000,1000000] [--free-names] [--units 1]
+    python benchmarks/bench_manifest.py [--files 1000,100000,1000000] [--free-names] [--units 1] [--ranks 1024]
 
 Prints one JSON line a case.
 """
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from audioloader.nodes.read_order import ReadPlan
 from audioloader.shards import ShardDataset
 from audioloader.shards.manifest import MANIFEST_NAME, manifest_columns, write_manifest
 
@@ -54,7 +57,19 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def measure(count: int, free: bool, units: int) -> dict:
+def plan_cost(dataset: ShardDataset, ranks: int, shuffle: bool) -> dict:
+    """Seconds, CPU-seconds and resident growth of rank 1's `ReadPlan` and its splits of pass 0."""
+    gc.collect()
+    before, started, cpu_started = _rss(), time.perf_counter(), time.process_time()
+    plan = ReadPlan.of(dataset, rank=min(1, ranks - 1), world_size=ranks, shuffle=shuffle)
+    mine = plan.splits_for_pass(0)
+    mode = "train" if shuffle else "eval"
+    return {f"plan_{mode}_s": round(time.perf_counter() - started, 2),
+            f"plan_{mode}_cpu_s": round(time.process_time() - cpu_started, 2),
+            f"plan_{mode}_rss_growth_bytes": _rss() - before, f"plan_{mode}_splits_of_rank": len(mine)}
+
+
+def measure(count: int, free: bool, units: int, ranks: int = 1024) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-manifest-") as tmp:
         folder = Path(tmp)
         started = time.perf_counter()
@@ -67,11 +82,13 @@ def measure(count: int, free: bool, units: int) -> dict:
         construct_s, construct_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
         allocated = _rss() - before
         memory = dataset.metadata_memory()
+        plans = {**plan_cost(dataset, ranks, True), **plan_cost(dataset, ranks, False)}
         return {"files": count, "free_names": free, "units_per_file": units, "manifest_bytes": nbytes,
                 "bytes_per_file": round(nbytes / count, 1), "write_s": round(write_s, 2),
                 "construct_s": round(construct_s, 2), "construct_cpu_s": round(construct_cpu_s, 2),
                 "rss_growth_bytes": allocated,
-                "rss_growth_per_file": round(allocated / count, 1), "splits": len(dataset.splits), **memory}
+                "rss_growth_per_file": round(allocated / count, 1), "splits": len(dataset.splits), **memory,
+                "ranks": ranks, **plans}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -79,10 +96,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--files", default="1000,100000,1000000", help="comma-separated file counts")
     parser.add_argument("--free-names", action="store_true", help="also names that follow no pattern")
     parser.add_argument("--units", type=int, default=1, help="row groups a file (100 rows each)")
+    parser.add_argument("--ranks", type=int, default=1024, help="world size of the read plans measured")
     args = parser.parse_args(argv)
     for count in [int(x) for x in args.files.split(",")]:
         for free in (False, True) if args.free_names else (False,):
-            print(json.dumps(measure(count, free, args.units)), flush=True)
+            print(json.dumps(measure(count, free, args.units, args.ranks)), flush=True)
 
 
 if __name__ == "__main__":

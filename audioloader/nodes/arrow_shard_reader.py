@@ -36,6 +36,7 @@ from ..dsp.hashing import audio_checksum
 from ..errors import CheckpointMismatchError
 from ..samples import Key, RawSample
 from ..shards import Retry, ShardDataset, Split
+from ..shards.formats import FORMATS
 from ..shards.readahead import ReadAhead
 from ..shards.storage import RemoteReads, Storage, reader_share
 from ..stats import LoaderStats
@@ -118,8 +119,8 @@ def _read_ahead(dataset: ShardDataset, stats: LoaderStats | None) -> ReadAhead |
     """The read-ahead of a dataset's remote files (`audioloader.shards.readahead`), or None: no remote file, a budget
     of 0, or a cache (files it keeps are read from their local copies)."""
     budget = dataset.remote_reads.readahead_bytes
-    remote = dataset.cache is None and any(dataset.is_remote(i) and f.format != "orc"
-                                           for i, f in enumerate(dataset.files))
+    read_ahead = dataset.remote_files() & (dataset.files.format_codes != FORMATS.index("orc"))
+    remote = dataset.cache is None and bool(read_ahead.any())
     return ReadAhead(dataset, budget, stats) if remote and budget else None
 
 
