@@ -9,7 +9,8 @@ built from it (local: the files do not exist, and construction opens none, which
 point) and measured: seconds to construct, the growth of the process's resident memory, the
 dataset's own estimate (`ShardDataset.metadata_memory`, what ``stats()`` reports) and splits;
 then what rank 1 of ``--ranks`` adds to start reading: its `ReadPlan` in training (a seeded order of the
-splits) and in evaluation (the splits balanced over the ranks, `read_order.Balance`), seconds and growth.
+splits) and in evaluation (the splits balanced over the ranks, `read_order.Balance`), seconds and growth; and
+the file part of every checkpoint's fingerprint (`checkpoint.files_of`, `_identity_of`): seconds and pickled bytes.
 
     python benchmarks/bench_manifest.py [--files 1000,100000,1000000] [--free-names] [--units 1] [--ranks 1024]
 
@@ -22,12 +23,14 @@ import argparse
 import gc
 import json
 import os
+import pickle
 import tempfile
 import time
 from pathlib import Path
 
 import pyarrow as pa
 
+from audioloader import checkpoint
 from audioloader.nodes.read_order import ReadPlan
 from audioloader.shards import ShardDataset
 from audioloader.shards.manifest import MANIFEST_NAME, manifest_columns, write_manifest
@@ -69,6 +72,14 @@ def plan_cost(dataset: ShardDataset, ranks: int, shuffle: bool) -> dict:
             f"plan_{mode}_rss_growth_bytes": _rss() - before, f"plan_{mode}_splits_of_rank": len(mine)}
 
 
+def fingerprint_cost(dataset: ShardDataset) -> dict:
+    """Seconds to make the files' part of a checkpoint's fingerprint, and its size pickled (in every state)."""
+    started = time.perf_counter()
+    files = {"files": checkpoint.files_of(dataset), "file_identity": checkpoint._identity_of(dataset)}
+    return {"fingerprint_files_s": round(time.perf_counter() - started, 2),
+            "fingerprint_files_bytes": len(pickle.dumps(files))}
+
+
 def measure(count: int, free: bool, units: int, ranks: int = 1024) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-manifest-") as tmp:
         folder = Path(tmp)
@@ -82,7 +93,7 @@ def measure(count: int, free: bool, units: int, ranks: int = 1024) -> dict:
         construct_s, construct_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
         allocated = _rss() - before
         memory = dataset.metadata_memory()
-        plans = {**plan_cost(dataset, ranks, True), **plan_cost(dataset, ranks, False)}
+        plans = {**plan_cost(dataset, ranks, True), **plan_cost(dataset, ranks, False), **fingerprint_cost(dataset)}
         return {"files": count, "free_names": free, "units_per_file": units, "manifest_bytes": nbytes,
                 "bytes_per_file": round(nbytes / count, 1), "write_s": round(write_s, 2),
                 "construct_s": round(construct_s, 2), "construct_cpu_s": round(construct_cpu_s, 2),

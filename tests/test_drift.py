@@ -106,3 +106,50 @@ def test_rows_held_by_the_duration_bucketer_are_verified(shards):
         resumed.load_state_dict(state)
         with pytest.raises(al.CheckpointMismatchError, match="held in the duration bucketer"):
             next(iter(resumed))
+
+
+# -- beyond checkpoint.LISTED_FILES files a fingerprint holds hashes, not file lists ---------------------------
+
+
+def batches_after(state, source, count: int = 3) -> list:
+    with loader_for(source) as resumed:
+        resumed.load_state_dict(state)
+        it = iter(resumed)
+        return [next(it)["index"].tolist() for _ in range(count)]
+
+
+def test_a_checkpoint_of_many_files_holds_hashes_and_resumes_exactly(shards, monkeypatch):
+    monkeypatch.setattr(al.checkpoint, "LISTED_FILES", 2)
+    with loader_for(shards) as loader:
+        it = iter(loader)
+        for _ in range(4):
+            next(it)
+        state = loader.state_dict()
+        expected = [next(it)["index"].tolist() for _ in range(3)]
+    fingerprint = state["fingerprint"]
+    assert fingerprint["files"]["count"] == 3 and fingerprint["files"]["rows"] == sum(ROWS)
+    assert "digests" not in fingerprint["file_identity"] and fingerprint["file_identity"]["count"] == 3
+    assert batches_after(state, shards) == expected
+
+
+def test_a_rewrite_among_many_files_is_refused_without_a_list_to_name_it(shards, monkeypatch):
+    monkeypatch.setattr(al.checkpoint, "LISTED_FILES", 2)
+    state = checkpoint(shards)
+    rewrite_same_size(shards / "part-00001.arrow", ROWS[0], keep_mtime=False)  # same footer, a new mtime
+    with loader_for(shards) as resumed, pytest.raises(al.CheckpointMismatchError) as info:
+        resumed.load_state_dict(state)
+    assert "some of the 3 files: their modification times differ" in str(info.value)
+    assert "records hashes, not each file" in str(info.value)
+
+
+def test_a_checkpoint_listing_its_files_loads_into_a_loader_that_hashes_them(shards, monkeypatch):
+    state = checkpoint(shards)  # taken with every file listed (as before LISTED_FILES, or below it)
+    with loader_for(shards) as loader:
+        it = iter(loader)
+        expected = [next(it)["index"].tolist() for _ in range(7)][4:]
+    monkeypatch.setattr(al.checkpoint, "LISTED_FILES", 2)
+    assert batches_after(state, shards) == expected
+    rewrite_same_size(shards / "part-00001.arrow", ROWS[0], keep_mtime=False)
+    with loader_for(shards) as resumed, pytest.raises(al.CheckpointMismatchError) as info:
+        resumed.load_state_dict(state)  # the checkpoint lists its files: the changed one is named
+    assert str(shards / "part-00001.arrow") in str(info.value) and "part-00000" not in str(info.value)
