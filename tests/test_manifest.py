@@ -119,9 +119,12 @@ def test_a_local_manifest_gives_the_same_files_and_rows_as_a_scan(tmp_path, fmt)
     listed = al.ShardDataset(tmp_path, split_rows=4)
     assert listed.manifest.origin == "local" and not any(m.located for m in listed._metas)
     assert listed.files == scanned.files and listed.splits == scanned.splits
+    paths = listed.files.paths  # made all at once when iterated, one by one when indexed: the same
+    assert list(paths) == [paths[i] for i in range(len(paths))] == list(scanned.files.paths)
     for kwargs in ({"shuffle": False}, {"shuffle": True, "seed": 4}):
         assert rows_of(listed, **kwargs) == rows_of(scanned, **kwargs)
     assert listed.identity() == scanned.identity()  # once read, the footers are the scan's
+    assert listed.file_guard().expected == scanned.file_guard().expected
 
 
 # ----------------------------------------------------------------------------- S3: requests at start

@@ -457,19 +457,15 @@ class ShardDataset(RowReads, UnitReads):
     def identity(self) -> dict[str, list[Any]]:
         """What tells each file's content apart beyond its name, size and rows (plain data, per file).
 
-        ``digests``: a hash of the metadata read at construction: the IPC file footer
-        (schema with its metadata, every record batch's offset and sizes), every
-        IPC stream message header, the Parquet footer (schema, row groups, column
-        chunk sizes and statistics), or the ORC file tail (postscript and footer:
-        schema, stripes and their sizes and rows, statistics). ``mtimes``: modification times in ns (None where
-        the storage has none). ``etags`` (only when a file has one): each remote object's ETag or version
-        (`identity.object_identity`; None for local files and where the storage reports none). Computed from
-        what construction reads anyway: costs no extra request.
+        ``digests``: a hash of the metadata read at construction: the IPC file footer (schema with its metadata,
+        every record batch's offset and sizes), every IPC stream message header, the Parquet footer (schema, row
+        groups, column chunk sizes and statistics), or the ORC file tail (schema, stripes, sizes, rows, statistics).
+        ``mtimes``: modification times in ns (None where the storage has none). ``etags`` (only when a file has one):
+        each remote object's ETag or version (`identity.object_identity`; None for local files and where the storage
+        reports none). Computed from what construction reads anyway: costs no extra request.
         """
-        metas = self._metas
-        column = metas.column if isinstance(metas, ManifestMetas) else lambda name: [getattr(m, name) for m in metas]
-        identity: dict[str, list[Any]] = {"digests": column("digest"), "mtimes": column("mtime_ns")}
-        etags = column("etag")
+        identity: dict[str, list[Any]] = {"digests": self._column("digest"), "mtimes": self._column("mtime_ns")}
+        etags = self._column("etag")
         if any(e is not None for e in etags):  # local datasets' checkpoints stay as they were
             identity["etags"] = etags
         return identity
@@ -531,10 +527,16 @@ class ShardDataset(RowReads, UnitReads):
         if loc.fs is None:
             _check_local(loc.path, meta.size, meta.mtime_ns)
 
+    def _column(self, name: str) -> list[Any]:
+        """Every file's ``digest``, ``mtime_ns`` or ``etag``, from a manifest's columns or the listed files' metas."""
+        metas = self._metas
+        return metas.column(name) if isinstance(metas, ManifestMetas) else [getattr(m, name) for m in metas]
+
     def file_guard(self) -> _LocalFileGuard:
-        """A picklable ``guard(path)`` that runs `check_unchanged` for a local shard by path (see `_LocalFileGuard`)."""
-        return _LocalFileGuard({loc.path: (meta.size, meta.mtime_ns)
-                                for loc, meta in zip(self._locations, self._metas, strict=True) if loc.fs is None})
+        """``guard(path)``: `check_unchanged` for a local shard by path (`_LocalFileGuard`; remote files pass)."""
+        local, sizes = np.flatnonzero(~self.remote_files()).tolist(), self.files.sizes
+        paths, mtimes = (list(self.files.paths), self._column("mtime_ns")) if local else ([], [])
+        return _LocalFileGuard({paths[i]: (int(sizes[i]), mtimes[i]) for i in local})
 
     def locate(self, index: int) -> tuple[int, int]:
         """``(file_id, row in file)`` of a global row index; IndexError when out of range."""

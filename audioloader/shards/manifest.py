@@ -253,9 +253,10 @@ class Manifest:
     def names(self) -> list[str]:
         """Every file's name, in order (sorted)."""
         names = self._names
-        if "width" in names:
-            return [self.name(i) for i in range(self.num_files)]
         prefix, suffix = names["prefix"], names["suffix"]
+        if "width" in names:
+            start, width = names["start"], names["width"]
+            return [f"{prefix}{start + i:0{width}d}{suffix}" for i in range(self.num_files)]
         return [f"{prefix}{middle}{suffix}" for middle in self._batch.column("name").to_pylist()]
 
     def unit_rows(self, i: int) -> tuple[int, ...]:
