@@ -73,12 +73,12 @@ def test_reads_are_ranged_coalesced_and_footers_read_once(s3, shards, fmt):
         assert served <= file.size + min(file.size, 65536 if file.size > WHOLE_FILE_BYTES else file.size) + 65536
 
 
-# Each format takes 40-60 s on a 2-core machine: the injected 503s (SlowDown) pace this process's requests to the
-# bucket down to the throttle's floor (one every 2 s). Parquet and ORC run with `-m slow`; the default run keeps
-# ipc_file here, their reads on S3 (test_s3_batches_equal_local_batches, test_reads_are_ranged_...: every format)
-# and retried parquet reads (test_persistent_fault_names_the_object_and_the_attempts).
-@pytest.mark.parametrize("fmt", ["ipc_file", pytest.param("parquet", marks=pytest.mark.slow),
-                                 pytest.param("orc", marks=pytest.mark.slow)])
+# Slow (40-60 s a format on a 2-core machine): the injected 503s (SlowDown) pace this process's requests to the bucket
+# down to the throttle's floor, one every 2 s. The default run has an eval pass over S3 by two ranks that reads every
+# row once under 503s, a reset and a stall (test_readahead.py::test_eval_reads_every_row_once_under_latency_and_faults)
+# and reads retried until they give up (test_persistent_fault_names_the_object_and_the_attempts).
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["ipc_file", "parquet", "orc"])
 def test_eval_reads_every_row_exactly_once_despite_faults(s3, shards, fmt):
     local, prefix = shards[fmt]
     expected = {}
