@@ -1,7 +1,7 @@
 """Fixtures several test modules share: small shard folders, written once per session and only read
 (`shard_folder`, `ipc_shards`, `mix_root`); a class-folder tree for ``audioloader pack`` (`src`); S3 servers on
 loopback, one a module (`s3`, `s3_servers` for a module that fills its own at its start) and their proxy (`proxy`);
-and the session's settings.
+the session's settings; and for each test a process that has learned no store's request rate yet.
 
 Helpers that are plain functions (builders, loaders, checks) are in `tests.helpers`.
 """
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from audioloader.shards.throttle import forget_rates
 from tests.helpers import IPC_ROWS, class_tree, make_shards, make_sources
 
 
@@ -22,6 +23,14 @@ def _private_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("AUDIOLOADER_CACHE", str(tmp_path_factory.mktemp("audioloader-cache")))
         yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_store_rates():
+    """Each test starts with no store's request rate learned, as a new process does: the rate this process learned
+    from the 503s (SlowDown) an earlier test injected into a bucket (``shards``, ``throttle``...) would otherwise pace
+    every later test's requests to that bucket down to `audioloader.shards.throttle.FLOOR` (one every 2 s)."""
+    forget_rates()
 
 
 @pytest.fixture(scope="session")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import io
+import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -32,6 +34,22 @@ def quick_run(tmp_path_factory):
     return cache, run_demo("--quick", "--cache", cache, "--no-progress")
 
 
+@pytest.fixture(scope="module")
+def on_quick_data(quick_run):
+    """The demo's runs on the quick run's dataset, only read: ``{name: future of its CompletedProcess}``, started
+    together and run as many at once as there are cores (each a subprocess that mostly keeps one core busy)."""
+    quick = quick_run[0] / "demo-v1-quick"
+    runs = {  # name: (arguments, check)
+        "both folders": (("--data", quick, "--steps", 4, "--batch-size", 4, "--verify-batches", 2, "--no-progress"),
+                         True),
+        "train folder": (("--data", quick / "train", "--steps", 2, "--batch-size", 4, "--verify-batches", 1,
+                          "--no-progress"), True),
+        "one file": (("--data", quick / "train" / "shard-00000.arrow", "--steps", 2), False),
+    }
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        yield {name: pool.submit(run_demo, *args, check=check) for name, (args, check) in runs.items()}
+
+
 def test_demo_quick_trains_resumes_and_evaluates(quick_run):
     cache, proc = quick_run
     out = proc.stdout
@@ -55,25 +73,22 @@ def test_demo_quick_trains_resumes_and_evaluates(quick_run):
     assert "FutureWarning" not in proc.stderr, proc.stderr
 
 
-def test_demo_reuses_a_complete_dataset_and_trains_on_user_data(quick_run):
+def test_demo_reuses_a_complete_dataset_and_trains_on_user_data(quick_run, on_quick_data):
     cache, _ = quick_run
     # --data with train/ and eval/ sub-folders (the cache's layout), a few steps
-    proc = run_demo("--data", cache / "demo-v1-quick", "--steps", 4, "--batch-size", 4, "--verify-batches", 2,
-                    "--no-progress")
+    proc = on_quick_data["both folders"].result()
     assert "demo-v1-quick/train and" in proc.stdout
     assert "resume: 2 batches identical" in proc.stdout
     assert re.search(r"accuracy: [\d.]+% \(\d+/40 eval clips", proc.stdout)
     assert synthetic.is_complete(cache / "demo-v1-quick" / "train")
 
 
-def test_demo_holds_out_shard_files_and_rejects_a_single_file(quick_run, tmp_path):
-    cache, _ = quick_run
-    train = cache / "demo-v1-quick" / "train"
-    proc = run_demo("--data", train, "--steps", 2, "--batch-size", 4, "--verify-batches", 1, "--no-progress")
+def test_demo_holds_out_shard_files_and_rejects_a_single_file(on_quick_data):
+    proc = on_quick_data["train folder"].result()  # --data train/
     assert "3 shard files for training, the last 1 held out for eval" in proc.stdout
     assert "resume: 1 batches identical" in proc.stdout
 
-    proc = run_demo("--data", train / "shard-00000.arrow", "--steps", 2, check=False)
+    proc = on_quick_data["one file"].result()  # --data train/shard-00000.arrow
     assert proc.returncode == 1
     assert "nothing to hold out for evaluation" in proc.stderr
 

@@ -124,7 +124,10 @@ def test_results_are_private_copies_that_outlive_the_slot():
     assert kept[1]["data"][0, 0] == 1.0
 
 
-@pytest.mark.parametrize("saved_with", SETUPS)
+# Saved with no worker and with 2 processes in the default run (each resumed with other setups); the other three
+# (about 4 s each on a 2-core machine) with `-m slow`.
+@pytest.mark.parametrize("saved_with", [setup if setup in (SETUPS[0], SETUPS[-1]) else
+                                        pytest.param(setup, marks=pytest.mark.slow) for setup in SETUPS])
 def test_resume_is_exact_at_random_cuts_for_any_workers(saved_with):
     rng = random.Random(SETUPS.index(saved_with))
     for cut in sorted(rng.sample(range(1, 40), 4)):
