@@ -3,9 +3,10 @@
 Three steps, in this order: ``open_sources`` opens the loader's source (shards, an
 Iceberg table, a `Source` or a `Mix`) as datasets and checks them against each
 other; ``settle`` makes every setting final from them (the readers' interleave
-fitted to the byte budget, where the shuffle buffer sits, the bucketing's edges,
-the batches each rank yields in evaluation); ``build_chain`` builds the nodes,
-readers first, source to loader, in the order docs/concepts.md draws it. No node
+fitted to the byte budget, where the shuffle buffer sits, each reader's plan, the
+bucketing's edges, the batches each rank yields in evaluation, each node's group);
+``build_chain`` wires the nodes, each given its group whole, readers first, source
+to loader, in the order docs/concepts.md draws it. No node
 exists before the settings are final, and no node's settings change afterwards:
 a checkpoint taken with other settings (`settle_for_checkpoint`) gets a new chain.
 """
@@ -123,9 +124,11 @@ def settle(settings: Settings, sources: Sources) -> Settings:
 
     What is decided here, before any node exists: the readers' interleave, when the
     preset's (`budget.ShuffleSettings.fitted` to the shards' units), where the shuffle
-    buffer sits (``shuffle.before_decode``, `_before_decode`), the bucketing's count and
-    edges (``buckets``, `duration_buckets`) and, in evaluation, the batches every rank
-    yields (``num_batches``, `count_batches`).
+    buffer sits (``shuffle.before_decode``, `_before_decode`), each source's `ReadPlan`
+    (``reads``: the splits every rank reads each pass), the bucketing's count and edges
+    (``buckets``, `duration_buckets`), in evaluation the batches every rank yields
+    (``num_batches``, `count_batches`), and the groups the other nodes take whole
+    (`_node_groups`: ``buffer_limits``, ``bucket_limits``, ``batch_layout``, ``arena_bytes``).
     """
     shuffle = settings.shuffle.fitted(lane_bytes(sources.datasets))
     shuffle = dataclasses.replace(shuffle, before_decode=_before_decode(settings, sources))
