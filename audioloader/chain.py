@@ -320,7 +320,7 @@ def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: Bas
     return DecodeSpectrogram(
         rows, s.features, seed=s.seed, train=s.train, workers=s.workers, augment=s.augmentations,
         on_error=s.on_error, stats=stats, fetch=fetch, compute_features=s.device is None, length=length,
-        guard=file_guard(sources.datasets), segments=sources.segments,
+        segments=sources.segments,
         max_bytes_in_flight=s.shuffle.decode_max_bytes, collate_into=collate_into)
 
 
@@ -480,14 +480,6 @@ def _numeric_columns(schema: pa.Schema, columns: Sequence[str]) -> list[str]:
     """The extra columns whose Arrow type is integer, floating point or boolean (batched as tensors)."""
     numeric = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean)
     return [name for name in columns if any(test(schema.field(name).type) for test in numeric)]
-
-
-def file_guard(datasets: Sequence[ShardDataset]) -> Any:
-    """One picklable ``guard(path)`` for the local shard files of all ``datasets`` (see `ShardDataset.file_guard`)."""
-    guards = [dataset.file_guard() for dataset in datasets]
-    if len(guards) == 1:
-        return guards[0]
-    return type(guards[0])({path: expected for guard in guards for path, expected in guard.expected.items()})
 
 
 def _restore_decoded(fetch: Callable[[Sequence[Key]], list[RawSample]], decoder: DecodeSpectrogram,

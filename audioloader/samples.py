@@ -58,6 +58,10 @@ class RawSample:
             stage turns a problem into a counted, reported `BadRow`.
         checksum: `audio_checksum` of ``audio``, taken by the reader right after the
             read (0: not taken; `item_checksum` then computes it).
+        mapped: for a row that is a view of a memory-mapped local shard, that file's ``(size in bytes,
+            modification time in ns or None)`` as the loader knows it; the decode stage checks the file against
+            them before it touches the audio (touching the missing pages of a truncated map is a SIGBUS).
+            None for a row that owns its bytes.
     """
 
     key: Key
@@ -68,6 +72,7 @@ class RawSample:
     row: int = -1
     problem: str | None = None
     checksum: int = 0
+    mapped: tuple[int, int | None] | None = None
 
 
 @dataclass(slots=True)

@@ -16,16 +16,19 @@ seed=0, rank=..., world_size=...))``, ``ShuffleBuffer(source, limits=BufferLimit
 from .arrow_shard_reader import ArrowShardReader
 from .batch_augment import BatchAugment
 from .batch_features import BatchFeatures
-from .batcher import Batcher, BatchLayout
+from .batcher import Batcher
+from .batcher import BatchLayout as BatchLayout
 from .catch_failures import CatchFailures
 from .decode_spectrogram import DecodeSpectrogram
-from .duration_bucketer import BucketLimits, DurationBucketer
+from .duration_bucketer import BucketLimits as BucketLimits
+from .duration_bucketer import DurationBucketer
 from .parallel_map import ParallelMap
 from .prefetcher import Prefetcher
-from .read_order import ReadPlan
-from .shuffle_buffer import BufferLimits, ShuffleBuffer
+from .read_order import ReadPlan as ReadPlan
+from .shuffle_buffer import BufferLimits as BufferLimits
+from .shuffle_buffer import ShuffleBuffer
 from .weighted_mix import WeightedMix
 
-__all__ = ["ArrowShardReader", "BatchAugment", "BatchFeatures", "BatchLayout", "Batcher", "BucketLimits",
-           "BufferLimits", "CatchFailures", "DecodeSpectrogram", "DurationBucketer", "ParallelMap", "Prefetcher",
-           "ReadPlan", "ShuffleBuffer", "WeightedMix"]
+# The nodes; their settings groups (ReadPlan, BufferLimits, BucketLimits, BatchLayout) are importable here too.
+__all__ = ["ArrowShardReader", "BatchAugment", "BatchFeatures", "Batcher", "CatchFailures", "DecodeSpectrogram",
+           "DurationBucketer", "ParallelMap", "Prefetcher", "ShuffleBuffer", "WeightedMix"]

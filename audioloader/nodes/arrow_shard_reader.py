@@ -57,15 +57,16 @@ from .rows import fetch_rows, owned_audio
 class _Block:
     """One read of a segment (a record batch's rows, or a chunk of a ``take``) as per-row Python values."""
 
-    __slots__ = ("audio", "checksums", "extras", "file_rows", "index_offset", "key_pass", "labels", "owned",
-                 "path", "problems")
+    __slots__ = ("audio", "checksums", "extras", "file_rows", "index_offset", "key_pass", "labels", "mapped",
+                 "owned", "path", "problems")
 
-    def __init__(self, file_rows: list[int], cols: Any, owned: bool, file: Any, key_pass: int) -> None:
+    def __init__(self, file_rows: list[int], cols: Any, owned: bool, file: Any, key_pass: int,
+                 mapped: tuple[int, int | None] | None = None) -> None:
         self.file_rows, self.path, self.index_offset, self.key_pass = file_rows, file.path, file.index_offset, key_pass
         self.audio, self.labels, self.extras, self.problems = cols
         # Not a memory map: a row leaves as its own copy (`owned_audio`), made as it leaves, so a lane holds its unit
         # once (the read holds the unit until the lane moves on) and what left holds only itself.
-        self.owned = owned
+        self.owned, self.mapped = owned, mapped  # a memory map's file as known (`RawSample.mapped`)
         # Now, right after the read checked the file: a row's bytes are not touched again until it is decoded.
         self.checksums = [audio_checksum(audio) for audio in cols.audio]
 
@@ -86,6 +87,7 @@ class _Block:
             row,
             problems[i] if problems is not None else None,
             self.checksums[i],
+            self.mapped,
         )
 
 
@@ -460,19 +462,20 @@ class ArrowShardReader(BaseNode[RawSample]):
         """`_Block` s of a segment's rows after the first ``skip`` of them (reads without a row left out)."""
         dataset = self.dataset
         file = dataset.files[segment.file_id]
-        owned = not dataset.is_memory_mapped(segment.file_id)
+        mapped = dataset.mapped_state(segment.file_id)
+        owned = mapped is None
         read_unit = self._readahead.read_unit if self._readahead is not None else None
         if segment.take is not None:
             rows = segment.take[skip:]
             for start in range(0, len(rows), TAKE_CHUNK):
                 part = rows[start:start + TAKE_CHUNK]
                 cols = dataset.columns_of_rows(dataset.read_rows([file.index_offset + r for r in part], read_unit))
-                yield _Block(list(part), cols, owned, file, segment.pass_index)
+                yield _Block(list(part), cols, owned, file, segment.pass_index, mapped)
             return
         for batch, file_rows, picks in dataset.read_kept(segment.file_id, segment.start, segment.stop, skip,
                                                          read_unit):
             if file_rows:
-                block = _Block(file_rows, dataset.columns_of(batch, picks), owned, file, segment.pass_index)
+                block = _Block(file_rows, dataset.columns_of(batch, picks), owned, file, segment.pass_index, mapped)
                 if not owned:  # its checksums read the ends of its rows; decode workers read the rest themselves
                     dataset.release_mapped_pages(segment.file_id)
                 yield block

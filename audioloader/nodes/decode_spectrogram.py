@@ -23,6 +23,7 @@ from ..dsp.features import compute_features, prepare
 from ..errors import ON_ERROR_ACTIONS, DecodeError, ErrorBudgetExceeded, OnError
 from ..samples import BadRow, BatchEnd, Key, RawSample, Sample, held_bytes
 from ..shards.augment_rows import AugmentRows
+from ..shards.changes import check_local
 from ..stats import MAX_REPORTED_BAD_ROWS, LoaderStats, feature_stage
 from ..workers import Workers, memory
 from ..workers.recycle import BatchArenas
@@ -74,9 +75,9 @@ class SampleDecoder:
     ``length``: one `LengthPolicy`, or one per source of a mix (indexed by ``key.source``).
     ``augment``: `Augmentations` (or None): speed while cutting, then the waveform
     augmentations, SpecAugment on the features, and the draws of the per-batch stage.
-    ``guard``: ``guard(path)`` runs first on each row with audio (`ShardDataset.file_guard`): it raises
-    `ShardReadError` when the row's memory-mapped shard changed since it was read, before the row's
-    bytes are touched (touching the missing pages of a truncated map is a SIGBUS).
+    A row of a memory-mapped shard (``RawSample.mapped``) is checked first: `ShardReadError` when its file
+    changed since the loader scanned it, before the row's bytes are touched (touching the missing pages of a
+    truncated map is a SIGBUS). ``guard``: an extra ``guard(path)`` run next on each row with audio.
     ``segments``: rows are windows of their audio, read from these columns of ``RawSample.extras``.
     """
 
@@ -109,8 +110,11 @@ class SampleDecoder:
     def __call__(self, raw: RawSample | BatchEnd) -> Sample | BadRow | BatchEnd:
         if isinstance(raw, BatchEnd):
             return raw  # a batch boundary from a DurationBucketer: passed on as is
-        if self.guard is not None and raw.audio is not None:
-            self.guard(raw.file)
+        if raw.audio is not None:
+            if raw.mapped is not None:  # a view of a memory map: its file as it was (a truncated map is a SIGBUS)
+                check_local(raw.file, *raw.mapped)
+            if self.guard is not None:
+                self.guard(raw.file)
         key = raw.key
         if raw.problem is not None or raw.audio is None:
             return BadRow(key, raw.file, raw.row, raw.problem or "audio is null")
@@ -292,7 +296,7 @@ class DecodeSpectrogram(BaseNode[Sample]):
         chunk_size: rows per task handed to a worker (default 8 for processes, 4 for threads).
         compute_features: False yields the cropped waveform instead of the log-mel.
         guard: ``guard(path)``, run before a row's audio is touched; raises when the
-            shard changed under the reader (`ShardDataset.file_guard`).
+            shard changed under the reader (memory-mapped rows are checked in any case: `RawSample.mapped`).
         length: one `LengthPolicy`, or one per source of a mix (indexed by ``Key.source``).
         segments: `Segments`: each row is the window of its audio named by two of its
             extra columns (the source must read them), decoded alone (None: whole rows).

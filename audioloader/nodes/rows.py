@@ -26,9 +26,10 @@ def fetch_rows(dataset: ShardDataset, keys: Sequence[Key]) -> list[RawSample]:
     rows = dataset.read_rows([k.index for k in keys])
     out = []
     for key, row in zip(keys, rows, strict=True):
-        audio = row.audio if dataset.is_memory_mapped(dataset.locate(key.index)[0]) else owned_audio(row.audio)
+        mapped = dataset.mapped_state(dataset.locate(key.index)[0])
+        audio = row.audio if mapped is not None else owned_audio(row.audio)
         out.append(RawSample(key, audio, row.label, row.extras, row.file, row.row, row.problem,
-                             audio_checksum(audio)))
+                             audio_checksum(audio), mapped))
     return out
 
 

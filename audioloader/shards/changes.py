@@ -7,7 +7,7 @@ import os
 from ..errors import ShardReadError
 
 
-def _check_local(path: str, size: int, mtime_ns: int | None) -> None:
+def check_local(path: str, size: int, mtime_ns: int | None) -> None:
     """`ShardReadError` naming ``path`` and what changed, when its size or modification time differ."""
     try:
         now = os.stat(path)
@@ -23,22 +23,3 @@ def _check_local(path: str, size: int, mtime_ns: int | None) -> None:
         raise ShardReadError(f"shard {path} changed while it was being read ({', '.join(changes)}). A shard must not "
                              "be rewritten or truncated while a loader reads it (a memory-mapped read of a "
                              "truncated file would crash the process); build the loader again to read the new content")
-
-
-class _LocalFileGuard:
-    """``guard(path)``: `ShardReadError` if the local shard at ``path`` changed since it was scanned.
-
-    The decode stage runs it just before it touches a row's audio, which for a
-    memory-mapped shard is a view of the file: a row held in a shuffle buffer
-    while its file was truncated would otherwise crash the process (SIGBUS).
-    Paths it does not know (remote files: their rows are copies) pass. One
-    ``stat`` per row (about a microsecond).
-    """
-
-    def __init__(self, expected: dict[str, tuple[int, int | None]]) -> None:
-        self.expected = expected
-
-    def __call__(self, path: str) -> None:
-        expected = self.expected.get(path)
-        if expected is not None:
-            _check_local(path, *expected)

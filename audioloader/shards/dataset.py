@@ -23,7 +23,7 @@ from .. import checks
 from ..errors import ShardChangedError
 from . import index
 from .cache import ObjectCache, parse_bytes
-from .changes import _check_local, _LocalFileGuard
+from .changes import check_local
 from .file_table import AllKept, ManifestMetas, SplitTable, file_table_of, plan_splits, remote_mask, unit_starts_of
 from .file_table import ShardFile as ShardFile  # where it was defined before
 from .filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
@@ -525,18 +525,17 @@ class ShardDataset(RowReads, UnitReads):
         """
         loc, meta = self._locations[file_id], self._metas[file_id]
         if loc.fs is None:
-            _check_local(loc.path, meta.size, meta.mtime_ns)
+            check_local(loc.path, meta.size, meta.mtime_ns)
 
     def _column(self, name: str) -> list[Any]:
         """Every file's ``digest``, ``mtime_ns`` or ``etag``, from a manifest's columns or the listed files' metas."""
         metas = self._metas
         return metas.column(name) if isinstance(metas, ManifestMetas) else [getattr(m, name) for m in metas]
 
-    def file_guard(self) -> _LocalFileGuard:
-        """``guard(path)``: `check_unchanged` for a local shard by path (`_LocalFileGuard`; remote files pass)."""
-        local, sizes = np.flatnonzero(~self.remote_files()).tolist(), self.files.sizes
-        paths, mtimes = (list(self.files.paths), self._column("mtime_ns")) if local else ([], [])
-        return _LocalFileGuard({paths[i]: (int(sizes[i]), mtimes[i]) for i in local})
+    def mapped_state(self, file_id: int) -> tuple[int, int | None] | None:
+        """A memory-mapped file's ``(size, mtime_ns)`` as known here (`RawSample.mapped`); None for other files."""
+        meta = self._metas[file_id]
+        return (int(meta.size), meta.mtime_ns) if self.is_memory_mapped(file_id) else None
 
     def locate(self, index: int) -> tuple[int, int]:
         """``(file_id, row in file)`` of a global row index; IndexError when out of range."""
