@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .dsp.config import LengthPolicy, MelSpectrogramConfig
 from .errors import CheckpointMismatchError
 from .shards import ShardDataset
@@ -274,8 +276,17 @@ def _identity_of(dataset: ShardDataset, listed: bool = False) -> dict[str, Any]:
 
 def files_of(dataset: ShardDataset) -> list[list[Any]] | dict[str, Any]:
     """What identifies a dataset's rows in a checkpoint fingerprint (a source's, a noise source's): ``[[path,
-    size, rows], ...]``, or, beyond `LISTED_FILES` files, that list's count, totals and hash (`_hashed_files`)."""
-    files = _portable_files(dataset.fingerprint()["files"])
+    size, rows], ...]``, or, beyond `LISTED_FILES` files, that list's count, totals and hash (`_hashed_files`).
+
+    The paths are relative to the files' common folder: a checkpoint must survive the data moving to another
+    mount point or bucket prefix; the files' names, sizes, row counts and metadata digests identify the data
+    (their modification times only while it stays where it was).
+    """
+    table = dataset.files
+    paths = list(table.paths)
+    cut = len(_common_folder(paths))
+    files = [[path[cut:], size, rows] for path, size, rows in zip(
+        paths, table.sizes.tolist(), np.diff(table.row_offsets).tolist(), strict=True)]
     return files if len(files) <= LISTED_FILES else _hashed_files(files)
 
 
@@ -310,20 +321,13 @@ def _hashed_like(theirs: Any, ours: Any) -> Any:
 
 def _common_folder(paths: list[str]) -> str:
     """The longest folder (ending in "/") that holds every path or URL."""
-    # String prefix on purpose (URLs are not OS paths), then cut back to a "/".
-    prefix = os.path.commonprefix([path.rsplit("/", 1)[0] + "/" for path in paths])  # noqa: RUF071
+    # String prefix on purpose (URLs are not OS paths), then cut back to a "/". The paths' own common prefix cut
+    # back so is their folders' (a million paths: one C call, not a million splits); a name without any "/" is
+    # taken, as it always was, for a folder of its own.
+    if not all("/" in path for path in paths):
+        paths = [path.rsplit("/", 1)[0] + "/" for path in paths]
+    prefix = os.path.commonprefix(paths)  # noqa: RUF071
     return prefix[: prefix.rfind("/") + 1]  # a whole folder, never part of a name
-
-
-def _portable_files(files: list[list[Any]]) -> list[list[Any]]:
-    """``[[path, size, rows], ...]`` with paths made relative to the files' common folder.
-
-    A checkpoint must survive the data moving to another mount point or bucket
-    prefix; the files' names, sizes, row counts and metadata digests identify the
-    data (their modification times only while it stays where it was).
-    """
-    prefix = _common_folder([str(entry[0]) for entry in files])
-    return [[str(entry[0])[len(prefix):], *entry[1:]] for entry in files]
 
 
 def _when(mtime_ns: int | None) -> str:

@@ -153,3 +153,20 @@ def test_a_checkpoint_listing_its_files_loads_into_a_loader_that_hashes_them(sha
     with loader_for(shards) as resumed, pytest.raises(al.CheckpointMismatchError) as info:
         resumed.load_state_dict(state)  # the checkpoint lists its files: the changed one is named
     assert str(shards / "part-00001.arrow") in str(info.value) and "part-00000" not in str(info.value)
+
+
+def test_the_common_folder_of_many_paths_is_their_folders_common_prefix():
+    """`checkpoint._common_folder` cuts the paths' own common prefix back to a "/" (one C call at a million paths);
+    that is the rule as written before, folder by folder, for any paths (URLs, nested, bare names)."""
+    import os
+    import random
+
+    def by_folders(paths):
+        prefix = os.path.commonprefix([path.rsplit("/", 1)[0] + "/" for path in paths])  # noqa: RUF071
+        return prefix[: prefix.rfind("/") + 1]
+
+    rng = random.Random(7)
+    parts = ["a", "ab", "b", "x.arrow", "s3:", "", "data", "d/e"]
+    for _ in range(3000):
+        paths = ["/".join(rng.choice(parts) for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 5))]
+        assert al.checkpoint._common_folder(paths) == by_folders(paths), paths
