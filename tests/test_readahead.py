@@ -197,13 +197,19 @@ def shard_requests(proxy, prefix: str) -> dict[str, int]:
     return counts
 
 
-def test_construction_requests_without_and_with_an_index(s3, proxy, tmp_path, monkeypatch):
-    small_files(tmp_path / "many", 24)
-    s3.upload(tmp_path / "many", "ahead/many")
+def opened_with_requests(s3, proxy, tmp_path, monkeypatch, name: str, files: int) -> tuple[al.ShardDataset, dict]:
+    """``files`` small shards uploaded to ``ahead/NAME``, a new `ShardDataset` of them (no machine-local copy to
+    lean on), and the requests its construction made (`shard_requests`)."""
+    small_files(tmp_path / name, files)
+    s3.upload(tmp_path / name, f"ahead/{name}")
     monkeypatch.setenv("AUDIOLOADER_CACHE", str(tmp_path / "cache"))
     proxy.clear()
-    dataset = al.ShardDataset(s3.url("ahead/many"), retry=FAST)
-    counts = shard_requests(proxy, "ahead/many")
+    dataset = al.ShardDataset(s3.url(f"ahead/{name}"), retry=FAST)
+    return dataset, shard_requests(proxy, f"ahead/{name}")
+
+
+def test_construction_requests_without_and_with_an_index(s3, proxy, tmp_path, monkeypatch):
+    dataset, counts = opened_with_requests(s3, proxy, tmp_path, monkeypatch, "many", 24)
     listing = {k: n for k, n in counts.items() if "part-" not in k}
     # a manifest? (none), the folder: is it one, a Hugging Face state.json in it, its files
     assert sum(listing.values()) <= 5, listing
@@ -231,12 +237,7 @@ def test_construction_requests_without_and_with_an_index(s3, proxy, tmp_path, mo
 def test_a_remote_folder_is_listed_in_one_call(s3, proxy, tmp_path, monkeypatch):
     # Before its files are read a folder costs one LIST (and the look for its manifest), not also the folder check
     # (a HEAD and a LIST) and a look for a Hugging Face state.json: three round trips fewer at 20-100 ms each.
-    small_files(tmp_path / "once", 6)
-    s3.upload(tmp_path / "once", "ahead/once")
-    monkeypatch.setenv("AUDIOLOADER_CACHE", str(tmp_path / "cache"))
-    proxy.clear()
-    dataset = al.ShardDataset(s3.url("ahead/once"), retry=FAST)
-    counts = shard_requests(proxy, "ahead/once")
+    dataset, counts = opened_with_requests(s3, proxy, tmp_path, monkeypatch, "once", 6)
     assert {k: n for k, n in counts.items() if "part-" not in k} == {"LIST": 1, "HEAD _audioloader_manifest.arrow": 1}
     assert len(dataset.files) == 6 and dataset.num_rows == 12
 
