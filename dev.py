@@ -137,6 +137,37 @@ def install_torch(pip: list[str], choice: TorchChoice) -> None:
               "comes with the dev extra instead", flush=True)
 
 
+#: Prints the installed torch and torchaudio versions, whether or not they import.
+_VERSIONS = ("from importlib.metadata import version as v\n"
+             "for name in ('torch', 'torchaudio'):\n"
+             "    try: print(name, v(name))\n"
+             "    except Exception: print(name, 'not installed')")
+
+
+def check_torchaudio(python: str) -> None:
+    """Stop (without marking .venv installed) when torch and torchaudio do not import together in it.
+
+    torchaudio's native library loads only with the torch release it was built against, whatever its metadata
+    allows (torchaudio 2.11.1 declares torch>=2.11, yet its libtorchaudio.so fails on torch 2.11.0 with an
+    undefined symbol), so an install can succeed and leave a pair that cannot be imported: every test that
+    compares features with torchaudio would then fail. Say so now, with the versions and the fix."""
+    probe = subprocess.run([python, "-c", "import torch, torchaudio"], capture_output=True, text=True, check=False)
+    if probe.returncode == 0:
+        return
+    lines = (probe.stderr or probe.stdout or "").strip().splitlines()
+    cause = lines[-1] if lines else f"exit status {probe.returncode}"
+    found = subprocess.run([python, "-c", _VERSIONS], capture_output=True, text=True, check=False).stdout
+    versions = dict(line.split(" ", 1) for line in found.strip().splitlines() if " " in line)
+    torch_version = versions.get("torch", "?").split("+")[0]
+    sys.exit(f"dev.py: torch {versions.get('torch', '?')} and torchaudio {versions.get('torchaudio', '?')} were "
+             f"installed into {VENV} but do not import together:\n    {cause}\n"
+             f"torchaudio loads only with the torch release it was built for. pyproject.toml's dev extra pins a "
+             f"pair that does ({', '.join(torch_requirements())}); if you changed those pins, pin torchaudio to "
+             f"torch's own version, or repair this .venv with:\n"
+             f"    {_venv_bin('python')} -m pip install --no-deps torchaudio=={torch_version}\n"
+             f"then run dev.py again (it checks again; delete {VENV} to start over).")
+
+
 def ensure_environment() -> None:
     """Create .venv and install the project into it unless it is up to date."""
     if sys.version_info < (3, 10):  # noqa: UP036 - dev.py may be run by any python3
@@ -157,6 +188,7 @@ def ensure_environment() -> None:
                    check=False, capture_output=True)
     install_torch(pip, choose_torch())
     subprocess.run([*pip, "-e", f"{ROOT}[dev]"], check=True)
+    check_torchaudio(python)
     STAMP.write_text(wanted)
 
 

@@ -178,6 +178,27 @@ def test_torchaudio_note(monkeypatch):
     assert bench.torchaudio_note() is None
 
 
+class _BrokenTorchaudio:
+    """A finder for a torchaudio that is installed but whose native library does not load with this torch."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "torchaudio":
+            raise OSError("/venv/lib/torchaudio/lib/libtorchaudio.so: undefined symbol: "
+                          "torch_exception_get_what_without_backtrace")
+        return None
+
+
+def test_torchaudio_that_does_not_load_is_a_note_not_a_traceback(monkeypatch, tmp_path, capsys):
+    import torch
+
+    monkeypatch.delitem(sys.modules, "torchaudio", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_BrokenTorchaudio(), *sys.meta_path])
+    note = bench.torchaudio_note()
+    assert "is installed but does not load with torch" in note
+    assert "undefined symbol: torch_exception_get_what_without_backtrace" in note
+    assert note.endswith(f"pip install --no-deps torchaudio=={torch.__version__.split('+')[0]}")
+
+
 def test_cache_folder_follows_the_environment(tmp_path, monkeypatch):
     from audioloader.shards import index
     from audioloader.shards.machine_cache import cache_root

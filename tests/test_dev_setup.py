@@ -114,12 +114,26 @@ def test_gpu_check_reads_the_driver_or_nvidia_smi(monkeypatch, tmp_path):
 
 
 def test_torch_requirements_follow_the_dev_extra(dev):
-    assert dev.torch_requirements() == ["torch==2.11.*", "torchaudio==2.11.*"]
+    assert dev.torch_requirements() == ["torch==2.11.0", "torchaudio==2.11.0"]
 
 
-def fake_install(dev, monkeypatch, tmp_path, torch_rc: int) -> list[list[str]]:
+def test_the_dev_extra_pins_torch_and_torchaudio_to_one_release(dev):
+    """torchaudio loads only with the torch it was built for (2.11.1 does not load with torch 2.11.0 although its
+    metadata allows it): a range on either side lets pip resolve a pair that cannot be imported."""
+    torch_spec, torchaudio_spec = dev.torch_requirements()
+    assert torch_spec.startswith("torch==") and "*" not in torch_spec
+    assert torchaudio_spec == "torchaudio==" + torch_spec.removeprefix("torch==")
+
+
+BROKEN_PAIR = ("Traceback (most recent call last):\n  File \"<string>\", line 1, in <module>\n"
+               "OSError: /venv/lib/python3.11/site-packages/torchaudio/lib/libtorchaudio.so: undefined symbol: "
+               "torch_exception_get_what_without_backtrace\n")
+
+
+def fake_install(dev, monkeypatch, tmp_path, torch_rc: int, import_stderr: str = "") -> list[list[str]]:
     """Run ensure_environment against a fake .venv in tmp_path, recording pip's commands (each exits 0, the
-    install of torch from an index ``torch_rc``)."""
+    install of torch from an index ``torch_rc``; the check that torch and torchaudio import fails with
+    ``import_stderr`` when it is given)."""
     venv = tmp_path / ".venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").touch()
@@ -129,6 +143,10 @@ def fake_install(dev, monkeypatch, tmp_path, torch_rc: int) -> list[list[str]]:
 
     def run(argv, check=False, **kwargs):
         commands.append([str(a) for a in argv])
+        if argv[1:3] == ["-c", "import torch, torchaudio"]:
+            return subprocess.CompletedProcess(argv, 1 if import_stderr else 0, "", import_stderr)
+        if argv[1] == "-c":  # the versions installed
+            return subprocess.CompletedProcess(argv, 0, "torch 2.11.0+cu130\ntorchaudio 2.11.1\n", "")
         rc = torch_rc if "--index-url" in argv else 0
         if check and rc:
             raise subprocess.CalledProcessError(rc, argv)
@@ -140,21 +158,38 @@ def fake_install(dev, monkeypatch, tmp_path, torch_rc: int) -> list[list[str]]:
     return commands
 
 
+def test_setup_checks_that_torchaudio_imports_after_installing(dev, monkeypatch, tmp_path):
+    commands = fake_install(dev, monkeypatch, tmp_path, torch_rc=0)
+    extra_at = next(i for i, c in enumerate(commands) if c[-1].endswith("[dev]"))
+    check_at = next(i for i, c in enumerate(commands) if c[1:] == ["-c", "import torch, torchaudio"])
+    assert check_at > extra_at
+
+
+def test_a_pair_that_does_not_import_stops_setup_with_the_fix(dev, monkeypatch, tmp_path):
+    with pytest.raises(SystemExit) as stopped:
+        fake_install(dev, monkeypatch, tmp_path, torch_rc=0, import_stderr=BROKEN_PAIR)
+    message = str(stopped.value)
+    assert "torch 2.11.0+cu130 and torchaudio 2.11.1 were installed" in message
+    assert "undefined symbol: torch_exception_get_what_without_backtrace" in message
+    assert "pip install --no-deps torchaudio==2.11.0" in message
+    assert not (tmp_path / ".venv" / ".audioloader-installed").exists()  # the next run installs and checks again
+
+
 def test_setup_installs_the_cpu_build_before_the_dev_extra(dev, monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(dev.sys, "platform", "linux")
     commands = fake_install(dev, monkeypatch, tmp_path, torch_rc=0)
     torch_at = next(i for i, c in enumerate(commands) if "--index-url" in c)
     extra_at = next(i for i, c in enumerate(commands) if c[-1].endswith("[dev]"))
     assert torch_at < extra_at
-    assert commands[torch_at][-4:] == ["torch==2.11.*", "torchaudio==2.11.*", "--index-url", dev.CPU_INDEX]
+    assert commands[torch_at][-4:] == [*dev.torch_requirements(), "--index-url", dev.CPU_INDEX]
     assert "the CPU build from https://download.pytorch.org/whl/cpu" in capsys.readouterr().out
 
 
 def test_setup_never_fails_because_of_the_cpu_index(dev, monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(dev.sys, "platform", "linux")
     commands = fake_install(dev, monkeypatch, tmp_path, torch_rc=1)  # reachable, but the install broke off
-    assert commands[-1][-1].endswith("[dev]")
+    assert any(c[-1].endswith("[dev]") for c in commands)
     assert "failed (exit 1); PyPI's default wheel comes with the dev extra instead" in capsys.readouterr().out
     monkeypatch.setattr(dev, "cpu_index_unreachable", lambda timeout=dev.PROBE_TIMEOUT_S: "Name or service not known")
     commands = fake_install(dev, monkeypatch, tmp_path / "again", torch_rc=1)
-    assert not any("--index-url" in c for c in commands) and commands[-1][-1].endswith("[dev]")
+    assert not any("--index-url" in c for c in commands) and any(c[-1].endswith("[dev]") for c in commands)

@@ -261,12 +261,30 @@ def torchaudio_note() -> str | None:
     """None when torchaudio imports; else the one line saying that the baseline is not measured and how to get it."""
     try:
         import torchaudio  # noqa: F401  (the user baseline needs it)
-    except ImportError:
+    except ModuleNotFoundError:
         from audioloader import _DISTRIBUTION
 
         return (f"the user baseline (baseline-torchaudio, baseline-soxr) is not measured: it needs torchaudio, "
                 f"which is not installed; get it with: pip install \"{_DISTRIBUTION}[bench]\"")
+    except Exception as error:  # installed, but its native library does not load with this torch (OSError & co)
+        import torch
+
+        cause = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+        return (f"the user baseline (baseline-torchaudio, baseline-soxr) is not measured: torchaudio "
+                f"{_installed('torchaudio')} is installed but does not load with torch {torch.__version__} "
+                f"({cause}); each torchaudio build loads only with the torch release it was built for: install "
+                f"the one that matches with: pip install --no-deps torchaudio=={torch.__version__.split('+')[0]}")
     return None
+
+
+def _installed(distribution: str) -> str:
+    """The installed version of ``distribution``, or "?" when its metadata cannot be read."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "?"
 
 
 def _cache_line(cache_dir: str) -> str:
