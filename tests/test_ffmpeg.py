@@ -207,8 +207,8 @@ def test_flac_and_wav_decode_to_the_same_samples_with_both_backends(channels):
 def test_the_window_alone_gives_the_same_crop_as_decoding_everything(fmt, subtype, rate, channels):
     data = encode(signal_for(rate, 3.0, channels), rate, fmt, subtype)
     for offset_fraction in (0.0, 0.37, 1.0):
-        def draw(n: int) -> int:
-            return min(n - 1, int(offset_fraction * n))
+        def draw(n: int, fraction: float = offset_fraction) -> int:
+            return min(n - 1, int(fraction * n))
 
         window = load_clip(data, 16000, 8000, train=True, draw=draw, window=True, backend="ffmpeg")
         full = load_clip(data, 16000, 8000, train=True, draw=draw, window=False, backend="ffmpeg")
