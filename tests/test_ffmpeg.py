@@ -67,6 +67,7 @@ CODECS = {
     "mp3": ("mp3", "libmp3lame", 16000),
     "flac": ("flac", "flac", 16000),
     "wav": ("wav", "pcm_s16le", 16000),
+    "wma": ("asf", "wmav2", 16000),
 }
 
 
@@ -79,7 +80,8 @@ def signal_for(rate: int, seconds: float = 1.0, channels: int = 1) -> np.ndarray
 
 def clip(name: str, seconds: float = 1.0, channels: int = 1) -> bytes:
     container, codec, rate = CODECS[name]
-    return av_encode(signal_for(rate, seconds, channels), rate, container, codec)
+    bit_rate = 32000 if codec == "wmav2" else None  # its encoder has no default for 16 kHz
+    return av_encode(signal_for(rate, seconds, channels), rate, container, codec, bit_rate)
 
 
 def decoded(data: bytes, rate: int, backend: str) -> np.ndarray:
@@ -99,7 +101,7 @@ def best_lag_correlation(a: np.ndarray, b: np.ndarray, max_lag: int = 64) -> tup
 
 def test_the_container_is_sniffed_from_the_bytes():
     expected = {"aac_m4a": "mp4", "aac_mp4": "mp4", "aac_mkv": "matroska", "opus_webm": "matroska",
-                "opus_ogg": "ogg", "mp3": "mp3", "flac": "flac", "wav": "wav"}
+                "opus_ogg": "ogg", "mp3": "mp3", "flac": "flac", "wav": "wav", "wma": "asf"}
     for name, container in expected.items():
         assert ffmpeg.sniff(clip(name, 0.2)) == container, name
     assert ffmpeg.sniff(encode(tone(0.2, 16000), 16000, "OGG")) == "ogg"
@@ -110,7 +112,7 @@ def test_the_container_is_sniffed_from_the_bytes():
 
 
 def test_auto_sends_to_ffmpeg_only_what_libsndfile_cannot_open():
-    for name in ("aac_m4a", "aac_mkv", "opus_webm"):
+    for name in ("aac_m4a", "aac_mkv", "opus_webm", "wma"):
         assert ffmpeg.route(clip(name, 0.2), "auto") == "ffmpeg", name
     for name in ("opus_ogg", "mp3", "flac", "wav"):
         assert ffmpeg.route(clip(name, 0.2), "auto") == "sndfile", name
@@ -171,6 +173,7 @@ PINNED = {
     ("opus_webm", "ffmpeg"): "6d1f14e7ce998b73",
     ("wav", "ffmpeg"): "c796b3ecc03aa13f",
     ("wav", "sndfile"): "c796b3ecc03aa13f",
+    ("wma", "ffmpeg"): "ace0fa1480a6dad8",
 }
 
 
