@@ -14,7 +14,11 @@ Each backend that can read the codec runs; AAC is FFmpeg only (libsndfile cannot
 interleaved, ``--repeats`` rounds, and the table shows median ms per clip and the median per-round ratio
 FFmpeg / libsndfile (below 1: FFmpeg faster): the machine is shared, so only the ratios of one run compare.
 Then each backend decodes every clip once in a fresh process: the time to its first decoded clip (imports,
-PyAV's FFmpeg libraries loading) and its peak RSS. Also whether the two backends give the same samples.
+PyAV's FFmpeg libraries loading) and its peak RSS (one process, no workers: the process tree is that process).
+Also whether the two backends give the same samples.
+
+``--raw``: only the two decoders themselves on FLAC and MP3 (``soundfile.read`` against a bare PyAV loop, no
+conversion, mix down or crop): whether FFmpeg's decoder is faster than libsndfile's here, apart from our path.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ import argparse
 import io
 import json
 import multiprocessing
-import resource
 import statistics
 import time
 from collections import defaultdict
@@ -93,6 +96,43 @@ def crop(data: bytes, backend: str, index: int) -> np.ndarray:
     return load_clip(data, 16000, 80000, train=True, draw=lambda n: (index * 7919) % n, backend=backend)
 
 
+def raw_decoders(data: bytes) -> dict[str, float]:
+    """Seconds of the two decoders alone on one clip, without the loader's path around them: ``soundfile.read``
+    to float32, and a bare PyAV loop (open, demux, decode; the frames left as FFmpeg gives them)."""
+    import av
+    import soundfile as sf
+
+    start = time.perf_counter()
+    sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    middle = time.perf_counter()
+    with av.open(io.BytesIO(data), options={"probesize": "4096"}) as container:
+        for packet in container.demux(container.streams.audio[0]):
+            packet.decode()
+    return {"sndfile": middle - start, "ffmpeg": time.perf_counter() - middle}
+
+
+def raw_table(args: argparse.Namespace) -> list[dict]:
+    """FLAC (and MP3) through the bare decoders, interleaved, ``--repeats`` rounds over every clip."""
+    rows = []
+    print("| codec | rate, channels | libsndfile ms/clip | FFmpeg (bare PyAV loop) ms/clip | ratio FFmpeg/libsndfile |")
+    print("|---|---|---|---|---|")
+    for rate, channels in SETTINGS:
+        for codec in ("FLAC", "MP3"):
+            clips, clip_rate = make_clips(args.clips, args.seconds, rate, channels, codec)
+            rounds = []
+            for _ in range(args.repeats):
+                seconds = [raw_decoders(data) for data in clips]
+                rounds.append({k: sum(s[k] for s in seconds) / len(clips) for k in ("sndfile", "ffmpeg")})
+            sndfile = statistics.median(r["sndfile"] for r in rounds)
+            ffmpeg = statistics.median(r["ffmpeg"] for r in rounds)
+            ratio = statistics.median(r["ffmpeg"] / r["sndfile"] for r in rounds)
+            rows.append({"codec": codec, "rate": clip_rate, "channels": channels, "sndfile_ms": 1000 * sndfile,
+                         "ffmpeg_ms": 1000 * ffmpeg, "ratio": ratio})
+            print(f"| {codec} | {clip_rate / 1000:g} kHz, {channels} | {1000 * sndfile:.2f} | {1000 * ffmpeg:.2f} | "
+                  f"{ratio:.2f} |", flush=True)
+    return rows
+
+
 def timed_rounds(clips: list[bytes], rate: int, backends: tuple[str, ...], repeats: int) -> dict[str, list[float]]:
     """Median seconds per clip, per (stage, backend), each round interleaving the backends."""
     times: dict[str, list[float]] = defaultdict(list)
@@ -112,7 +152,16 @@ def _child(clips: list[bytes], rate: int, backend: str, queue: multiprocessing.Q
     first = time.perf_counter() - start
     for data in clips[1:]:
         decode_all(data, rate, backend)
-    queue.put((first, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+    queue.put((first, peak_rss_mib()))
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory (VmHWM; ``ru_maxrss`` would keep the forking parent's across exec)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def fresh_process(clips: list[bytes], rate: int, backend: str) -> tuple[float, float]:
@@ -132,7 +181,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=None, help="write the results as JSON here too")
+    parser.add_argument("--raw", action="store_true", help="only the bare decoders on FLAC and MP3 (no loader path)")
     args = parser.parse_args()
+    if args.raw:
+        rows = raw_table(args)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"args": vars(args), "raw": rows}, f, indent=1)
+        return
     rows = []
     header = ("| codec | rate, channels | backend | decode ms/clip | x realtime | crop ms/clip | decode ratio "
               "FFmpeg/sndfile | crop ratio | first clip ms (fresh process) | peak RSS MiB | same samples |")
