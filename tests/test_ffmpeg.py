@@ -326,3 +326,14 @@ def test_a_stereo_m4a_is_mixed_down_like_any_clip():
     frames, rate = ffmpeg.read_all(data)
     assert frames.shape == (16000, 2) and rate == 16000
     assert np.array_equal(decoded(data, 16000, "auto"), mixdown(frames))
+
+
+def test_each_source_of_a_mix_decodes_with_its_own_backend(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    strict, relaxed = codec_shard(tmp_path / "a", ("wav", "aac_m4a")), codec_shard(tmp_path / "b", ("wav", "aac_m4a"))
+    mix = al.Mix({"strict": (al.Source(strict, decoder="sndfile"), 0.5), "relaxed": (al.Source(relaxed), 0.5)})
+    batches, stats = eval_batches(mix)
+    assert sum(int(x >= 0) for b in batches for x in b["label"]) == 3
+    (bad,) = stats["bad_rows"]
+    assert bad["file"].endswith("a/codecs.arrow") and "decoder='sndfile'" in bad["reason"]
