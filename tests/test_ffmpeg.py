@@ -337,3 +337,15 @@ def test_each_source_of_a_mix_decodes_with_its_own_backend(tmp_path):
     assert sum(int(x >= 0) for b in batches for x in b["label"]) == 3
     (bad,) = stats["bad_rows"]
     assert bad["file"].endswith("a/codecs.arrow") and "decoder='sndfile'" in bad["reason"]
+
+
+def test_a_segment_of_a_clip_decodes_through_ffmpeg_as_through_libsndfile():
+    data = encode(signal_for(16000, 3.0), 16000, "FLAC", "PCM_16")
+    for span in [(0.5, 1.7), (None, 1.0), (2.0, None)]:
+        ours = load_clip(data, 8000, None, train=False, draw=lambda n: 0, span=span, backend="ffmpeg")
+        theirs = load_clip(data, 8000, None, train=False, draw=lambda n: 0, span=span, backend="sndfile")
+        assert np.array_equal(ours, theirs), span
+    m4a = clip("aac_m4a", 3.0)
+    assert len(load_clip(m4a, 16000, None, train=False, draw=lambda n: 0, span=(1.0, 2.5))) == 24000
+    with pytest.raises(DecodeError, match="after the end of the audio"):
+        load_clip(m4a, 16000, None, train=False, draw=lambda n: 0, span=(1.0, 4.0))
