@@ -1,7 +1,7 @@
 """The FFmpeg decoder backend (audioloader.dsp.ffmpeg): containers libsndfile cannot open (AAC in MP4/M4A, Opus in
 WebM), sniffed from the bytes; lengths without encoder delay or padding; the same samples as the ``ffmpeg`` command;
 samples pinned per (codec, backend); the crop window alone; the choice in ``Source(decoder=...)``, in the checkpoint
-fingerprint; and a bad row naming the extra when PyAV is missing.
+fingerprint. (Without PyAV: tests/test_ffmpeg_missing.py, which runs without it.)
 
 The audio is made here: test signals encoded with PyAV itself (and soundfile for what libsndfile writes).
 """
@@ -12,7 +12,6 @@ import hashlib
 import io
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pyarrow as pa
@@ -260,7 +259,7 @@ def eval_batches(source, **kwargs):
 
 
 @pytest.mark.parametrize("kind", ["thread", "process"])
-def test_a_loader_reads_m4a_webm_and_mkv_rows_beside_wav_and_flac(tmp_path, kind):
+def test_a_loader_reads_m4a_and_webm_rows_beside_wav_flac_ogg_and_mp3(tmp_path, kind):
     shard = codec_shard(tmp_path)
     batches, stats = eval_batches(shard, workers=al.Workers(num_workers=2, kind=kind))
     assert stats["counters"]["bad_rows"] == 0
@@ -288,17 +287,6 @@ def test_decoder_sndfile_makes_an_m4a_row_a_bad_row_naming_the_fix(tmp_path):
     assert [int(x) for b in batches for x in b["label"] if x >= 0] == [0, 2]  # -1: padding of the last batch
     (bad,) = stats["bad_rows"]
     assert bad["row"] == 1 and "decoder='sndfile'" in bad["reason"] and "Source(decoder='auto')" in bad["reason"]
-
-
-def test_without_pyav_an_m4a_row_is_a_bad_row_naming_the_extra(tmp_path, monkeypatch):
-    shard = codec_shard(tmp_path, ("wav", "aac_m4a", "flac", "opus_webm"))
-    monkeypatch.setitem(sys.modules, "av", None)  # `import av` raises ImportError, as where it is not installed
-    batches, stats = eval_batches(shard)
-    assert [int(x) for b in batches for x in b["label"] if x >= 0] == [0, 2]  # libsndfile's rows still decode
-    reasons = {bad["row"]: bad["reason"] for bad in stats["bad_rows"]}
-    assert set(reasons) == {1, 3}
-    assert all('pip install "audioloader-arrow[ffmpeg]"' in reason for reason in reasons.values())
-    assert "MP4/M4A" in reasons[1] and "Matroska/WebM" in reasons[3]
 
 
 def test_the_decoder_is_part_of_the_checkpoint_fingerprint(tmp_path):
