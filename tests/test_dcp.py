@@ -53,6 +53,7 @@ def torchrun(ranks: int, *args: str) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
+@pytest.mark.slow  # three torchrun launches: 2-3 minutes on a busy 2-core machine
 def test_dcp_two_ranks_resume_exactly_on_two_and_elastically_on_one(shard_folder, tmp_path):
     shards = shard_folder(ROWS, "ipc_file", batch_rows=4, seconds=0.3)
     torchrun(2, "save", str(shards), str(tmp_path))
