@@ -109,6 +109,8 @@ def test_options_an_audio_loader_cannot_honour_are_refused_naming_the_fix(ipc_sh
         trainer(train_sampling_strategy="group_by_length")
     with pytest.raises(ValueError, match="split_batches=True"):
         trainer(accelerator_config={"split_batches": True})
+    with pytest.raises(ValueError, match="auto_find_batch_size=True"):
+        trainer(auto_find_batch_size=True)
     with pytest.raises(TypeError, match="pass train_loader= and eval_loader="):
         AudioLoaderTrainer(model=Recorder(), args=TrainingArguments(str(tmp_path), report_to="none", use_cpu=True),
                            train_dataset=[])

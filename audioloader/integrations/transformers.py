@@ -262,6 +262,9 @@ def _check_arguments(trainer: str, args: Any, loaders: list[AudioLoader | None])
         raise ValueError(f"{trainer}: train_sampling_strategy={strategy!r} (group_by_length) orders a Dataset's "
                          "samples; an AudioLoader orders its own. Batch by duration with "
                          "AudioLoader(batching=al.Bucketing(...)), and leave the strategy at 'random'")
+    if args.auto_find_batch_size:
+        raise ValueError(f"{trainer}: auto_find_batch_size=True retries with a smaller per_device_train_batch_size, "
+                         "which an AudioLoader does not read: its batch_size is its own. Leave it False")
     config = args.accelerator_config
     for option in ("split_batches", "dispatch_batches"):
         if getattr(config, option, None):
