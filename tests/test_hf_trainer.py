@@ -155,3 +155,15 @@ def test_two_processes_killed_and_resumed_on_two_exactly_and_on_one_elastically(
     alone = report(tmp_path / "alone", 0)["rows"]
     counts = Counter(before + alone[:40 - len(before)])
     assert sorted(counts) == list(range(40)) and set(counts.values()) == {1}
+
+
+def test_the_library_imports_without_transformers_and_the_integration_names_the_install():
+    code = ("import sys; sys.modules['transformers'] = None\n"  # as if it were not installed
+            "import audioloader, audioloader.integrations.dcp\n"
+            "try:\n"
+            "    import audioloader.integrations.transformers\n"
+            "except ImportError as error:\n"
+            "    print(error)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "needs Hugging Face Transformers: pip install transformers" in out.stdout, out.stdout

@@ -44,7 +44,7 @@ from .accelerate import AllRanksState
 try:
     from transformers import Seq2SeqTrainer, Trainer, TrainerCallback
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
-except ImportError as error:  # pragma: no cover - exercised without transformers installed
+except ImportError as error:  # tests/test_hf_trainer.py blocks the import to check this message
     raise ImportError("audioloader.integrations.transformers needs Hugging Face Transformers: pip install "
                       "transformers (or audioloader-arrow[transformers])") from error
 
