@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 import audioloader as al
 from tests.helpers import SMALL
@@ -49,6 +50,9 @@ def test_killed_after_a_checkpoint_and_resumed_in_a_fresh_process_trains_on_the_
     whole = run(str(ipc_shards), str(tmp_path / "whole"), str(tmp_path / "whole"))
     finish(killed, -9)
     assert sorted(os.listdir(tmp_path / "killed")) == ["checkpoint-2", "checkpoint-4"]
+    # The loader's state goes into each checkpoint the Trainer saves, and nowhere else.
+    assert sorted(path.parent.name for path in (tmp_path / "whole").rglob(STATE_FILE)) == [
+        f"checkpoint-{step}" for step in (2, 4, 6, 8)]
     assert (tmp_path / "killed" / "checkpoint-4" / STATE_FILE).is_file()
     assert len(whole["trained"]) == 16 and len(set(whole["trained"])) == 16
     assert report(tmp_path / "killed")["trained"] == whole["trained"][:8]
@@ -138,6 +142,8 @@ def test_two_processes_killed_and_resumed_on_two_exactly_and_on_one_elastically(
     torchrun(2, str(ipc_shards), str(tmp_path / "killed"), str(tmp_path / "killed"), *common, "--kill-after", "1",
              code=1)
     checkpoint = tmp_path / "killed" / "checkpoint-1"
+    states = torch.load(checkpoint / STATE_FILE, weights_only=True)["ranks"]  # one file, every rank's position
+    assert [state["fingerprint"]["rank"] for state in states] == [0, 1]
     torchrun(2, str(ipc_shards), str(tmp_path / "resumed"), str(tmp_path / "resumed"), *common, "--resume",
              str(checkpoint))
     for rank in (0, 1):

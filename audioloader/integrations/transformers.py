@@ -16,7 +16,7 @@ What the Trainer is missing, and what these subclasses add (docs/integrations.md
   ``to_inputs``, which maps a loader batch to the model's keyword arguments), never a
   ``torch.utils.data.DataLoader`` around them and never through ``accelerator.prepare``: a loader
   already reads its rank's share, decodes in its own workers and collates.
-* `LoaderCheckpoint`, a callback added first among the Trainer's own, marks each micro-batch trained
+* `LoaderCheckpoint`, a callback added before the callbacks you pass, marks each micro-batch trained
   (``loader.mark_trained()``: the state follows what the model trained on, whatever the Trainer takes
   ahead) and, in ``on_save``, writes the states of every rank's training loader (`AllRanksState`, a
   collective: every rank runs ``on_save``) into the ``checkpoint-N/`` folder just written, as
@@ -42,7 +42,8 @@ from ..audio_loader import AudioLoader
 from .accelerate import AllRanksState
 
 try:
-    from transformers import Seq2SeqTrainer, Trainer, TrainerCallback
+    from transformers import Seq2SeqTrainer, Trainer, TrainerCallback, TrainerState
+    from transformers.trainer import TRAINER_STATE_NAME
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 except ImportError as error:  # tests/test_hf_trainer.py blocks the import to check this message
     raise ImportError("audioloader.integrations.transformers needs Hugging Face Transformers: pip install "
@@ -156,8 +157,9 @@ class _LoaderMixin:
             resume_from_checkpoint = None
         checkpoint = self.loader_checkpoint
         if resume_from_checkpoint is not None and checkpoint is not None:
+            epochs = self._resumed_epochs(resume_from_checkpoint)  # first: it may refuse the checkpoint
             checkpoint.load(resume_from_checkpoint)
-            checkpoint.epochs = self._resumed_epochs(resume_from_checkpoint)
+            checkpoint.epochs = epochs
         skip = self.args.ignore_data_skip
         self.args.ignore_data_skip = True  # the loader is at its position: the Trainer must not read batches away
         try:
@@ -174,9 +176,6 @@ class _LoaderMixin:
         restarts at 0 in the resumed epoch; steps are counted in full groups of gradient accumulation, and
         an epoch is the loader's pass (one pass of an infinite loader: ``max_steps`` steps).
         """
-        from transformers import TrainerState
-        from transformers.trainer import TRAINER_STATE_NAME
-
         accumulation = self.args.gradient_accumulation_steps
         loader = self.train_dataset
         if loader.infinite:
