@@ -34,9 +34,12 @@ RUNS = {
     "test_speech_batches_resume_mid_pass_and_evaluate_each_utterance_once": ("speech_batches.py", "--utterances", 24,
                                                                              "--max-duration", 20, "--batches", 3),
     "test_pack_speech_reads_every_input_kind_and_trains": ("pack_speech.py", "--batches", 3),
+    "test_hf_trainer_whisper_resumes_exactly": ("hf_trainer_whisper.py", "--quick"),
 }
 #: The scripts that need Hugging Face ``datasets`` (their tests are skipped without it).
 NEEDS_DATASETS = {"hf_dataset.py", "speech_batches.py"}
+#: The scripts that need Hugging Face ``transformers`` (their tests are skipped without it).
+NEEDS_TRANSFORMERS = {"hf_trainer_whisper.py"}
 
 
 def run_example(name: str, *args) -> str:
@@ -52,10 +55,11 @@ def outputs(request):
     """``{test name: future of its run's stdout}`` (`RUNS`), for this module's tests that were selected, all started
     at once and run as many at a time as there are cores (at most 4)."""
     selected = {item.originalname for item in request.session.items if item.module is request.module}
-    has_datasets = importlib.util.find_spec("datasets") is not None
+    missing = (set() if importlib.util.find_spec("datasets") else NEEDS_DATASETS) | (
+        set() if importlib.util.find_spec("transformers") else NEEDS_TRANSFORMERS)
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
         yield {test: pool.submit(run_example, *run) for test, run in RUNS.items()
-               if test in selected and (has_datasets or run[0] not in NEEDS_DATASETS)}
+               if test in selected and run[0] not in missing}
 
 
 @pytest.fixture
@@ -137,3 +141,11 @@ def test_pack_speech_reads_every_input_kind_and_trains(example):
     # Several utterances a batch: 32 duration buckets over 11 s of audio gave one a batch (issue 29).
     sizes = [int(n) for n in re.findall(r"^batch \d+: fbank .*\((\d+) utterances", out, re.MULTILINE)]
     assert len(sizes) == 3 and min(sizes) >= 2, out
+
+
+def test_hf_trainer_whisper_resumes_exactly(example):
+    pytest.importorskip("transformers")
+    out = example()
+    assert len(re.findall(r"evaluation losses: \d+\.\d+, \d+\.\d+$", out, re.MULTILINE)) == 2, out
+    assert "resumed from checkpoint-2: 8 batches, identical to the uninterrupted run: True" in out, out
+    assert "final weights identical: True" in out, out

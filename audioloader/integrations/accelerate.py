@@ -41,19 +41,23 @@ class AllRanksState:
     ``torch.distributed.all_gather_object`` when a process group is initialized; only this
     process's state otherwise). ``load_state_dict()`` hands the list to ``loader.load_state_dict``,
     which picks this rank's state (or spreads the rows over a new world size).
+
+    ``group``: the process group whose processes are the loader's ranks (default: all processes).
     """
 
-    def __init__(self, loader: AudioLoader) -> None:
+    def __init__(self, loader: AudioLoader, group: Any = None) -> None:
         if not isinstance(loader, AudioLoader):
-            raise TypeError(f"AllRanksState(loader): expected an audioloader.AudioLoader, got {type(loader).__name__}")
+            raise TypeError(f"{type(self).__name__}(loader): expected an audioloader.AudioLoader, "
+                            f"got {type(loader).__name__}")
         self.loader = loader
+        self.group = group
 
     def state_dict(self) -> dict[str, Any]:
         state = self.loader.state_dict()
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(self.group) == 1:
             return {"ranks": [state]}
-        states: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(states, state)
+        states: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(states, state, group=self.group)
         return {"ranks": states}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
