@@ -45,7 +45,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .remote_files import RemoteFile, is_url
+from .remote_files import RemoteFile, is_url, local_path
 
 __all__ = ["PATH_COLUMNS", "SEGMENT_LOOKALIKES", "SPECIAL_COLUMNS", "Entry", "Inputs", "Skips", "Table", "build_inputs",
            "canonical_columns", "read_table"]
@@ -243,7 +243,7 @@ def build_inputs(table: Table, fmt: str, base: Path | RemoteFile, *, rename: dic
             skips.add("missing file", f"{where}: {file}")
             continue
         rel = (file.relative_to(rel_base).as_posix() if rel_base is not None else
-               str(RemoteFile(str(path))) if is_url(str(path)) else Path(str(path)).as_posix())
+               str(RemoteFile(str(path))) if is_url(str(path)) else Path(local_path(str(path))).as_posix())
         span = _span(table.source, where, values, segments)
         values.pop("duration", None)
         entries.append(Entry(file, rel, where, None if labels is None else labels[i], values, span))
@@ -253,9 +253,12 @@ def build_inputs(table: Table, fmt: str, base: Path | RemoteFile, *, rename: dic
 
 
 def locate(path: str, base: Path | RemoteFile) -> Path | RemoteFile:
-    """The file a manifest's ``path`` names: a URL as it is, else relative to ``base`` (unless absolute)."""
+    """The file a manifest's ``path`` names: a store's URL as it is, a ``file://`` URL its path, else relative to
+    ``base`` (unless absolute)."""
     if is_url(path):
         return RemoteFile(path)
+    if local_path(path) != path:  # a file:// URL: that local file, wherever the manifest is
+        return Path(local_path(path))
     if isinstance(base, RemoteFile):
         return base.join(path)
     return Path(path) if Path(path).is_absolute() else base / path

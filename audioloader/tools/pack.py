@@ -66,7 +66,7 @@ from .pack_journal import (
     unfinished_parts,
 )
 from .pack_store import LocalOut, RemoteOut, crash_point, forget_crash_points, open_out
-from .remote_files import is_url
+from .remote_files import is_url, local_path
 from .remote_inputs import remote_inputs
 
 __all__ = ["AUDIO_EXTENSIONS", "CODECS", "INPUT_FORMATS", "PackSummary", "add_arguments", "collect_inputs", "pack",
@@ -322,6 +322,7 @@ def pack_dataset(src: str | os.PathLike[str], out: str | os.PathLike[str], *, fm
     part = parse_part(part)
     if sample_rate is not None and codec is None:
         codec = "flac"
+    src, out = (local_path(os.fspath(p)) or os.fspath(p) for p in (src, out))  # file:// URLs: their paths
     store = open_out(out)
     try:
         _check_out_not_in_src(src, store)
