@@ -8,7 +8,7 @@ import pytest
 
 from audioloader.shards import ShardDataset
 from audioloader.shards.sources import local_path
-from audioloader.tools.manifests import locate
+from audioloader.tools.input_lists import locate
 from audioloader.tools.pack import pack_dataset
 from audioloader.tools.remote_files import RemoteFile, is_url
 from tests.helpers import class_tree

@@ -50,8 +50,8 @@ from audioloader.errors import OptionError
 from audioloader.shards.writer import FORMATS, ShardWriter
 
 from .. import checks
+from .input_lists import EXAMPLES_PER_REASON, Entry, Inputs, Skips
 from .layouts import AUDIO_EXTENSIONS, INPUT_FORMATS, collect_local_inputs
-from .manifests import EXAMPLES_PER_REASON, Entry, Inputs, Skips
 from .pack_audio import CODECS, Packed, Skipped, forget_decoded, load_entry, reencode
 from .pack_journal import (
     Journal,

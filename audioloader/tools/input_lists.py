@@ -1,4 +1,5 @@
-"""Manifests ``audioloader pack`` reads: CSV, TSV and JSONL files listing audio files, with any columns.
+"""Input lists ``audioloader pack`` reads: CSV, TSV and JSONL files listing audio files, with any columns (the
+user's "manifests"; named apart from the dataset manifest of `audioloader.shards.manifest`).
 
 A manifest has one row per audio file (or per segment of one, see below) and a
 column naming the file: ``path`` (or ``file_name`` as in Hugging Face
