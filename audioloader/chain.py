@@ -83,6 +83,7 @@ class Sources:
     label_column: str | None = "label"
     segments: Segments | None = None  # the single source's
     stop: str | None = None
+    decoders: tuple[str, ...] = ("auto",)  # each source's decoder backend (`Source.decoder`)
 
     def seconds_of(self, row: RawSample) -> float:
         """A row's duration for bucketing: its window's length (segments), its duration column, or its header."""
@@ -320,7 +321,7 @@ def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: Bas
     return DecodeSpectrogram(
         rows, s.features, seed=s.seed, train=s.train, workers=s.workers, augment=s.augmentations,
         on_error=s.on_error, stats=stats, fetch=fetch, compute_features=s.device is None, length=length,
-        segments=sources.segments,
+        segments=sources.segments, decoder=sources.decoders[0] if len(set(sources.decoders)) == 1 else sources.decoders,
         max_bytes_in_flight=s.shuffle.decode_max_bytes, collate_into=collate_into)
 
 
@@ -350,7 +351,8 @@ def _open_one(source: Source, settings: Settings) -> Sources:
     duration_column, dataset = _with_duration_column(_dataset(source, settings), settings, source.segments)
     return Sources(datasets=[dataset], lengths=[source.length or settings.length], names=(), mix=None,
                    has_labels=source.label_column is not None, duration_column=duration_column,
-                   audio_column=source.audio_column, label_column=source.label_column, segments=source.segments)
+                   audio_column=source.audio_column, label_column=source.label_column, segments=source.segments,
+                   decoders=(source.decoder,))
 
 
 def _with_duration_column(dataset: ShardDataset, settings: Settings,
@@ -424,7 +426,8 @@ def _open_mix(mix: Mix, settings: Settings, stats: LoaderStats, columns: tuple[s
     check_columns(mix.names, [dataset.schema for dataset in datasets], s.columns)
     stats.describe_sources(mix.names, mix.weights)
     return Sources(datasets=datasets, lengths=lengths, names=mix.names, mix=mix, has_labels=all(labelled.values()),
-                   duration_column=None, audio_column=columns[0], label_column=columns[1], stop=stop)
+                   duration_column=None, audio_column=columns[0], label_column=columns[1], stop=stop,
+                   decoders=tuple(e.source.decoder for e in mix.entries))
 
 
 def _mix_dataset(entry: Any, settings: Settings) -> ShardDataset:

@@ -67,6 +67,8 @@ def _newer_fields(settings: Any, sources: Any) -> dict[str, Any]:
                              "duration_column": sources.duration_column}
     if sources.segments is not None:
         extra["segments"] = sources.segments.to_dict()
+    if any(decoder != "auto" for decoder in sources.decoders):  # a backend is part of the data's identity
+        extra["decoder"] = list(sources.decoders)
     if sources.mix is not None:
         # world_size here too: resuming a mix on another number of ranks is refused by name
         # (elastic resume redistributes one source's rows; a mix's draws are per rank).

@@ -19,6 +19,7 @@ from torchdata.nodes import StopCriteria
 
 from .dsp import hashing
 from .dsp.config import FeatureConfig, LengthPolicy, Segments
+from .dsp.ffmpeg import BACKENDS as DECODERS
 
 #: When a mix ends (see `Mix`): the behaviours of `audioloader.nodes.WeightedMix`.
 STOP_CRITERIA = ("cycle", "first_exhausted", "all_exhausted")
@@ -63,6 +64,10 @@ class Source:
             is decoded (WAV/FLAC/AIFF seek to it), crops and whole utterances are taken
             from it, and duration bucketing uses its length. None: whole rows. A single
             source only, for now (not in a `Mix`).
+        decoder: the decoder backend (docs/codecs.md): ``"auto"`` (containers only FFmpeg reads, such as
+            AAC in MP4/M4A or Opus in WebM, through FFmpeg, sniffed from the bytes; the rest through
+            libsndfile), ``"sndfile"`` or ``"ffmpeg"`` (every row through FFmpeg; ``pip install
+            "audioloader-arrow[ffmpeg]"``). Part of the data's identity: a checkpoint records it.
 
     The loader's ``columns=`` are read from every source. A loader of one source takes
     a `Source` too: ``AudioLoader(al.Source("speech/", label_column=None), ...)``.
@@ -75,8 +80,11 @@ class Source:
     filesystem: Any = None
     filter: Any = None
     segments: Segments | None = None
+    decoder: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.decoder not in DECODERS:
+            raise ValueError(f"Source.decoder={self.decoder!r}: must be one of {DECODERS} (docs/codecs.md)")
         if isinstance(self.data, Source):
             raise TypeError("Source(data=...) takes shards (a path, a list of paths or a ShardDataset), not a Source")
         if self.length is not None and not isinstance(self.length, LengthPolicy):

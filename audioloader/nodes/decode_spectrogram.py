@@ -79,13 +79,16 @@ class SampleDecoder:
     changed since the loader scanned it, before the row's bytes are touched (touching the missing pages of a
     truncated map is a SIGBUS). ``guard``: an extra ``guard(path)`` run next on each row with audio.
     ``segments``: rows are windows of their audio, read from these columns of ``RawSample.extras``.
+    ``decoder``: the decoder backend (`audioloader.dsp.ffmpeg`), one, or one per source of a mix.
     """
 
     def __init__(self, features: FeatureConfig, *, seed: int, train: bool, window: bool,
                  augment: Augmentations | None, stats: LoaderStats, fetch: Fetch | None = None,
                  compute_features: bool = True, length: LengthPolicy | Sequence[LengthPolicy] = DEFAULT_LENGTH,
-                 guard: Callable[[str], None] | None = None, segments: Segments | None = None) -> None:
+                 guard: Callable[[str], None] | None = None, segments: Segments | None = None,
+                 decoder: str | Sequence[str] = "auto") -> None:
         self.features = features
+        self.decoders = [decoder] if isinstance(decoder, str) else list(decoder)
         self.segments = segments
         self.guard = guard
         self.seed = seed
@@ -106,6 +109,9 @@ class SampleDecoder:
             raise ValueError(f"row {key} is of source {key.source}, but the decoder has length policies for "
                              f"{len(self._rules)} sources; give one LengthPolicy, or one per source")
         return self._rules[key.source]
+
+    def _backend(self, key: Key) -> str:
+        return self.decoders[0] if len(self.decoders) == 1 else self.decoders[key.source]
 
     def __call__(self, raw: RawSample | BatchEnd) -> Sample | BadRow | BatchEnd:
         if isinstance(raw, BatchEnd):
@@ -173,11 +179,12 @@ class SampleDecoder:
         wanted = rule.clip if rule.clip else rule.max
         if speed == 1.0:
             return load_clip(raw.audio, rate, wanted, train=rule.random, draw=draw, window=self.window,
-                             timer=self.stats.add_seconds, pad=rule.clip is not None, span=span)
+                             timer=self.stats.add_seconds, pad=rule.clip is not None, span=span,
+                             backend=self._backend(key))
         # Cut `speed` times as much source, play it `speed` times faster: the crop's length again.
         source = None if wanted is None else math.ceil(wanted * speed)
         clip = load_clip(raw.audio, rate, source, train=rule.random, draw=draw, window=self.window,
-                         timer=self.stats.add_seconds, pad=False, span=span)
+                         timer=self.stats.add_seconds, pad=False, span=span, backend=self._backend(key))
         start = time.perf_counter()
         clip = change_speed(clip, speed, rate)
         self.stats.add_seconds("augment", time.perf_counter() - start)
@@ -300,6 +307,8 @@ class DecodeSpectrogram(BaseNode[Sample]):
         length: one `LengthPolicy`, or one per source of a mix (indexed by ``Key.source``).
         segments: `Segments`: each row is the window of its audio named by two of its
             extra columns (the source must read them), decoded alone (None: whole rows).
+        decoder: the decoder backend, ``"auto"``, ``"sndfile"`` or ``"ffmpeg"`` (`audioloader.dsp.ffmpeg`), or one
+            per source of a mix (indexed by ``Key.source``).
         max_bytes_in_flight: hand out no further chunk while the rows in flight hold this many bytes
             (`held_bytes`; at least one chunk is always in flight); None: ``num_workers`` x 2 chunks whatever
             they weigh. The bytes in flight are reported in ``stats()["memory"]["decode_in_flight"]``.
@@ -326,7 +335,7 @@ class DecodeSpectrogram(BaseNode[Sample]):
                  length: LengthPolicy | Sequence[LengthPolicy] = DEFAULT_LENGTH,
                  guard: Callable[[str], None] | None = None, segments: Segments | None = None,
                  max_bytes_in_flight: int | None = None, collate_into: BatchArenas | None = None,
-                 workers: Workers | None = None) -> None:
+                 workers: Workers | None = None, decoder: str | Sequence[str] = "auto") -> None:
         super().__init__()
         num_workers, worker_type, start_method = _who_decodes(workers, num_workers, worker_type, start_method)
         if segments is not None and not isinstance(segments, Segments):
@@ -356,7 +365,7 @@ class DecodeSpectrogram(BaseNode[Sample]):
         self._decoder = SampleDecoder(features, seed=self.seed, train=self.train, window=self.window,
                                       augment=self.augment, stats=self.stats, fetch=fetch,
                                       compute_features=compute_features, length=length, guard=guard,
-                                      segments=segments)
+                                      segments=segments, decoder=decoder)
         self._mapper = ParallelMap(source, self._decoder, num_workers=self.num_workers, backend=worker_type,
                                    chunk_size=chunk_size, start_method=start_method, stats=self.stats,
                                    thread_initializer=self._pin_thread, what="decode worker", size_fn=held_bytes,
