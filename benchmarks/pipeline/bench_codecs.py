@@ -1,6 +1,6 @@
 """Decode speed per codec and decoder backend (libsndfile vs FFmpeg through PyAV), issue 35.
 
-    .venv/bin/python benchmarks/bench_codecs.py [--clips 6] [--seconds 10] [--repeats 5] [--out FILE.json]
+    .venv/bin/python -m benchmarks.pipeline.bench_codecs [--clips 6] [--seconds 10] [--repeats 5] [--out FILE.json]
 
 Encodes ``--clips`` distinct clips of ``--seconds`` per codec with PyAV (WAV PCM16, FLAC, MP3 128 kb/s, Opus
 96 kb/s in Ogg, AAC 128 kb/s in M4A) at two settings: 16 kHz mono (speech) and 44.1 kHz stereo (music, AudioSet;
