@@ -14,7 +14,7 @@ optimizer states), and it holds about 1,000 decoded 5 s log-mels (256 KB each), 
 1,000 Parquet speech rows (10 s of 16 kHz FLAC/WAV, 150-330 KB), or any number of rows of
 memory-mapped Arrow IPC shards (a held row there is a view of the file, about 600 bytes
 of Python objects). Interleaving ``k`` splits makes a small buffer mix like a large one
-(`ArrowShardReader`), so the bytes go further (benchmarks/bench_shuffle_quality.py).
+(`ArrowShardReader`), so the bytes go further (benchmarks/pipeline/bench_shuffle_quality.py).
 
 A checkpoint taken before byte budgets (no ``"memory"`` in its fingerprint) resumes
 with the settings it was taken with (`ShuffleSettings.legacy`): the row-count buffer of
@@ -114,7 +114,7 @@ DECODE_SHARE = 0.5
 MAX_INTERLEAVE = 16
 
 #: The share of ``max_bytes`` the reader's lanes may hold (a unit each where units are read into memory).
-#: Chosen by benchmarks/bench_shuffle_quality.py --bucketing (splits per batch against the bytes held, for lanes and
+#: Chosen by benchmarks/pipeline/bench_shuffle_quality.py --bucketing (splits a batch against bytes held, for lanes and
 #: budgets): at equal bytes, lanes mix more than buffer rows once the buffer holds what the bucketer needs
 #: (figures: docs/benchmarks.md, "Shuffle quality per byte for speech").
 LANES_SHARE = 0.5

@@ -471,7 +471,7 @@ def _raw_rows_by_default(dataset: ShardDataset) -> bool:
     """``Shuffle(before_decode=None)``: raw rows in the buffer for local Arrow IPC shards (zero-copy views)
     and for remote shards, decoded samples for local Parquet and ORC.
 
-    Remote, benchmarks/bench_s3.py compares both on a loopback S3 server (samples/s, first batch, resume
+    Remote, benchmarks/remote/bench_s3.py compares both on a loopback S3 server (samples/s, first batch, resume
     time, peak memory): raw rows win on each (docs/benchmarks.md, "Object storage: local vs S3"); a remote
     raw row owns a copy of its encoded bytes, the reader's, so holding it keeps no record batch alive,
     where decoded features are 256 KB each.

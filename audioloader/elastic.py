@@ -1,6 +1,6 @@
 """Elastic resume: the checkpoints of all ``W`` ranks of a run, resumed on ``W'`` ranks.
 
-DESIGN.md's rank layout: a pass is a set of splits, and what a rank has consumed
+The rank layout (docs/design.md, "Order"): a pass is a set of splits, and what a rank has consumed
 is a set of rows, so the states of all ranks say exactly which rows of the pass
 are left; a resume with another world size redistributes those rows, nothing else.
 

@@ -200,20 +200,20 @@ def merge(group: Any, **legacy: Any) -> Any:
 
 @dataclass(frozen=True)
 class ModePreset:
-    """Defaults of one mode (DESIGN.md, "Modes"); its shuffle buffer's are in `audioloader.budget`."""
+    """Defaults of one mode (docs/concepts.md, "Train vs eval"); its shuffle buffer's are in `audioloader.budget`."""
 
     infinite: bool
     num_workers: int
 
 
 TRAIN = ModePreset(infinite=True, num_workers=8)
-# Eval does not shuffle (buffer of 1 = pass-through, budget.EVAL), unlike DESIGN.md's 1000 / 0: a
+# Eval does not shuffle (buffer of 1 = pass-through, budget.EVAL), unlike the first design's 1000 / 0: a
 # metric does not depend on order, and the growing buffer made the first batch wait
 # for twice as many decodes (first batch and memory: docs/benchmarks.md, "Defaults chosen by measurement").
 EVAL = ModePreset(infinite=False, num_workers=4)
 
 #: ``Workers(kind="auto")`` decodes in processes on machines with at least this many cores, else in threads.
-#: Chosen by benchmarks/bench_train_loop.py (samples/s and the training process's CPU, processes against threads,
+#: Chosen by benchmarks/end_to_end/bench_train_loop.py (samples/s and the training process's CPU, processes vs threads,
 #: with a training step in the loop): processes are no slower on 2 cores and leave the training process's cores
 #: free; threads stop scaling at 5-10 busy cores (docs/benchmarks.md, "Scaling with cores and the worker model").
 AUTO_PROCESS_MIN_CORES = 2

@@ -9,9 +9,9 @@ tblib, cffi and pycparser): it installs the carried wheels of those, then runs
    with worker processes are built; skipped without a GPU);
 2. the bench dataset (``--clips`` clips of 10 s 44.1 kHz FLAC and their 32 kHz
    PCM16 repack), made with ``--workers`` threads;
-3. ``benchmarks/bench_train_loop.py --workers N`` (SmallCNN on the GPU fed by each
+3. ``python -m benchmarks.end_to_end.bench_train_loop --workers N`` (SmallCNN on the GPU fed by each
    loader; a stand-in step without a GPU);
-4. ``benchmarks/bench_scaling.py --workers N`` (processes against the N-process limit
+4. ``python -m benchmarks.end_to_end.bench_scaling --workers N`` (processes against the N-process limit
    and the DataLoader);
 
 one step per dataset, under one deadline (``--budget``, 450 s; a step that would
@@ -19,12 +19,12 @@ overrun it is stopped, the others keep their results), and prints one table.
 Every step's output and JSON goes to ``--out``. On the device machine, from the
 repository root, with the wheels in ``.whl/`` (docs/benchmarks.md says how to get them)::
 
-    python3 benchmarks/device_check.py --wheels .whl --out $OUT        # 16 workers, 1,000 clips: ~8 minutes
+    python3 -m benchmarks.device_check --wheels .whl --out $OUT        # 16 workers, 1,000 clips: ~8 minutes
 
 Anywhere, as a check of the script itself (2 workers, 64 clips, short windows;
 the CUDA tests are skipped without a GPU)::
 
-    python benchmarks/device_check.py --quick
+    python -m benchmarks.device_check --quick
 """
 
 from __future__ import annotations
@@ -171,11 +171,13 @@ def main() -> int:
         f"print(d.packed_dataset(s, 32000, 'pcm16', {str(cache)!r}, workers={workers}))")])
     common = ["--clips", str(clips), "--cache-dir", str(cache), "--workers", str(workers)]
     for name in names:  # one step each, so that a step stopped at the deadline loses only its own results
-        steps.run(f"train_loop_{name}", [sys.executable, "benchmarks/bench_train_loop.py", *common, "--datasets", name,
-                                         "--seconds", f"{seconds:g}", "--output", str(out / f"train_loop_{name}.json")])
+        steps.run(f"train_loop_{name}", [sys.executable, "-m", "benchmarks.end_to_end.bench_train_loop", *common,
+                                         "--datasets", name, "--seconds", f"{seconds:g}",
+                                         "--output", str(out / f"train_loop_{name}.json")])
     for name in names:
-        steps.run(f"scaling_{name}", [sys.executable, "benchmarks/bench_scaling.py", *common, "--datasets", name,
-                                      "--seconds", f"{0.6 * seconds:g}", "--output", str(out / f"scaling_{name}.json")])
+        steps.run(f"scaling_{name}", [sys.executable, "-m", "benchmarks.end_to_end.bench_scaling", *common,
+                                      "--datasets", name, "--seconds", f"{0.6 * seconds:g}",
+                                      "--output", str(out / f"scaling_{name}.json")])
 
     print(report(about, workers, clips, test_summary(tests), steps, out, names))
     (out / "facts.json").write_text(json.dumps({**about, "workers": workers, "clips": clips, "seconds": seconds,

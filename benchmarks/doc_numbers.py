@@ -17,11 +17,11 @@ number by the spec, a pair ``(low, high)`` or a ``{"min": .., "max": ..}`` as ``
 when both read the same), a list as ``a / b / c``, a string as it is. A span stays on one line (a table
 row may be one span over several cells) and is not read inside fenced code blocks.
 
-    python benchmarks/figures.py            # redraws stale charts and rewrites every span from its data
-    python benchmarks/figures.py --check    # tests/test_docs.py: exit 1 naming each span that differs
+    python -m benchmarks.figures            # redraws stale charts and rewrites every span from its data
+    python -m benchmarks.figures --check    # tests/test_docs.py: exit 1 naming each span that differs
 
 To quote a new measurement: put it in a JSON file (with ``title``, ``command``, ``date``, ``commit``,
-``machine``), write the span with a rough text, and run ``python benchmarks/figures.py``; a derived
+``machine``), write the span with a rough text, and run ``python -m benchmarks.figures``; a derived
 number (a ratio, a range over rows) gets a small function here, next to the others of its file.
 """
 
@@ -35,7 +35,8 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import ROOT
+
 #: The pages whose spans are checked and rewritten.
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: Chart data (benchmarks/figures.py draws a chart from each) and numbers without a chart.
@@ -122,6 +123,19 @@ def vs_lhotse(data: dict[str, Any], column: str) -> list[float]:
 def column(data: dict[str, Any], name: str, contender: str) -> list[float]:
     """``name`` of one contender, per corpus in the order of the rows."""
     return [r[name] for r in rows_where(data, contender=contender)]
+
+
+@derived("metadata_memory")
+def held_mb(data: dict[str, Any]) -> tuple[float, float]:
+    """The metadata a rank holds after construction now, MB: the lowest and highest of the measurements."""
+    after = [data["rank0_tracemalloc_mb"]["after"], *(m["after"] for m in data["metadata_bytes_mb"].values())]
+    return range_of(after)
+
+
+@derived("metadata_memory")
+def target(data: dict[str, Any]) -> str:
+    """Whether every measurement of the metadata a rank holds is within the target: "met" or "not met"."""
+    return "met" if held_mb(data)[1] <= data["target_mb"] else "not met"
 
 
 def _rate(data: dict[str, Any], dataset: str, contender: str, fmt: str, latency: float | None) -> float:

@@ -1,8 +1,8 @@
 """The charts of docs/benchmarks.md, drawn from the numbers in docs/figures/data/*.json.
 
-    python benchmarks/figures.py            # (re)draw every chart whose numbers changed; rewrite the docs' numbers
-    python benchmarks/figures.py --force    # draw them all
-    python benchmarks/figures.py --check    # exit 1 if a chart or a number in the docs differs from its data
+    python -m benchmarks.figures            # (re)draw every chart whose numbers changed; rewrite the docs' numbers
+    python -m benchmarks.figures --force    # draw them all
+    python -m benchmarks.figures --check    # exit 1 if a chart or a number in the docs differs from its data
 
 Each ``docs/figures/data/NAME.json`` holds one benchmark table as it was measured
 (``command``, ``date``, ``commit``, ``machine`` and the rows), transcribed from a
@@ -31,9 +31,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import doc_numbers  # benchmarks/doc_numbers.py, beside this script: the numbers quoted in the docs' prose
+from benchmarks import doc_numbers  # the numbers quoted in the docs' prose
+from benchmarks.common import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "figures" / "data"
 OUT = ROOT / "docs" / "figures"
 #: Numbers the docs quote that have no chart (see benchmarks/doc_numbers.py).
@@ -341,7 +341,7 @@ def draw_remote_latency(plt: Any, data: dict[str, Any]) -> Any:
 
 
 def remote_latency_data(results: dict[str, Any], command: str, date: str) -> dict[str, Any]:
-    """The ``remote_latency`` chart's numbers from a `benchmarks/bench_remote.py` JSON output: the training
+    """The ``remote_latency`` chart's numbers from a `benchmarks/remote/bench_remote.py` JSON output: the training
     loaders and the peers (samples/s after the first batch)."""
     rows = []
     for r in results["results"]:
@@ -404,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems + numbers_problems:
             print(problem, file=sys.stderr)
         if problems or numbers_problems:
-            print("charts or numbers are stale: run `python benchmarks/figures.py` (charts need matplotlib: "
+            print("charts or numbers are stale: run `python -m benchmarks.figures` (charts need matplotlib: "
                   "pip install -e '.[docs]')", file=sys.stderr)
             return 1
         spans = sum(len(doc_numbers.spans(page)) for page in args.pages)

@@ -334,13 +334,15 @@ def roundtrip(state):
     return torch.load(buffer)  # weights_only=True: the state is plain data
 
 
-def assert_resumes_exactly(build, total, cuts, **resumed_options):
+def assert_resumes_exactly(build, total, cuts, reference=None, **resumed_options):
     """Batches cut after each of ``cuts`` and resumed (through torch.save) equal the first ``total`` of one run.
 
     ``build(**options)`` makes a loader; ``resumed_options`` (e.g. another num_workers) go to the resumed one.
+    ``reference``: the first ``total`` batches of a run the caller already took (and checked), instead of a new run.
     """
-    with build() as loader:
-        reference = take(loader, total)
+    if reference is None:
+        with build() as loader:
+            reference = take(loader, total)
     for cut in cuts:
         with build() as first:
             head = take(first, cut)

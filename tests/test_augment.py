@@ -17,6 +17,7 @@ from audioloader.samples import BadRow, Key, RawSample
 from audioloader.shards.augment_rows import AugmentRows
 from audioloader.stats import LoaderStats
 from tests.helpers import (
+    assert_resumes_exactly,
     assert_same_batches,
     corpus_table,
     durations,
@@ -374,14 +375,8 @@ def test_mixup_is_refused_where_it_makes_no_sense(shards):
 
 def test_every_augmentation_resumes_exactly(shards, noise, rirs):
     augment = [al.SpeedPerturb(), al.Gain(), al.AddNoise(noise), al.Reverb(rirs), al.SpecAugment(), al.Mixup()]
-    with mixup_loader(shards, augment) as loader:
-        reference = take(loader, 7)
-    with mixup_loader(shards, augment) as first:
-        head = take(first, 3)
-        state = first.state_dict()
-    with mixup_loader(shards, augment, workers=al.Workers(num_workers=0)) as resumed:
-        resumed.load_state_dict(state)
-        assert_same_batches(head + take(resumed, 4), reference)
+    assert_resumes_exactly(lambda **options: mixup_loader(shards, augment, **options), 7, (3,),
+                           workers=al.Workers(num_workers=0))
 
 
 def test_augmentations_are_part_of_the_fingerprint(shards, noise):

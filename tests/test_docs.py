@@ -10,7 +10,7 @@ A deprecated keyword in a snippet (a ``FutureWarning`` from audioloader) fails t
 so the docs keep to the current API.
 
 Measured numbers in the prose cannot drift from their data: each is a span ``<!--n KEY-->text<!--/n-->`` that
-``python benchmarks/figures.py`` writes from docs/figures/data/*.json or docs/numbers/*.json and that the checks
+``python -m benchmarks.figures`` writes from docs/figures/data/*.json or docs/numbers/*.json and that the checks
 below compare (how to quote one: docs/benchmarks.md, "Numbers in the prose"; benchmarks/doc_numbers.py).
 """
 
@@ -424,8 +424,8 @@ def test_links_and_anchors_resolve(page):
 
 def test_github_slugs():
     assert github_slug("DDP / torchrun") == "ddp--torchrun"
-    assert github_slug("Augmentation cost (`benchmarks/bench_augment.py`)") == (
-        "augmentation-cost-benchmarksbench_augmentpy")
+    assert github_slug("Augmentation cost (`benchmarks/pipeline/bench_augment.py`)") == (
+        "augmentation-cost-benchmarkspipelinebench_augmentpy")
     assert github_slug("Why worker processes, and how is this different from DataLoader's?") == (
         "why-worker-processes-and-how-is-this-different-from-dataloaders")
     assert github_slug("Memory: a byte budget") == "memory-a-byte-budget"
@@ -433,12 +433,9 @@ def test_github_slugs():
 
 # -- the benchmark charts ------------------------------------------------------------------------------------------
 
-FIGURES = ROOT / "benchmarks" / "figures.py"
-
-
 def run_figures(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(FIGURES), *map(str, args)], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run([sys.executable, "-m", "benchmarks.figures", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_charts_match_their_numbers():
@@ -461,7 +458,7 @@ def test_chart_check_fails_when_the_numbers_change(tmp_path):
     result = run_figures("--check", "--data", data, "--out", out)
     assert result.returncode == 1
     assert "peers.png: drawn from other numbers" in result.stderr and "scaling.png: missing" in result.stderr
-    assert "run `python benchmarks/figures.py`" in result.stderr
+    assert "run `python -m benchmarks.figures`" in result.stderr
 
 
 def test_benchmarks_page_shows_every_chart():
@@ -477,7 +474,7 @@ def test_benchmarks_page_shows_every_chart():
 # A measured number in the prose is a span `<!--n KEY-->text<!--/n-->` whose text benchmarks/figures.py writes from
 # the JSON the charts are drawn from (docs/figures/data/) or from docs/numbers/ (no chart); see
 # benchmarks/doc_numbers.py and docs/benchmarks.md, "Numbers in the prose". To quote a new measurement in a page:
-# add its JSON, write the span, run `python benchmarks/figures.py`; the checks below then hold it to its data.
+# add its JSON, write the span, run `python -m benchmarks.figures`; the checks below then hold it to its data.
 
 #: Spans that must be there (page -> keys): the numbers a newcomer reads first, which drifted before (issue 29).
 REQUIRED_SPANS = {
@@ -486,22 +483,20 @@ REQUIRED_SPANS = {
     "getting_started.md": {"demo.demo_seconds", "demo.quick_seconds", "demo.demo_accuracy"},
     "cli.md": {"demo.quick_seconds"},
     "benchmarks.md": {'range_of(remote_latency.train_vs_local("speech", 50))',
-                      'range_of(remote_latency.train_vs_local("speech", 100))'},
+                      'range_of(remote_latency.train_vs_local("speech", 100))', "metadata_memory.target()"},
+    # A target stated as met or not (and the figure "now") comes from the measurement, so it cannot go stale.
+    "storage.md": {"metadata_memory.held_mb()", "metadata_memory.target_mb", "metadata_memory.target()"},
 }
 
 
 @pytest.fixture(scope="module")
 def bench():
-    """benchmarks/doc_numbers.py and benchmarks/figures.py (benchmarks/ is a folder of scripts, not a package)."""
-    import importlib
+    """benchmarks/doc_numbers.py and benchmarks/figures.py."""
     from types import SimpleNamespace
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        return SimpleNamespace(numbers=importlib.import_module("doc_numbers"),
-                               figures=importlib.import_module("figures"))
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    from benchmarks import doc_numbers, figures
+
+    return SimpleNamespace(numbers=doc_numbers, figures=figures)
 
 
 def test_numbers_in_the_prose_match_their_data(bench):
@@ -514,6 +509,49 @@ def test_measured_numbers_are_quoted_from_their_data(bench, name):
     page = next(p for p in PAGES if p.name == name)
     keys = {bench.numbers.split_key(span.key)[0] for span in bench.numbers.spans(page)}
     assert sorted(REQUIRED_SPANS[name] - keys) == [], f"{name} states these numbers without their data"
+
+
+#: A target's verdict in the prose: "is met", "**not met**", "missed" (not a list of them: "met/missed").
+_VERDICT = re.compile(r"(?<![/\w])(?:not met|met|missed)(?![/\w])")
+
+
+def typed_verdicts(text: str, span: re.Pattern) -> list[str]:
+    """The paragraphs of ``text`` that state a target as met or not, with a number, but hold no span."""
+    return [p.strip()[:120] for p in re.split(r"\n\s*\n", text)
+            if _VERDICT.search(span.sub("", p)) and re.search(r"\d", p) and not span.search(p)]
+
+
+def test_a_target_stated_as_met_or_not_is_quoted_from_its_data(bench):
+    """Outside the measurement log (docs/benchmarks.md, whose sections each carry their command and date), a
+    paragraph that says a target is met or not says it with a span: the verdict and its number come from the JSON
+    of the measurement, and a new measurement rewrites them."""
+    typed = [f"{page.name}: {p}" for page in PAGES if page.name != "benchmarks.md"
+             for p in typed_verdicts(page.read_text(encoding="utf-8"), bench.numbers._SPAN)]
+    assert typed == [], "a target's verdict typed by hand (quote it from its data: benchmarks/doc_numbers.py)"
+
+
+def test_a_verdict_typed_by_hand_is_found(bench):
+    stale = "At 1,000,000 files a rank holds 1.3 GB:\nthe 64 MB target is not met yet.\n\nPrints met/missed: 3 targets."
+    assert typed_verdicts(stale, bench.numbers._SPAN) == ["At 1,000,000 files a rank holds 1.3 GB:\nthe 64 MB target "
+                                                          "is not met yet."]
+    quoted = ("a rank holds <!--n metadata_memory.held_mb():.0f-->21<!--/n--> MB: the target is "
+              "<!--n metadata_memory.target()-->met<!--/n-->")
+    assert typed_verdicts(quoted, bench.numbers._SPAN) == []
+
+
+def test_nothing_cites_a_file_outside_the_repository():
+    """The repository stands alone: no design page, benchmark folder or machine path of the place it was made."""
+    outside = re.compile(r"DESIGN\.md|\.\./shared\b|shared/device-bench|/work/")
+    skip = {".git", ".venv", ".cache", "build", "dist", "bench-out", "__pycache__"}
+    cited = []
+    for path in ROOT.rglob("*"):
+        if (path.suffix not in {".py", ".md", ".toml", ".json", ".cfg", ".txt", ".sh", ".yml", ".yaml"}
+                or skip & set(path.relative_to(ROOT).parts) or not path.is_file()):
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if outside.search(line) and path != Path(__file__):
+                cited.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:100]}")
+    assert cited == []
 
 
 def test_benchmarks_summary_takes_every_ratio_from_the_data(bench):

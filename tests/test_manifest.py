@@ -18,7 +18,7 @@ from audioloader.nodes import ArrowShardReader
 from audioloader.shards import machine_cache
 from audioloader.shards.manifest import MANIFEST_NAME, Manifest, manifest_columns, write_manifest
 from audioloader.shards.manifest_source import write_folder_manifest
-from tests.helpers import SMALL, assert_same_batches, make_shards, take, upload_shards
+from tests.helpers import SMALL, assert_resumes_exactly, assert_same_batches, make_shards, take, upload_shards
 
 FAST = al.Retry(attempts=4, initial_delay=0.01, max_delay=0.05, timeout=2.0)
 ROWS = [13, 9, 18, 7]
@@ -156,14 +156,7 @@ def test_loader_batches_and_resume_from_a_manifest_equal_local_disk(s3, tmp_path
         with loader(folder, train=train) as local, loader(url, train=train) as remote:
             assert remote.reader.dataset.manifest is not None
             assert_same_batches(take(local, n), take(remote, n))
-    with loader(url) as whole:
-        reference = take(whole, 6)
-    with loader(url) as first:
-        head = take(first, 2)
-        state = first.state_dict()
-    with loader(url) as resumed:
-        resumed.load_state_dict(state)
-        assert_same_batches(head + take(resumed, 4), reference)
+    assert_resumes_exactly(lambda **options: loader(url, **options), 6, (2,))
 
 
 @pytest.mark.parametrize("change", ["same size", "longer"])

@@ -18,6 +18,7 @@ from audioloader.nodes import ArrowShardReader, WeightedMix
 from tests.helpers import MIX_ROWS as ROWS
 from tests.helpers import MIX_WEIGHTS as WEIGHTS
 from tests.helpers import (
+    assert_resumes_exactly,
     assert_same_batches,
     audio_table,
     mix_loader,
@@ -161,13 +162,8 @@ def test_resume_is_exact_at_random_cut_points_with_one_source_exhausting(mix_roo
     with mix_loader(mix_root, mix_of(mix_root, stop), **kwargs) as loader:
         reference = take(loader, total)
         assert loader.stats()["sources"]["c"]["passes"] >= 2  # c ran out (and started again) in the window
-    for cut in sorted(random.Random(stop).sample(range(1, total), 4)):
-        with mix_loader(mix_root, mix_of(mix_root, stop), **kwargs) as first:
-            head = take(first, cut)
-            state = roundtrip(first.state_dict())
-        with mix_loader(mix_root, mix_of(mix_root, stop), **kwargs) as resumed:
-            resumed.load_state_dict(state)
-            assert_same_batches(head + take(resumed, total - cut), reference)
+    assert_resumes_exactly(lambda **options: mix_loader(mix_root, mix_of(mix_root, stop), **kwargs, **options),
+                           total, sorted(random.Random(stop).sample(range(1, total), 4)), reference=reference)
 
 
 WORKERS = [(0, "thread"), (1, "thread"), (4, "thread"), (1, "process"), (4, "process")]

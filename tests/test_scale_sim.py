@@ -1,24 +1,19 @@
-"""The scale simulator (benchmarks/bench_scale.py) checked against a real run: 2 "machines" x 2 ranks, each rank its
-own process with its machine's cache, reading an evaluation pass of 500 small files from moto behind a proxy per
-machine. The requests the simulator predicts (the same code against its counting store) are the requests the
+"""The scale simulator (benchmarks/scale/bench_scale.py) checked against a real run: 2 "machines" x 2 ranks, each
+rank its own process with its machine's cache, reading an evaluation pass of 500 small files from moto behind a proxy
+per machine. The requests the simulator predicts (the same code against its counting store) are the requests the
 proxies saw, kind by kind, and every row is read exactly once. The full-size run (8 x 4 ranks, 20,000 files) is
-``benchmarks/bench_scale_real.py``; docs/benchmarks.md has its figures.
+``benchmarks/scale/bench_scale_real.py``; docs/benchmarks.md has its figures.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("index", ["manifest", "none"])
 def test_the_simulator_predicts_the_requests_a_real_run_makes(index):
-    import bench_scale_real
+    from benchmarks.scale import bench_scale_real
 
     args = bench_scale_real.parse_args(["--files", "500", "--machines", "2", "--ranks-per-machine", "2",
                                         "--index", index, "--latency-ms", "0"])

@@ -10,11 +10,9 @@ import pytest
 
 import audioloader as al
 from tests.helpers import (
-    assert_same_batches,
+    assert_resumes_exactly,
     audio_table,
     loader_factory,
-    roundtrip,
-    take,
     write_ipc_file,
     write_orc,
     write_parquet,
@@ -85,15 +83,7 @@ def test_a_filter_on_an_added_column_treats_missing_values_as_null(evolved):
 
 
 def test_train_resumes_exactly_across_evolved_files(evolved):
-    with loader_for(evolved) as loader:
-        reference = take(loader, 12)
-    for cut in (3, 8):
-        with loader_for(evolved) as first:
-            head = take(first, cut)
-            state = roundtrip(first.state_dict())
-        with loader_for(evolved) as resumed:
-            resumed.load_state_dict(state)
-            assert_same_batches(head + take(resumed, 12 - cut), reference)
+    assert_resumes_exactly(lambda **options: loader_for(evolved, **options), 12, (3, 8))
 
 
 def test_a_label_column_added_later_makes_older_rows_bad_rows(tmp_path):

@@ -474,7 +474,7 @@ def _non_finite_reason(clip: np.ndarray) -> str | None:
     One sum is the hot-path test: NaN and inf propagate through it, so a finite
     sum means every sample is finite (measured: 27 us for a 5 s clip at 32 kHz,
     ~3 % of the fastest decode, PCM16 at the target rate, under 1 % of a FLAC one;
-    benchmarks/bench_non_finite.py). Only a non-finite sum pays for the
+    benchmarks/pipeline/bench_non_finite.py). Only a non-finite sum pays for the
     count, which can also come from huge finite samples whose sum overflows:
     those are let through (the count is 0).
     """

@@ -69,6 +69,17 @@ def _is_url(text: str) -> bool:
     return len(scheme) > 1 and "://" in text  # len > 1 keeps Windows drive letters local
 
 
+def local_path(text: str) -> str | None:
+    """The local path ``text`` names: ``text`` itself when it is no URL (a path, a glob; a Windows drive letter is
+    no scheme), the unquoted path of a ``file://`` URL; None for a URL of a store (``s3://``, any fsspec scheme).
+
+    The one rule for what is local, used by the dataset and by the tools (`audioloader.tools.remote_files`)."""
+    if not _is_url(text):
+        return text
+    parsed = urllib.parse.urlparse(text)
+    return urllib.parse.unquote(parsed.path) if parsed.scheme == "file" else None
+
+
 def _tuned_s3(fs: pafs.S3FileSystem, retry: Retry) -> pafs.S3FileSystem:
     """The same S3 filesystem with ``retry.timeout`` and no retries of its own (`with_retries` does them,
     so attempts are counted once and the final error can say how many there were)."""
@@ -258,8 +269,7 @@ def _expand(item: Any, filesystem: Any, retry: Retry, indexes: list[_Location]) 
         files, searched = _expand_remote(item, filesystem, fs_path, retry, found)
         indexes.extend(_Location(p, filesystem, p, mtime, size=size) for p, mtime, size in found)
         return [_Location(p, filesystem, p, mtime, size=size) for p, mtime, size in files], searched
-    if item.startswith("file://"):
-        item = urllib.parse.unquote(urllib.parse.urlparse(item).path)
+    item = local_path(item) or item  # a file:// URL is its local path
     if filesystem is not None or not _is_url(item):
         files, searched = _expand_local(item)
         return [_Location(p, None, p) for p in files], searched

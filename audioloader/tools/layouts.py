@@ -2,7 +2,7 @@
 
 - ``folders``: ``SRC/<class>/.../*.wav``, one sub-folder per class; column ``label``
   (the sorted sub-folder names).
-- ``csv``, ``tsv``, ``jsonl``: a manifest (`audioloader.tools.manifests`), with its own columns.
+- ``csv``, ``tsv``, ``jsonl``: a manifest (`audioloader.tools.input_lists`), with its own columns.
 - ``audiofolder``: Hugging Face ``audiofolder``, ``metadata.csv`` / ``metadata.jsonl``
   files naming the audio in ``file_name``, with their own columns.
 - ``librispeech``: ``<speaker>/<chapter>/<speaker>-<chapter>.trans.txt`` beside the
@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from audioloader.errors import OptionError
 
-from .manifests import Entry, Inputs, Skips, Table, build_inputs, iter_lines, read_table
+from .input_lists import Entry, Inputs, Skips, Table, build_inputs, iter_lines, read_table
 
 __all__ = ["AUDIO_EXTENSIONS", "INPUT_FORMATS", "collect_local_inputs", "detect_format"]
 

@@ -50,8 +50,8 @@ from audioloader.errors import OptionError
 from audioloader.shards.writer import FORMATS, ShardWriter
 
 from .. import checks
+from .input_lists import EXAMPLES_PER_REASON, Entry, Inputs, Skips
 from .layouts import AUDIO_EXTENSIONS, INPUT_FORMATS, collect_local_inputs
-from .manifests import EXAMPLES_PER_REASON, Entry, Inputs, Skips
 from .pack_audio import CODECS, Packed, Skipped, forget_decoded, load_entry, reencode
 from .pack_journal import (
     Journal,
@@ -66,7 +66,7 @@ from .pack_journal import (
     unfinished_parts,
 )
 from .pack_store import LocalOut, RemoteOut, crash_point, forget_crash_points, open_out
-from .remote_files import is_url
+from .remote_files import is_url, local_path
 from .remote_inputs import remote_inputs
 
 __all__ = ["AUDIO_EXTENSIONS", "CODECS", "INPUT_FORMATS", "PackSummary", "add_arguments", "collect_inputs", "pack",
@@ -322,6 +322,7 @@ def pack_dataset(src: str | os.PathLike[str], out: str | os.PathLike[str], *, fm
     part = parse_part(part)
     if sample_rate is not None and codec is None:
         codec = "flac"
+    src, out = (local_path(os.fspath(p)) or os.fspath(p) for p in (src, out))  # file:// URLs: their paths
     store = open_out(out)
     try:
         _check_out_not_in_src(src, store)

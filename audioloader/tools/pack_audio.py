@@ -34,7 +34,7 @@ from audioloader.dsp.audio import EXACT_SEEK_FORMATS, EXACT_SEEK_SUBTYPES, libra
 from audioloader.dsp.spans import span_frames
 from audioloader.errors import DecodeError
 
-from .manifests import Entry
+from .input_lists import Entry
 from .remote_files import RemoteFile, fetch
 
 __all__ = ["CODECS", "ManifestError", "Packed", "Skipped", "cut_segment", "forget_decoded", "load_entry", "reencode"]

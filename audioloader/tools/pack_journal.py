@@ -30,7 +30,7 @@ from typing import Any
 
 from audioloader.errors import OptionError
 
-from .manifests import Entry, Skips
+from .input_lists import Entry, Skips
 
 __all__ = ["JOURNAL_PREFIX", "SHARD_PATTERN", "Journal", "Part", "entries_fingerprint", "journal_name",
            "parse_part", "part_range", "shard_name", "unfinished_parts"]

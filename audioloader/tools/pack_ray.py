@@ -28,7 +28,7 @@ import os
 import sys
 from typing import Any
 
-from audioloader.tools.manifests import EXAMPLES_PER_REASON
+from audioloader.tools.input_lists import EXAMPLES_PER_REASON
 from audioloader.tools.pack import PackSummary, pack_dataset
 from audioloader.tools.pack_journal import journal_part, parse_part, shard_part
 from audioloader.tools.pack_store import open_out

@@ -17,17 +17,18 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from audioloader.errors import redacted
+from audioloader.shards.sources import local_path
 
-__all__ = ["RemoteFile", "fetch", "is_url", "open_url"]
+__all__ = ["RemoteFile", "fetch", "is_url", "local_path", "open_url"]
 
 _FILESYSTEMS: dict[str, Any] = {}
 _LOCK = threading.Lock()
 
 
 def is_url(text: str) -> bool:
-    """Whether ``text`` is a URL of a remote store (``file://`` and Windows drive letters are local)."""
-    scheme = urllib.parse.urlparse(text).scheme
-    return len(scheme) > 1 and "://" in text and scheme != "file"
+    """Whether ``text`` is a URL of a remote store: the dataset's rule (`audioloader.shards.sources.local_path`;
+    ``file://`` URLs and Windows drive letters are local, and a ``file://`` URL stands for its path)."""
+    return local_path(text) is None
 
 
 def open_url(url: str) -> tuple[Any, str]:

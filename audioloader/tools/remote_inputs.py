@@ -22,8 +22,8 @@ import pyarrow.fs as pafs
 
 from audioloader.errors import redacted
 
+from .input_lists import Entry, Inputs, Skips, Table, build_inputs, read_table
 from .layouts import AUDIO_EXTENSIONS, INPUT_FORMATS, detect_format
-from .manifests import Entry, Inputs, Skips, Table, build_inputs, read_table
 from .remote_files import RemoteFile, fetch, open_url
 
 __all__ = ["remote_inputs"]

@@ -126,7 +126,7 @@ def _plan(settings: Settings, standard: Path) -> list[tuple[str, dict[str, Any]]
             plan.append((f"audioloader-train-w{w0}+shuffle_before_decode={before}", _throughput_spec(
                 settings, "audioloader", standard, workers=w0, shuffle_before_decode=before, **train)))
         if "eval" not in settings.skip:
-            # DESIGN.md's eval buffer (1000 / min 0), which the eval preset no longer uses.
+            # The first design's eval buffer (1000 / min 0), which the eval preset no longer uses.
             plan.append((f"audioloader-eval-w{w0}+buffer=1000", _throughput_spec(
                 settings, "audioloader", standard, workers=w0, train=False, buffer=1000)))
     return plan

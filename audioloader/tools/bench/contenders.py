@@ -43,7 +43,7 @@ from typing import Any
 
 RESULT_PREFIX = "BENCH-RESULT "
 
-#: The common output of every contender (DESIGN.md defaults).
+#: The common output of every contender (the library's default features, `MelSpectrogramConfig()`).
 FEATURES = {"sample_rate": 32000, "clip_seconds": 5.0, "n_fft": 1024, "hop_length": 320, "n_mels": 128}
 LOG_OFFSET = 1e-6
 
@@ -285,7 +285,7 @@ def run_ceiling(spec: dict[str, Any]) -> dict[str, Any]:
     for _ in range(warmup):
         node.decode(next(reader))
     raws = [next(reader) for _ in range(spec["max_samples"])]  # read outside the timed loop
-    if spec.get("wait_go"):  # several of these start their windows together (see benchmarks/bench_scaling.py)
+    if spec.get("wait_go"):  # several start their windows together (see benchmarks/end_to_end/bench_scaling.py)
         print("READY", flush=True)
         sys.stdin.readline()
     start = time.perf_counter()

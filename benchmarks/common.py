@@ -1,0 +1,165 @@
+"""What the benchmark scripts share: the repository's folders, timing and medians, a contender run in a fresh
+process with the peak PSS of its process tree, another checkout to measure, and plain-text tables.
+
+Nothing here imports audioloader at the top: the peers' virtual environments (``remote/remote_peers.py``,
+Lhotse's) import this module without the library. The process-tree sampler itself is the library's
+(`audioloader.tools.bench.runner.TreeSampler`, the one ``audioloader bench`` measures with).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from importlib.machinery import ModuleSpec
+from pathlib import Path
+from typing import Any
+
+#: The repository's root: every benchmark runs from here as ``python -m benchmarks.<folder>.<script>``.
+ROOT = Path(__file__).resolve().parents[1]
+#: Where the benchmarks keep the data they generate once (git ignores ``.cache/``).
+CACHE = ROOT / ".cache" / "bench"
+#: The line a contender's child prints its JSON result on (`run_child`).
+RESULT_PREFIX = "RESULT "
+
+
+# -- medians and timing ----------------------------------------------------------------------------------------
+
+
+def median_of(results: Iterable[Mapping[str, Any]], field: str) -> float:
+    """The median of ``field`` over several rounds' results (dicts)."""
+    return statistics.median(r[field] for r in results)
+
+
+def median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    """The median wall time of ``fn()`` in seconds, over ``repeats`` calls."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def median_ns_per_call(fn: Callable[[], object], calls: int, rounds: int = 5) -> float:
+    """The median over ``rounds`` of the mean nanoseconds one call of ``fn()`` takes, ``calls`` calls a round."""
+    per_round = []
+    for _ in range(rounds):
+        start = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        per_round.append((time.perf_counter_ns() - start) / calls)
+    return statistics.median(per_round)
+
+
+def interleaved_medians(runs: Mapping[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+    """Each of ``runs`` (name: a call that measures once and returns the figure, e.g. seconds) once a round, in
+    turn, for ``rounds`` rounds, so a slow spell of the machine falls on all of them alike; each one's median."""
+    figures: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            figures[name].append(run())
+    return {name: statistics.median(values) for name, values in figures.items()}
+
+
+# -- a contender in a fresh process ----------------------------------------------------------------------------
+
+
+def module_command(module: ModuleSpec | str | None, *args: str, python: str = sys.executable) -> list[str]:
+    """The command line that runs benchmark ``module`` (its ``__spec__``, or its dotted name) with ``args`` in a
+    fresh process: ``python -m benchmarks.<folder>.<script> ARGS``.
+
+    Run it with ``cwd=ROOT`` (`run_child` does): ``python -m`` finds ``benchmarks`` in the working directory.
+    """
+    if not isinstance(module, str):
+        if module is None:  # run as a file, not as a module
+            raise SystemExit("run the benchmarks as modules from the repository's root: "
+                             "python -m benchmarks.<folder>.<script> (see benchmarks/README.md)")
+        module = module.name
+    return [python, "-m", module, *args]
+
+
+def run_child(command: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
+              interval: float = 0.05, pss_every: int = 10) -> dict[str, Any]:
+    """Run one contender (``command``, which prints ``RESULT <json>`` on a line of its own) in a fresh process
+    from `ROOT`; its result, plus the peak PSS of its process tree and the cores other processes used meanwhile.
+
+    Returns ``{"ok": True, **result, "peak_pss_mb", "peak_pss_by_process_mb" ({"main": [MiB], "children": [MiB,
+    ...]} at the peak), "others_cores", "disturbed"}``, or ``{"ok": False, "error": <the end of its stderr>}``.
+    The tree's memory is sampled every ``interval`` s, its PSS every ``pss_every`` samples (reading PSS walks the
+    page tables).
+    """
+    from audioloader.tools.bench.runner import Disturbance, TreeSampler
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with Disturbance() as disturbance:
+        proc = subprocess.Popen(list(command), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        sampler = TreeSampler(proc.pid, interval=interval, pss_every=pss_every)
+        sampler.start()
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            err += f"\ntimed out after {timeout:g} s"
+        sampler.stop()
+    line = next((x for x in out.splitlines() if x.startswith(RESULT_PREFIX)), None)
+    if line is None:
+        return {"ok": False, "error": f"exited with {proc.returncode} without a result: {err[-2000:]}"}
+    by_process = {role: [kb / 1024 for kb in kbs] for role, kbs in sampler.peak_pss_by_process_kb.items()}
+    return {"ok": True, **json.loads(line[len(RESULT_PREFIX):]), "peak_pss_mb": sampler.peak_pss_kb / 1024,
+            "peak_pss_by_process_mb": by_process, "others_cores": disturbance.cores,
+            "disturbed": disturbance.disturbed}
+
+
+def emit_result(result: Mapping[str, Any]) -> None:
+    """Print a child's result where `run_child` reads it."""
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+# -- another checkout ------------------------------------------------------------------------------------------
+
+
+def checkout_python_path(project: str | os.PathLike[str], links: str | os.PathLike[str]) -> str:
+    """``PYTHONPATH`` under which a fresh ``python -P -m benchmarks....`` imports *this* checkout's benchmarks (and
+    its tests/, for the loopback S3 server) but ``project``'s audioloader (e.g. an older release's checkout).
+
+    ``links``: a scratch folder where the links to this checkout's ``benchmarks`` and ``tests`` are made, first on
+    the path; ``-P`` keeps the working directory (whose audioloader would win) off it.
+    """
+    project, links = Path(project).resolve(), Path(links)
+    if not (project / "audioloader" / "__init__.py").is_file():
+        raise SystemExit(f"{project} is not an audioloader checkout (no audioloader/__init__.py)")
+    links.mkdir(parents=True, exist_ok=True)
+    for name in ("benchmarks", "tests"):
+        link = links / name
+        if not link.exists():
+            link.symlink_to(ROOT / name, target_is_directory=True)
+    return os.pathsep.join([str(links), str(project)])
+
+
+# -- tables ----------------------------------------------------------------------------------------------------
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """A plain-text table: a column as wide as its widest cell, text to the left, numbers to the right."""
+    rows = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if _is_number(c) else c.ljust(w) for c, w in zip(cells, widths, strict=True))
+
+    return "\n".join([line(header).rstrip(), *(line(r).rstrip() for r in rows)])
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell.rstrip("x%×"))
+    except ValueError:
+        return False
+    return True

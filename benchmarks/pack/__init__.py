@@ -1,0 +1,1 @@
+"""``audioloader pack``: throughput of writing shards from audio files."""
