@@ -70,6 +70,15 @@ def test_index_names_the_unfinished_parts_and_indexes_when_all_are_done(tmp_path
     loader.shutdown()
 
 
+def test_a_pack_started_over_an_indexed_one_is_refused_until_it_finishes(tmp_path):
+    """--overwrite removes the old manifest (it listed the shards it removes), so the unfinished pack is seen."""
+    src = class_tree(tmp_path / "src")
+    pack_dataset(src, tmp_path / "out", progress=False)
+    pack_dataset(src, tmp_path / "out", part="0/2", overwrite=True, progress=False)
+    with pytest.raises(al.PackFolderError, match=r"not finished: --part 1/2\b"):
+        al.ShardDataset(str(tmp_path / "out"))
+
+
 def test_an_unfinished_whole_pack_is_refused(tmp_path):
     src = class_tree(tmp_path / "src")
     pack_dataset(src, tmp_path / "out", progress=False)

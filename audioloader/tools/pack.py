@@ -47,6 +47,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from audioloader.errors import OptionError
+from audioloader.shards.manifest import MANIFEST_NAME
 from audioloader.shards.writer import FORMATS, ShardWriter
 
 from .. import checks
@@ -246,6 +247,7 @@ def _prepare_out(store: LocalOut | RemoteOut, part: Part | None, journal: Journa
         # as part of this dataset. Other parts of this split are left alone (they may be running now).
         for name in mine + foreign + ([own] if old is not None else []):
             store.remove(name)
+        store.remove(MANIFEST_NAME)  # it lists the shards just removed: a loader would read them (and fail)
         old = None
     elif foreign:
         split = "a whole pack" if part is None else f"a split into {part.count} parts"
