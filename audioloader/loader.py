@@ -248,7 +248,7 @@ class Stream(Generic[T]):
                 try:
                     item = next(self._it)
                 except StopIteration:
-                    if not self.repeats:
+                    if not self.repeats or not self._running:  # not running: ended by an error, not a pass
                         raise
                     self._next_pass()  # an endless stream of passes: the next one (an empty pass ends it)
                     item = next(self._it)
