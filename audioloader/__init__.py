@@ -49,6 +49,7 @@ _LAZY_NAMES: dict[str, str] = {
     "ShardWriter": ".shards.writer",
     "Shuffle": ".budget",
     "Source": ".mix",
+    "PackFolderError": ".shards",
     "SourceNotFoundError": ".shards",
     "SpecAugment": ".dsp.augment",
     "SpeedPerturb": ".dsp.augment",
@@ -79,7 +80,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time the names c
     from .mix import Mix, Source
     from .options import Bucketing, Storage, Workers
     from .samples import BadRow, Key, RawSample, Sample
-    from .shards import IcebergTable, Retry, ShardDataset, SourceNotFoundError
+    from .shards import IcebergTable, PackFolderError, Retry, ShardDataset, SourceNotFoundError
     from .shards.writer import ShardWriter
 
 #: The distribution (the name pip installs) that holds this package; the import name stays ``audioloader``.
@@ -105,6 +106,7 @@ __all__ = [
     "Mix",
     "Mixup",
     "OnError",
+    "PackFolderError",
     "RawSample",
     "Retry",
     "Reverb",

@@ -74,7 +74,9 @@ class AudioLoader:
             reader's interleave fitted to the budget (`audioloader.budget`). False: one pass, each
             sample exactly once across ranks, center crops, no shuffle (rows in file order).
         seed: every random choice is a pure function of ``seed`` and the sample's key.
-        infinite: override the preset: passes forever (True) or one pass per ``iter`` (False).
+        infinite: override the preset: passes forever (True) or one pass per ``iter`` (False). With
+            ``train=False``: an endless stream of identical eval passes (each sample once across ranks, the same
+            ``num_batches`` on every rank each pass), for a validation stream.
         features: `MelSpectrogramConfig` (default), `FbankConfig` or `WaveformConfig`.
         length: `LengthPolicy`: fixed crops (default) or whole utterances (``crop=None``).
         batching: `Bucketing` (whole utterances batched by total duration), or None.
@@ -136,6 +138,7 @@ class AudioLoader:
         self._build(settle(resolved, self.sources))  # every setting final, then the chain
         self._pid = os.getpid()
         self._warned_prefetch = False  # the warning that a framework's look-ahead is unknown, given once
+        self._warned_bad_rows = False  # the warning at the first bad row, given once (`_warn_bad_rows`)
 
     # ------------------------------------------------------------- the resolved options, as attributes
 
@@ -179,7 +182,7 @@ class AudioLoader:
 
         The new iterator supersedes the earlier ones (using one of those again raises
         ``RuntimeError``); it starts the chain at its first ``next()``, so an iterator never used
-        holds nothing. Where it starts: an infinite loader (``train=True``) goes on where
+        holds nothing. Where it starts: an infinite loader (``train=True``, or ``infinite=True``) goes on where
         `state_dict()` says, i.e. after the last batch handed out (after the last one marked
         trained, with `mark_trained`): a second ``iter()`` continues the stream, it does not
         start it over. A loader of one pass per iteration (``train=False``, ``infinite=False``)
@@ -198,6 +201,7 @@ class AudioLoader:
         try:
             batch = self._stream.next(iterator)  # the first call starts the chain: seconds to restore a buffer
         except StopIteration as end:
+            self._warn_bad_rows()
             # torchdata re-raises a StopIteration object made in its thread and kept
             # in its frames; with this frame in its traceback, `self` would sit in a
             # reference cycle and the loader's threads would wait for gc to stop.
@@ -209,7 +213,27 @@ class AudioLoader:
             self.shutdown()
             raise
         self.stats_counters.add_seconds("wait", time.perf_counter() - start)
+        self._warn_bad_rows()
         return batch
+
+    def _warn_bad_rows(self) -> None:
+        """Bad rows skipped under ``on_error="skip"`` are never silent: a warning at the first, then one at the end
+        of each pass that had some, with the count (the rows themselves: ``stats()["bad_rows"]``)."""
+        counters = self.stats_counters
+        if not self._warned_bad_rows and counters.counters["bad_rows"]:
+            self._warned_bad_rows = True
+            first = counters.bad_rows[0] if counters.bad_rows else {}
+            warnings.warn(
+                f"audioloader skipped a row whose audio could not be decoded (on_error='skip'): row "
+                f"{first.get('row')} of {first.get('file')!r}: {first.get('reason')}. Such rows are skipped and "
+                "counted: loader.stats()['counters']['bad_rows'] counts them, loader.stats()['bad_rows'] names "
+                "them. This warning is shown once; a count follows at the end of each pass that has bad rows. "
+                "on_error='raise' stops at the first instead", UserWarning, stacklevel=4)
+        for note in counters.take_pass_notes():
+            warnings.warn(
+                f"audioloader: pass {note['pass']} ended with {note['bad_rows']} row(s) skipped because their "
+                f"audio could not be decoded ({counters.counters['bad_rows']} in all so far); "
+                "loader.stats()['bad_rows'] names them", UserWarning, stacklevel=4)
 
     def _check_process(self) -> None:
         if os.getpid() != self._pid:
@@ -236,8 +260,9 @@ class AudioLoader:
 
     def __len__(self) -> int:
         if self.infinite:
-            raise TypeError("len() of an infinite (train=True) AudioLoader is undefined; "
-                            "pass infinite=False for one pass per iteration, or train=False. (If a "
+            per_pass = "" if self.num_batches is None else f" (a pass is loader.num_batches={self.num_batches} batches)"
+            raise TypeError(f"len() of an infinite AudioLoader is undefined{per_pass}; "
+                            "pass infinite=False for one pass per iteration. (If a "
                             "torch.utils.data.DataLoader asked: iterate the AudioLoader directly instead of "
                             "wrapping it.)")
         if self.num_batches is not None:
@@ -278,7 +303,8 @@ class AudioLoader:
             "trained, and the state follows the marks (docs/integrations.md)", UserWarning, stacklevel=3)
 
     def load_state_dict(self, state_dict: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
-        """The next iteration continues exactly where ``state_dict`` was taken.
+        """The next batch continues exactly where ``state_dict`` was taken: from a new ``iter()``, or from the
+        iterator already in use (its next batch is the one after the state; never the one it would have yielded).
 
         ``state_dict``: this rank's state, or the states of **every** rank of the
         run that saved them (a list, any order; e.g. gathered with
@@ -304,7 +330,9 @@ class AudioLoader:
         settings = settle_for_checkpoint(self.settings, self.sources, resume, self._fingerprint)
         if settings is not self.settings:  # taken with other settings: a new chain, built with them
             self.shutdown()
+            generation = self._stream.generation
             self._build(settings)
+            self._stream.generation = generation  # the live iterator goes on, from the loaded state
         if resume.elastic:  # the rows the old ranks left of their pass, spread over the new ranks (`elastic.plan`)
             start = elastic.plan(self._loader.root, self.reader, [state["loader"]["root"] for state in resume.states])
             batches = None if self.num_batches is None else elastic.batches_left(self.settings, self.sources, start)
@@ -322,7 +350,7 @@ class AudioLoader:
         note_shuffle_quality(settings, self.sources, self.stats_counters)
         self._loader = Loader(self._chain.root)
         # Infinite loaders continue their stream on a new iter(); one-pass loaders start the next pass.
-        self._stream = Stream(self._loader, continues=settings.infinite)
+        self._stream = Stream(self._loader, continues=settings.infinite, repeats=settings.infinite)
         self._fingerprint = checkpoint.fingerprint(settings, self.sources)
         self._note_memory()
         self._note_buckets()

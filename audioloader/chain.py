@@ -198,12 +198,19 @@ def read_plans(settings: Settings, sources: Sources) -> tuple[ReadPlan, ...]:
         try:
             plans.append(ReadPlan.of(dataset, seed=source_seed(s.seed, position) if mixed else s.seed,
                                      rank=s.storage.rank, world_size=s.storage.world_size, shuffle=s.train,
-                                     infinite=s.infinite and not mixed, interleave=s.shuffle.interleave))
+                                     infinite=_endless_chain(s) and not mixed, interleave=s.shuffle.interleave))
         except Exception as error:
             if mixed and hasattr(error, "add_note"):  # Python 3.11+
                 error.add_note(f"(in Mix source {sources.names[position]!r})")
             raise
     return tuple(plans)
+
+
+def _endless_chain(settings: Settings) -> bool:
+    """The chain's readers go on into the next pass themselves: ``infinite`` training. An infinite evaluation
+    loader's chain ends with its pass (every rank's equal batch count, with padding: `count_batches`); its
+    `Stream` starts the next, identical pass (``repeats``), so no batch ever mixes two passes."""
+    return settings.infinite and settings.train
 
 
 def batch_layout(settings: Settings, sources: Sources) -> tuple[BatchLayout, int]:
@@ -308,7 +315,8 @@ def _readers(settings: Settings, sources: Sources, stats: LoaderStats) -> tuple[
     s, names = settings, sources.names
     return readers, WeightedMix(dict(zip(names, readers, strict=True)), dict(zip(names, sources.mix.weights,
                                                                                  strict=True)),
-                                stop=sources.stop, infinite=s.infinite, seed=s.seed, rank=s.storage.rank, stats=stats)
+                                stop=sources.stop, infinite=_endless_chain(s), seed=s.seed, rank=s.storage.rank,
+                                stats=stats)
 
 
 def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: BaseNode,
@@ -407,7 +415,7 @@ def _open_mix(mix: Mix, settings: Settings, stats: LoaderStats, columns: tuple[s
     if s.batching is not None:
         raise ValueError("batching=Bucketing(...) does not take a Mix yet: bucket one source, or mix "
                          "fixed-size batches (batch_size=)")
-    stop = mix.stop or ("cycle" if s.infinite else "all_exhausted")
+    stop = mix.stop or ("cycle" if _endless_chain(s) else "all_exhausted")
     if not s.train and stop != "all_exhausted":
         raise ValueError(f"Mix(stop={stop!r}) with train=False: evaluation reads every row of every source "
                          "exactly once (stop='all_exhausted', the default there); the weights then only set "

@@ -105,9 +105,13 @@ def check_fingerprint(ours: dict[str, Any], theirs: dict[str, Any], datasets: di
               if theirs.get(k) != ours.get(k) and k not in skip}
     if differ:
         lines = _difference_lines(differ)
-        raise CheckpointMismatchError(
-            "this state dict was saved by an AudioLoader built with different arguments; build the "
-            "loader with the checkpoint's values for these fields:\n" + "\n".join(lines), differ)
+        if "files" in differ:  # the real cause: what follows from the data (bucket edges, ...) is listed after it
+            lead = ("this state dict was saved by an AudioLoader reading other shard files: resume on the data the "
+                    "checkpoint was taken on, or start a new run on this data. What differs:\n")
+        else:
+            lead = ("this state dict was saved by an AudioLoader built with different arguments; build the "
+                    "loader with the checkpoint's values for these fields:\n")
+        raise CheckpointMismatchError(lead + "\n".join(lines), differ)
     _check_file_identity(ours["file_identity"], theirs.get("file_identity"), datasets)
 
 
@@ -341,6 +345,8 @@ def _when(mtime_ns: int | None) -> str:
 
 #: At most this many differing (nested) fields are listed; the rest are counted.
 MAX_LISTED_DIFFERENCES = 20
+#: Fingerprint fields computed from the data, which no argument sets (bucket edges from the rows' durations).
+DERIVED_FIELDS = ("batching.boundaries", "batching.num_buckets")
 _ABSENT = object()
 
 
@@ -350,10 +356,20 @@ def _difference_lines(differ: dict[str, tuple[Any, Any]]) -> list[str]:
     found: list[tuple[str, Any, Any]] = []
     for key, (theirs, ours) in differ.items():
         _differences(key, theirs, ours, found)
+    # The data first (a different dataset is the cause of everything else), then settings, and last what no
+    # argument sets: values derived from the data (listed only by name when something else differs).
+    derived = [f for f in found if f[0].startswith(DERIVED_FIELDS)]
+    found = sorted((f for f in found if f not in derived), key=lambda f: not f[0].startswith("files"))
+    if not found:
+        found, derived = derived, []
     lines = [f"  {path}: checkpoint has {_shown(a)}, this loader has {_shown(b)}"
              for path, a, b in found[:MAX_LISTED_DIFFERENCES]]
     if len(found) > MAX_LISTED_DIFFERENCES:
         lines.append(f"  ... and {len(found) - MAX_LISTED_DIFFERENCES} more")
+    if derived:
+        names = sorted({path.split("[")[0] for path, _, _ in derived})
+        lines.append(f"  (also {', '.join(names)}: derived from the data, not set by an argument; they follow "
+                     "from the differences above)")
     return lines
 
 

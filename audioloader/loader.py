@@ -188,13 +188,17 @@ class Stream(Generic[T]):
     iterator starts:
 
     * after `load_state_dict` / `start_fresh`, and the first time: as the `Loader` says (the loaded
-      state, or the start of a pass);
+      state, or the start of a pass). The live iterator, too: its next item is the one after the loaded
+      state (a state is never ignored; an iterator that has ended stays ended);
     * ``continues=True`` (an infinite loader): at `state_dict()`, i.e. right after the last item
       handed out, or after the last one marked trained once `mark_trained` is in use. The running
       chain goes on untouched where it can; after `stop()`, an error, or items handed out but not
       trained, it restarts from that state (exactly; a shuffle buffer is rebuilt);
     * ``continues=False`` (one pass per iteration): the next pass, as torch's DataLoader starts
       the next epoch.
+
+    ``repeats=True`` (an infinite loader whose chain ends with each pass: evaluation): when a pass ends, the
+    same ``next()`` starts the next one and goes on, so the iterator never ends (unless a pass is empty).
 
     One ``next()`` at a time: another thread's ``next()`` during one raises ``RuntimeError``.
 
@@ -204,9 +208,10 @@ class Stream(Generic[T]):
     items are prefetched resumes with the first untrained one.
     """
 
-    def __init__(self, loader: Loader[T], continues: bool) -> None:
+    def __init__(self, loader: Loader[T], continues: bool, repeats: bool = False) -> None:
         self.loader = loader
         self.continues = continues
+        self.repeats = repeats
         self.generation = 0  # of the newest iterator
         self._it: Any = None  # the Loader's iterator, once started
         self._busy = threading.Lock()  # held for the length of one next() call, never longer
@@ -236,11 +241,17 @@ class Stream(Generic[T]):
         if not self._busy.acquire(blocking=False):
             raise RuntimeError(_BUSY)
         try:
-            if not iterator.started:
+            if not iterator.started or self._fresh:  # fresh: a state was loaded, which a live iterator goes on from
                 self._start()
                 iterator.started = True
             try:
-                item = next(self._it)
+                try:
+                    item = next(self._it)
+                except StopIteration:
+                    if not self.repeats or not self._running:  # not running: ended by an error, not a pass
+                        raise
+                    self._next_pass()  # an endless stream of passes: the next one (an empty pass ends it)
+                    item = next(self._it)
             except StopIteration:
                 iterator.closed, self._running = True, False  # ended; a new iterator starts a new pass
                 raise
@@ -259,11 +270,17 @@ class Stream(Generic[T]):
             if self._running and not self._lagging():
                 return  # the chain is exactly where the state says: go on
             self.loader.load_state_dict(self.state_dict())
-        elif not self._fresh and self._lagging():
+        self._next_pass(keep_untrained=not self._fresh and not self.continues)
+        self._fresh = False
+
+    def _next_pass(self, keep_untrained: bool = True) -> None:
+        """Start the chain: its next pass, or where a loaded state says. ``keep_untrained``: the batches of the
+        pass before, handed out and not yet marked trained, keep the position there until they are marked."""
+        if keep_untrained and self._lagging():
             self._old_state = self.state_dict()
             self._old_untrained += self._handed - self._trained
         self._it = iter(self.loader)
-        self._fresh, self._running = False, True
+        self._running = True
         self._handed = self._trained = 0
         self._trail.clear()
         self._trail.append((0, self.loader.state_dict()))

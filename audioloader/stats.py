@@ -194,6 +194,8 @@ class LoaderStats:
         self.source_weights: list[float] = []
         self.source_counters: list[dict[str, int]] = []
         self.workers: dict[str, Any] = {}
+        self._bad_since_pass_end = 0  # bad rows since the last `end_pass`: the next pass summary's count
+        self._pass_notes: list[dict[str, int]] = []  # summaries of passes that had bad rows, not yet taken
 
     def describe_workers(self, report: dict[str, Any]) -> None:
         """Who decodes: ``{"kind", "num_workers"}``, for processes also ``"start_method"`` and the reason for it."""
@@ -264,6 +266,21 @@ class LoaderStats:
         with self._lock:
             self.counters["bad_rows"] += 1
             self.bad_rows.append(bad.report())
+            self._bad_since_pass_end += 1
+
+    def end_pass(self, pass_index: int) -> None:
+        """The decode stage saw the end of pass ``pass_index``: note how many bad rows it had (when any), for the
+        loader to report (`take_pass_notes`)."""
+        with self._lock:
+            if self._bad_since_pass_end:
+                self._pass_notes.append({"pass": pass_index, "bad_rows": self._bad_since_pass_end})
+                self._bad_since_pass_end = 0
+
+    def take_pass_notes(self) -> list[dict[str, int]]:
+        """The passes that ended with bad rows since the last call: ``[{"pass", "bad_rows"}]``."""
+        with self._lock:
+            notes, self._pass_notes = self._pass_notes, []
+        return notes
 
     def record_skipped_row(self, skipped: BadRow) -> None:
         """A row the length policy left out (not an error): counted and reported apart from bad rows."""

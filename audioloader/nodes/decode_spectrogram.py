@@ -410,13 +410,19 @@ class DecodeSpectrogram(BaseNode[Sample]):
             self._rows_seen = 0
             self._bad_rows = 0
             self._mapper.reset(None)
+        self._pass: int | None = None  # the latest pass a row came from (the end of a pass is reported)
 
     def next(self) -> Sample:
         while True:
             self._check_budget()
-            item = next(self._mapper)
+            try:
+                item = next(self._mapper)
+            except StopIteration:
+                self.stats.end_pass(self._pass or 0)
+                raise
             if isinstance(item, BatchEnd):
                 return item
+            self._note_pass(item.key.pass_index)
             self._rows_seen += 1
             if isinstance(item, BadRow):
                 self._on_bad_row(item)
@@ -450,6 +456,12 @@ class DecodeSpectrogram(BaseNode[Sample]):
                 f"cannot decode the audio of row {bad.row} of {bad.file!r} (index {bad.key.index}, "
                 f"pass {bad.key.pass_index}): {bad.reason}. Pass on_error='skip' to skip and count such rows.",
                 file=bad.file, row=bad.row, index=bad.key.index, reason=bad.reason)
+
+    def _note_pass(self, pass_index: int) -> None:
+        """A row of a later pass ends the one before (for the loader's summary of bad rows by pass)."""
+        if self._pass is not None and pass_index > self._pass:
+            self.stats.end_pass(self._pass)
+        self._pass = pass_index if self._pass is None else max(self._pass, pass_index)
 
     def _check_budget(self) -> None:
         """Raise when too many rows were bad; checked before each pull so no good sample is lost."""

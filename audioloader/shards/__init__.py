@@ -40,6 +40,7 @@ _LAZY_NAMES: dict[str, str] = {
     "ShardDataset": ".dataset",
     "ShardFile": ".file_table",
     "ShardRow": ".row_reads",
+    "PackFolderError": ".sources",
     "SourceNotFoundError": ".sources",
     "Split": ".splits",
     "TableSnapshot": ".sources",
@@ -53,7 +54,15 @@ if TYPE_CHECKING:
     from .formats import FORMATS
     from .retry import Retry
     from .row_reads import BatchColumns, ShardRow
-    from .sources import ACCEPTED, SHARD_EXTENSIONS, IcebergTable, SourceNotFoundError, TableSnapshot, resolve_source
+    from .sources import (
+        ACCEPTED,
+        SHARD_EXTENSIONS,
+        IcebergTable,
+        PackFolderError,
+        SourceNotFoundError,
+        TableSnapshot,
+        resolve_source,
+    )
     from .splits import Split, subdivide
     from .storage import RemoteReads
 
@@ -63,6 +72,7 @@ __all__ = [
     "SHARD_EXTENSIONS",
     "BatchColumns",
     "IcebergTable",
+    "PackFolderError",
     "RemoteReads",
     "Retry",
     "ShardDataset",

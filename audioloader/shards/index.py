@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +35,7 @@ import pyarrow.parquet as pq
 
 from .formats import _FileMeta
 from .machine_cache import cache_root
+from .manifest import replace_atomically
 from .sources import INDEX_NAME
 
 _VERSION = b"1"
@@ -82,17 +82,11 @@ def write_table(table: pa.Table, path: str, fs: Any = None) -> None:
         with fs.open_output_stream(path) as out, pa.ipc.new_file(out, table.schema) as writer:
             writer.write_table(table)
         return
-    folder = os.path.dirname(path) or "."
-    os.makedirs(folder, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".index-", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as out, pa.ipc.new_file(out, table.schema) as writer:
+    def write(out: Any) -> None:
+        with pa.ipc.new_file(out, table.schema) as writer:
             writer.write_table(table)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+
+    replace_atomically(path, write, prefix=".index-")  # the shards' permissions, not mkstemp's 0600
 
 
 def parse(data: Any) -> dict[str, dict[str, Any]]:

@@ -43,8 +43,8 @@ import contextlib
 import json
 import os
 import re
-import tempfile
-from collections.abc import Sequence
+import secrets
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -161,18 +161,32 @@ def _common_affixes(names: Sequence[str]) -> tuple[str, str]:
 def write_manifest(table: pa.Table, path: str, fs: Any = None) -> int:
     """Write a manifest table to ``path`` (local: atomically, a temporary file renamed over it; else through
     the pyarrow filesystem ``fs``); returns its bytes."""
+    def write(out: Any) -> None:
+        with pa.ipc.new_file(out, table.schema) as writer:
+            writer.write_table(table, max_chunksize=max(1, table.num_rows))
+
     if fs is not None:
         with fs.open_output_stream(path) as out:
-            with pa.ipc.new_file(out, table.schema) as writer:
-                writer.write_table(table, max_chunksize=max(1, table.num_rows))
+            write(out)
             return out.tell()
+    replace_atomically(path, write, prefix=".manifest-")
+    return os.path.getsize(path)
+
+
+def replace_atomically(path: str, write: Callable[[Any], None], prefix: str) -> None:
+    """Write a local file through ``write(binary file)`` into a hidden temporary sibling, fsync it and rename it
+    over ``path``: readers see the old file or the whole new one, never a part.
+
+    The file gets the permissions of any file this process creates (``0666`` less the umask, as the shards
+    ``ShardWriter`` writes), not ``tempfile.mkstemp``'s ``0600``: on a shared file system the group that reads the
+    shards must read the manifest too. A failure removes the temporary file.
+    """
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".manifest-", suffix=".tmp")
+    temporary = os.path.join(folder, f"{prefix}{secrets.token_hex(8)}.tmp")
     try:
-        with os.fdopen(handle, "wb") as out:
-            with pa.ipc.new_file(out, table.schema) as writer:
-                writer.write_table(table, max_chunksize=max(1, table.num_rows))
+        with open(temporary, "xb") as out:  # O_CREAT | O_EXCL, mode 0666 & ~umask
+            write(out)
             out.flush()
             os.fsync(out.fileno())
         os.replace(temporary, path)
@@ -180,7 +194,6 @@ def write_manifest(table: pa.Table, path: str, fs: Any = None) -> int:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
-    return os.path.getsize(path)
 
 
 class Manifest:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import functools
 import glob
 import json
 import os
+import re
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -15,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from ..errors import ShardReadError, redacted
+from ..errors import AudioLoaderError, ShardReadError, redacted
 from .retry import DEFAULT_RETRY, Retry, with_retries
 
 SHARD_EXTENSIONS = (".arrow", ".ipc", ".feather", ".parquet", ".pq", ".orc")
@@ -135,6 +138,78 @@ def _has_shard_extension(name: str) -> bool:
     return not base.startswith((".", "_")) and base.lower().endswith(SHARD_EXTENSIONS)
 
 
+#: The journal `audioloader pack` keeps in its OUT folder: ``_audioloader_pack.json``, a part's
+#: ``_audioloader_pack-p0003of0016.json`` (`audioloader.tools.pack_journal`). ``{"done": true, ...}`` once finished.
+PACK_JOURNAL = re.compile(r"^_audioloader_pack(?:-p(\d+)of(\d+))?\.json$")
+
+
+class PackFolderError(AudioLoaderError, ValueError):
+    """A folder ``audioloader pack`` wrote is not one finished dataset: a pack (or some of its parts) not finished,
+    or several packs in sub-folders that a listing would merge into one."""
+
+
+def unfinished_parts(journals: dict[str, str]) -> tuple[int | None, list[str]]:
+    """Of the pack journals found in a folder (``{name: text}``): the number of parts, and the parts not done
+    (``"K/N"``; a part without a journal counts as not done; ``"the whole pack"`` for an unfinished whole pack).
+    ``(None, [])`` when there is none.
+
+    Raises:
+        ValueError: journals of a whole pack and of parts, or of different part counts, in one folder.
+    """
+    parts = {name: m.groups() for name in journals if (m := PACK_JOURNAL.match(name))}
+    counts = {None if count is None else int(count) for _, count in parts.values()}
+    if not counts:
+        return None, []
+    if len(counts) > 1:
+        raise ValueError(f"pack journals of different splits in one folder ({', '.join(sorted(parts))}): the shards "
+                         "of one split would repeat the rows of another; pack again into an empty folder or with "
+                         "--overwrite")
+    count = counts.pop()
+    done = set()
+    for name, (index, _) in parts.items():
+        with contextlib.suppress(ValueError, AttributeError):
+            if json.loads(journals[name]).get("done"):
+                done.add(None if index is None else f"{int(index)}/{count}")
+    if count is None:
+        return 1, [] if None in done else ["the whole pack"]
+    return count, [f"{k}/{count}" for k in range(count) if f"{k}/{count}" not in done]
+
+
+def check_pack_folders(root: str, journals: dict[str, dict[str, Callable[[], str]]]) -> None:
+    """Refuse a folder source that is not one finished pack. ``journals`` maps each folder under ``root`` that
+    holds pack journals (relative to ``root``: ``"."`` for itself) to ``{journal name: read its text}``; ``root``
+    as shown to users. Nothing is read for a folder without journals (not a pack's: nothing to check).
+
+    Raises:
+        PackFolderError: journals in more than one folder (several packs: their union would be read as one
+            dataset), or a pack whose journals say it is not finished, naming the parts that are missing.
+    """
+    root = redacted(root).rstrip("/")
+    if len(journals) > 1:
+        inside = sorted(journals)
+        listed = ", ".join(f"{name!r}" for name in inside[:8]) + (f", ... ({len(inside)} in all)"
+                                                                  if len(inside) > 8 else "")
+        raise PackFolderError(
+            f"shard source {root!r} holds {len(inside)} packs, each with its own `audioloader pack` journal (in "
+            f"{listed}): reading the folder would merge them into one dataset. Give the one you mean (e.g. "
+            f"{root}/{inside[-1]}), or a list of the folders to read them together")
+    for folder, found in journals.items():
+        count, missing = unfinished_parts({name: read() for name, read in found.items()})
+        shown = root if folder == "." else f"{root}/{folder}"
+        if missing == ["the whole pack"]:
+            raise PackFolderError(
+                f"shard source {shown!r}: the `audioloader pack` into it is not finished (its journal "
+                "_audioloader_pack.json does not say done): run the same `audioloader pack SRC OUT ...` again to "
+                f"finish it; to read the shards written so far anyway, name them (a glob: '{shown}/shard-*')")
+        if missing:
+            listed = ", ".join(missing[:8]) + (f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
+            raise PackFolderError(
+                f"shard source {shown!r}: {len(missing)} of the {count} parts of the `audioloader pack` into it "
+                f"are not finished: --part {listed}. Run `audioloader pack SRC OUT --part K/{count}` (the same "
+                "arguments) for each; to read the finished parts alone, name their shards (a glob such as "
+                f"'{shown}/shard-p0000of*' for part 0)")
+
+
 def _hf_state_files(read_text, folder: str) -> list[str] | None:
     """Data files listed in a Hugging Face ``save_to_disk`` ``state.json``, or None.
 
@@ -170,13 +245,23 @@ def _expand_local(item: str) -> tuple[list[str], str]:
         if listed is not None:
             return listed, f"Hugging Face dataset folder {path!r} (state.json)"
         found = []
+        journals: dict[str, dict[str, Callable[[], str]]] = {}
         for root, dirs, names in os.walk(path):
             dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
             found.extend(os.path.join(root, n) for n in names if _has_shard_extension(n))
+            for name in filter(PACK_JOURNAL.match, names):
+                journals.setdefault(os.path.relpath(root, path), {})[name] = functools.partial(
+                    _read_local_text, os.path.join(root, name))
+        check_pack_folders(path, journals)
         return found, f"folder {path!r} and its subfolders for *{'/*'.join(SHARD_EXTENSIONS)}"
     if os.path.isfile(path):
         return [path], f"file {path!r}"
     raise SourceNotFoundError(f"shard source {item!r}: no such file or folder ({path})")
+
+
+def _hidden_below(folder: str, base: str) -> bool:
+    """A folder under ``base`` inside a hidden or bookkeeping folder (``.x``, ``_x``): a local walk skips those."""
+    return any(part.startswith((".", "_")) for part in folder[len(base):].split("/") if part)
 
 
 def _glob_match(path: str, pattern: str) -> bool:
@@ -222,6 +307,15 @@ def _expand_remote(item: str, fs: Any, fs_path: str, retry: Retry,
         with fs.open_input_stream(p) as f:
             return f.read().decode("utf-8")
 
+    def check_packs(infos: list[pafs.FileInfo]) -> None:  # a GET a journal, only where the listing shows some
+        journals: dict[str, dict[str, Callable[[], str]]] = {}
+        base = fs_path.rstrip("/")
+        for i in infos:
+            folder, _, name = i.path.rpartition("/")
+            if i.type == pafs.FileType.File and PACK_JOURNAL.match(name) and not _hidden_below(folder, base):
+                journals.setdefault(folder[len(base) + 1:] or ".", {})[name] = functools.partial(read_text, i.path)
+        check_pack_folders(item, journals)
+
     folder = None if fs_path.lower().endswith(SHARD_EXTENSIONS) else _list_folder(listing, fs_path)
     if folder:  # one LIST call, not the folder check (a HEAD and a LIST) and a look for state.json (a HEAD) first
         if any(i.type == pafs.FileType.File and i.path == f"{fs_path.rstrip('/')}/state.json" for i in folder):
@@ -229,6 +323,7 @@ def _expand_remote(item: str, fs: Any, fs_path: str, retry: Retry,
             if listed is not None:
                 return [(p, None, None) for p in listed], f"Hugging Face dataset folder {item!r} (state.json)"
         note_indexes(folder)
+        check_packs(folder)
         files = [_listed(i) for i in folder if i.type == pafs.FileType.File and _has_shard_extension(i.path)]
         return files, f"folder {item!r} and its subfolders for *{'/*'.join(SHARD_EXTENSIONS)}"
     info = listing(fs_path)  # a file, an empty folder, or nothing: asked as before
@@ -238,6 +333,7 @@ def _expand_remote(item: str, fs: Any, fs_path: str, retry: Retry,
             return [(p, None, None) for p in listed], f"Hugging Face dataset folder {item!r} (state.json)"
         infos = listing(pafs.FileSelector(fs_path, recursive=True))
         note_indexes(infos)
+        check_packs(infos)
         files = [_listed(i) for i in infos if i.type == pafs.FileType.File and _has_shard_extension(i.path)]
         return files, f"folder {item!r} and its subfolders for *{'/*'.join(SHARD_EXTENSIONS)}"
     if info.type == pafs.FileType.File:

@@ -60,7 +60,7 @@ def _run_pack(args: argparse.Namespace) -> int:
     options = dict(fmt=args.fmt, input_format=args.input_format, shard_rows=args.shard_rows,
                    shard_mb=args.shard_mb or None, rows_per_batch=args.rows_per_batch, sample_rate=args.sample_rate,
                    codec=args.codec, workers=args.workers, shuffle_seed=args.shuffle_seed, overwrite=args.overwrite,
-                   progress=not args.quiet)
+                   verify=args.verify, progress=not args.quiet)
     if args.ray is not None:
         if args.part is not None:
             raise ValueError("--part and --ray: --ray runs every part itself; give --parts N instead")
@@ -133,12 +133,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _run_index(args: argparse.Namespace) -> int:
+    from audioloader.shards import ShardDataset
     from audioloader.shards.manifest_source import write_folder_manifest
     from audioloader.tools.pack_store import require_finished
 
     require_finished(args.folder)  # a split pack still writing parts would be indexed half
-    print(write_folder_manifest(args.folder))
+    path = write_folder_manifest(args.folder)
+    indexed = ShardDataset(args.folder)  # from the manifest just written: no listing, no footer read
+    print(f"{path}: {len(indexed.files)} shard file(s), {indexed.num_rows} rows")
     return 0
+
+
+#: What an interrupted command leaves, said after "interrupted".
+_AFTER_INTERRUPT = {"pack": "; the finished shards are kept: run the same command again to continue"}
 
 
 def _report_errors(command: str, fn: Callable[[], Any]) -> int:
@@ -146,7 +153,7 @@ def _report_errors(command: str, fn: Callable[[], Any]) -> int:
     try:
         status = fn()
     except KeyboardInterrupt:
-        print(f"audioloader {command}: interrupted", file=sys.stderr)
+        print(f"audioloader {command}: interrupted{_AFTER_INTERRUPT.get(command, '')}", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # `audioloader inspect ... | head`: the reader left; quietly stop, and keep

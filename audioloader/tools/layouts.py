@@ -2,6 +2,8 @@
 
 - ``folders``: ``SRC/<class>/.../*.wav``, one sub-folder per class; column ``label``
   (the sorted sub-folder names).
+- ``files``: every audio file under ``SRC``, at any depth, without labels (a self-supervised or
+  TTS corpus); no ``label`` column.
 - ``csv``, ``tsv``, ``jsonl``: a manifest (`audioloader.tools.input_lists`), with its own columns.
 - ``audiofolder``: Hugging Face ``audiofolder``, ``metadata.csv`` / ``metadata.jsonl``
   files naming the audio in ``file_name``, with their own columns.
@@ -11,7 +13,8 @@
   ``clips/``; ``sentence`` becomes ``text``, ``client_id`` ``speaker``, the rest is carried.
 
 `detect_format` picks one from the source (a folder: metadata files, then
-transcripts, else class folders; a file: its extension, then its content);
+transcripts, then audio files with no sub-folder beside them (``files``), else class
+folders; a file: its extension, then its content);
 ``input_format=`` forces one. A LibriSpeech tree is never read as class folders
 unless asked: speakers are not classes.
 """
@@ -34,8 +37,8 @@ __all__ = ["AUDIO_EXTENSIONS", "INPUT_FORMATS", "collect_local_inputs", "detect_
 AUDIO_EXTENSIONS = frozenset({".wav", ".wave", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aif", ".aiff",
                               ".aifc", ".au", ".snd", ".w64", ".rf64", ".caf"})
 #: What ``input_format=`` accepts (``None`` / ``"auto"``: `detect_format`).
-INPUT_FORMATS = ("folders", "csv", "tsv", "jsonl", "audiofolder", "librispeech", "commonvoice")
-_FOLDER_FORMATS = ("folders", "audiofolder", "librispeech")
+INPUT_FORMATS = ("folders", "csv", "tsv", "jsonl", "audiofolder", "librispeech", "commonvoice", "files")
+_FOLDER_FORMATS = ("folders", "files", "audiofolder", "librispeech")
 _METADATA_FILES = ("metadata.csv", "metadata.jsonl")
 #: Common Voice TSV columns that identify one (with ``path``).
 _COMMON_VOICE_COLUMNS = {"sentence", "client_id"}
@@ -89,6 +92,9 @@ def detect_format(src: Path) -> str:
         if (src / "clips").is_dir() and tsvs:
             raise ValueError(f"SRC {str(src)!r} is a Common Voice folder: give one of its TSV files "
                              f"({', '.join(tsvs)}), e.g. {str(src / tsvs[0])!r}")
+        visible = [p for p in src.iterdir() if not _is_hidden(p.name)]
+        if any(p.is_file() and _is_audio(p.name) for p in visible) and not any(p.is_dir() for p in visible):
+            return "files"  # a flat folder of audio: no classes to read from it
         return "folders"
     suffix = src.suffix.lower()
     if suffix in AUDIO_EXTENSIONS:
@@ -130,6 +136,8 @@ def collect_local_inputs(src: str | os.PathLike[str], input_format: str | None =
                                   format=(f"input_format={fmt!r}", f"--input-format {fmt}"))
     if fmt == "folders":
         return _from_class_folders(path)
+    if fmt == "files":
+        return _from_files(path)
     if fmt == "audiofolder":
         return _from_audiofolder(path)
     if fmt == "librispeech":
@@ -147,8 +155,10 @@ def _from_class_folders(src: Path) -> Inputs:
     classes = [p for p in entries if p.is_dir()]
     stray = [p for p in entries if p.is_file() and _is_audio(p.name)]
     if stray:
-        raise ValueError(f"{stray[0]}: audio file directly in SRC {str(src)!r}; put each file in a "
-                         "sub-folder named after its class (SRC/<class>/file), or list files in a manifest")
+        raise ValueError(f"{stray[0]}: audio file directly in SRC {str(src)!r} beside sub-folders read as classes; "
+                         "put each file in a sub-folder named after its class (SRC/<class>/file), list files in a "
+                         "manifest, or pass input_format='files' (--input-format files) to pack every audio file "
+                         "under SRC without labels")
     if not classes:
         raise ValueError(f"SRC {str(src)!r} has no class sub-folders; expected SRC/<class>/<audio files>, "
                          "or a manifest (CSV, TSV, JSONL) with a path column")
@@ -163,6 +173,17 @@ def _from_class_folders(src: Path) -> Inputs:
                          f"(looked for {', '.join(sorted(AUDIO_EXTENSIONS))})")
     rows.sort(key=lambda entry: entry.rel)
     return Inputs("folders", rows, {}, names, Skips())
+
+
+def _from_files(src: Path) -> Inputs:
+    """Every audio file under ``src``, at any depth, in sorted path order, unlabelled: ``path`` and ``duration``."""
+    rows = [Entry(root / f, (root / f).relative_to(src).as_posix(), (root / f).relative_to(src).as_posix())
+            for root, files in _walk(src) for f in files if _is_audio(f)]
+    if not rows:
+        raise ValueError(f"SRC {str(src)!r}: no audio files under it "
+                         f"(looked for {', '.join(sorted(AUDIO_EXTENSIONS))})")
+    rows.sort(key=lambda entry: entry.rel)
+    return Inputs("files", rows, {}, None, Skips())
 
 
 # -- Hugging Face audiofolder ------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from audioloader.errors import OptionError
+from audioloader.shards.manifest import MANIFEST_NAME
 from audioloader.shards.writer import FORMATS, ShardWriter
 
 from .. import checks
@@ -95,6 +96,8 @@ class PackSummary:
         examples: ``{reason: [the first few rows, named]}``.
         part: ``"K/N"`` for one part of a split pack, else None.
         resumed: shards an earlier, interrupted run had finished (kept, not made again).
+        complete: an earlier run had finished the whole pack (or part): nothing was done.
+        checked: how the stored audio was checked (a line of the summary; empty when every row was decoded).
         indexed: the metadata index was written (by a whole pack, or the last part to finish).
     """
 
@@ -111,6 +114,8 @@ class PackSummary:
     part: str | None = None
     resumed: int = 0
     indexed: bool = False
+    complete: bool = False
+    checked: str = ""
 
     def text(self) -> str:
         """The summary as the command line prints it."""
@@ -119,7 +124,10 @@ class PackSummary:
         lines = [f"{what} {len(self.shards)} shard(s), {self.rows} rows, {length} of audio, "
                  f"{self.audio_bytes / 2**20:.1f} MiB, to {self.out} (input: {self.input_format})",
                  f"columns: {', '.join(self.columns)}"]
-        if self.resumed:
+        if self.complete:
+            lines.append("already complete: an earlier run finished this pack, nothing was done "
+                         "(--overwrite packs it again)")
+        elif self.resumed:
             lines.append(f"continued: {self.resumed} shard(s) were finished by an earlier run and kept")
         if self.part is not None and not self.indexed:
             lines.append("other parts are not finished: the part finishing last writes the index "
@@ -134,7 +142,7 @@ class PackSummary:
                 lines.append(f"  {reason}: {count} (" + "; ".join(self.examples[reason]) + more + ")")
         else:
             lines.append("skipped: none")
-        return "\n".join(lines)
+        return "\n".join([*lines, self.checked] if self.checked else lines)
 
 
 # -- reading in order, in threads ----------------------------------------------------------------------
@@ -239,6 +247,7 @@ def _prepare_out(store: LocalOut | RemoteOut, part: Part | None, journal: Journa
         # as part of this dataset. Other parts of this split are left alone (they may be running now).
         for name in mine + foreign + ([own] if old is not None else []):
             store.remove(name)
+        store.remove(MANIFEST_NAME)  # it lists the shards just removed: a loader would read them (and fail)
         old = None
     elif foreign:
         split = "a whole pack" if part is None else f"a split into {part.count} parts"
@@ -249,7 +258,7 @@ def _prepare_out(store: LocalOut | RemoteOut, part: Part | None, journal: Journa
         raise OptionError.spelled(f"OUT {store.display!r} already holds shards ({mine[0]}, ...) without a journal to "
                                   "continue from; pass {overwrite} to replace them, or choose an empty folder",
                                   overwrite=_OVERWRITE)
-    store.remove_temporaries(lambda name: shard_part(name) == part and shard_part(name) is not False)
+    store.remove_temporaries(lambda name: name == own or (shard_part(name) == part and shard_part(name) is not False))
     if old is None:
         return journal
     earlier = Journal.from_json(old, f"{store.display}/{own}")
@@ -274,7 +283,7 @@ def pack_dataset(src: str | os.PathLike[str], out: str | os.PathLike[str], *, fm
                  input_format: str | None = None, shard_rows: int | None = None, shard_mb: float | None = 256.0,
                  rows_per_batch: int = 64, sample_rate: int | None = None, codec: str | None = None,
                  workers: int = 2, shuffle_seed: int | None = None, part: str | tuple[int, int] | None = None,
-                 overwrite: bool = False, progress: bool = True,
+                 overwrite: bool = False, verify: bool = False, progress: bool = True,
                  on_progress: Callable[[int, int], None] | None = None) -> PackSummary:
     """Pack the audio of ``src`` into shards in ``out``; returns what was written and what was skipped.
 
@@ -304,6 +313,9 @@ def pack_dataset(src: str | os.PathLike[str], out: str | os.PathLike[str], *, fm
             time; the part that finishes last writes the metadata index (or run ``audioloader index OUT``).
         overwrite: replace the shards and journal of an earlier pack in ``out`` (else a pack with other
             arguments is an error, and one with the same arguments is continued where it stopped).
+        verify: decode every frame of each file stored as it is (no codec), as the loader will, and leave out
+            those that fail (without it, only the header is read: a truncated file can pass). Slower: a decode
+            of all the audio. Re-encoded and cut rows are decoded anyway.
         progress: show a tqdm progress bar (only when stderr is a terminal).
         on_progress: called as ``on_progress(done, total)`` with this pack's (part's) input rows done (packed
             or skipped, finished ones of an earlier run included) and in all, at the start and after each row.
@@ -329,18 +341,28 @@ def pack_dataset(src: str | os.PathLike[str], out: str | os.PathLike[str], *, fm
         inputs = collect_inputs(src, input_format)
         settings = {"input_format": inputs.format, "fmt": fmt, "shard_rows": shard_rows, "shard_mb": shard_mb,
                     "rows_per_batch": rows_per_batch, "sample_rate": sample_rate, "codec": codec,
-                    "shuffle_seed": shuffle_seed, "part": None if part is None else str(part)}
+                    "shuffle_seed": shuffle_seed, "part": None if part is None else str(part),
+                    "verify": True if verify and codec is None else None}
         fingerprint = entries_fingerprint(inputs.entries, inputs.label_names, inputs.columns)
         entries = list(inputs.entries)
         if shuffle_seed is not None:
             random.Random(shuffle_seed).shuffle(entries)
         journal = _prepare_out(store, part, Journal(settings, {"rows": len(entries), "fingerprint": fingerprint}),
                                overwrite)
+        if not journal.shards and not journal.done:  # listed from the start: a run stopped before its first shard
+            store.write_text(journal_name(part), journal.to_json())  # is continued, and a loader sees it unfinished
         forget_crash_points()
-        return _pack_part(entries, inputs, store, journal, part, fmt=fmt, shard_rows=shard_rows,
-                          max_bytes=None if shard_mb is None else int(shard_mb * 2**20),
-                          rows_per_batch=rows_per_batch, workers=workers, progress=progress, on_progress=on_progress,
-                          load=lambda entry: load_entry(entry, sample_rate, codec))
+        summary = _pack_part(entries, inputs, store, journal, part, fmt=fmt, shard_rows=shard_rows,
+                             max_bytes=None if shard_mb is None else int(shard_mb * 2**20),
+                             rows_per_batch=rows_per_batch, workers=workers, progress=progress,
+                             on_progress=on_progress, load=lambda entry: load_entry(entry, sample_rate, codec, verify))
+        if codec is None and not verify:
+            summary.checked = ("checked: each file's header only, its frames were not decoded (a truncated file "
+                               "can have a good header); --verify decodes every row and leaves out those that fail")
+        return summary
+    except ValueError:
+        store.discard_if_empty()  # refused: no empty OUT left behind
+        raise
     finally:
         store.close()
 
@@ -356,7 +378,7 @@ def _pack_part(entries: list[Entry], inputs: Inputs, store: LocalOut | RemoteOut
     summary = PackSummary([store.location(s["name"]) for s in journal.shards],
                           store.folder if not store.remote else store.display, inputs.format,
                           label_names=inputs.label_names, part=None if part is None else str(part),
-                          resumed=len(journal.shards))
+                          resumed=len(journal.shards), complete=journal.done)
     summary.rows = sum(s["rows"] for s in journal.shards)
     summary.seconds = sum(s["seconds"] for s in journal.shards)
     summary.audio_bytes = sum(s["audio_bytes"] for s in journal.shards)
@@ -381,12 +403,12 @@ def _pack_part(entries: list[Entry], inputs: Inputs, store: LocalOut | RemoteOut
         if inputs.label_names is not None:
             store.write_text("labels.json", json.dumps({name: i for i, name in enumerate(inputs.label_names)},
                                                        indent=2, ensure_ascii=False) + "\n")
-        if part is None:
-            store.write_index()  # the dataset manifest: a start with no listing and no request per file
         journal.done = True
         store.write_text(journal_name(part), journal.to_json())
-        if part is not None and not _unfinished(store):
-            store.write_index()  # the last part to finish indexes every part's shards
+        # The dataset manifest (a start with no listing and no request per file), once the journals say done (the
+        # index refuses an unfinished pack): a whole pack's, or the last part to finish indexes every part's shards.
+        if part is None or not _unfinished(store):
+            store.write_index()
             summary.indexed = True
     summary.indexed = summary.indexed or part is None
     skips = _merged(collected, loaded)
@@ -520,6 +542,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "ADDRESS, the one `ray start` runs here (else a local one); needs audioloader[ray]")
     parser.add_argument("--parts", type=int, default=None, metavar="N",
                         help="with --ray: split into N parts (default: the cluster's CPUs); keep N to resume")
+    parser.add_argument("--verify", action="store_true",
+                        help="decode every frame of each file stored as it is, and leave out those that fail "
+                             "(default: read each file's header only; re-encoding decodes anyway)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the shards of an earlier pack in OUT (without it, a pack with the same "
                              "arguments continues where it stopped, and one with other arguments is refused)")

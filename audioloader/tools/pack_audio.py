@@ -30,7 +30,15 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from audioloader.dsp.audio import EXACT_SEEK_FORMATS, EXACT_SEEK_SUBTYPES, library_reason, mixdown, probe_seconds
+from audioloader.dsp.audio import (
+    EXACT_SEEK_FORMATS,
+    EXACT_SEEK_SUBTYPES,
+    decode_full,
+    library_reason,
+    mixdown,
+    probe,
+    probe_seconds,
+)
 from audioloader.dsp.spans import span_frames
 from audioloader.errors import DecodeError
 
@@ -71,8 +79,10 @@ class _Unusable(Exception):
         self.reason, self.detail = reason, detail
 
 
-def load_entry(entry: Entry, sample_rate: int | None, codec: str | None) -> Packed | Skipped:
-    """The bytes to store for ``entry``, or why it is left out (see the module docstring)."""
+def load_entry(entry: Entry, sample_rate: int | None, codec: str | None, verify: bool = False) -> Packed | Skipped:
+    """The bytes to store for ``entry``, or why it is left out (see the module docstring). A file stored as it is
+    is checked by its header only, unless ``verify``: then every frame is decoded, as the loader will (a truncated
+    FLAC has a good header); a re-encoded or cut row is decoded anyway."""
     try:
         if isinstance(entry.file, RemoteFile):  # read once, then decoded from memory like a local file
             entry = replace(entry, file=_Fetched(str(entry.file), _read_bytes(entry.file)))
@@ -82,6 +92,8 @@ def load_entry(entry: Entry, sample_rate: int | None, codec: str | None) -> Pack
             data = _reencoded(entry.file, sample_rate, codec)
         else:
             data = _read_bytes(entry.file)
+            if verify:
+                _decodes(entry.file, data)
         seconds = _seconds(entry.file, data)
     except _Unusable as error:
         return Skipped(error.reason, f"{entry.where}: {error.detail}" if entry.where != entry.rel else error.detail)
@@ -114,6 +126,14 @@ def _read_bytes(file: Path | RemoteFile | _Fetched) -> bytes:
         raise _Unusable("unreadable file", f"{file}: {error.strerror or error}") from error
     except OSError as error:
         raise _Unusable("unreadable file", f"{file}: {error.strerror or error}") from error
+
+
+def _decodes(file: Path, data: bytes) -> None:
+    """Decode every frame of ``data`` with the loader's decoder (at its own rate: nothing resampled)."""
+    try:
+        decode_full(data, probe(data).sample_rate)
+    except DecodeError as error:
+        raise _Unusable("undecodable", f"{file}: {error.reason or error}") from error
 
 
 def _seconds(file: Path, data: bytes) -> float:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from audioloader.errors import OptionError
+from audioloader.shards.sources import PACK_JOURNAL, unfinished_parts
 
 from .input_lists import Entry, Skips
 
@@ -39,12 +40,12 @@ JOURNAL_PREFIX = "_audioloader_pack"
 JOURNAL_VERSION = 1
 #: Every shard name ``audioloader pack`` writes: ``shard-00012.arrow`` or ``shard-p0003of0016-00012.parquet``.
 SHARD_PATTERN = re.compile(r"^shard-(?:p(\d+)of(\d+)-)?\d{5,}\.(?:arrow|parquet)$")
-_JOURNAL_PATTERN = re.compile(rf"^{JOURNAL_PREFIX}(?:-p(\d+)of(\d+))?\.json$")
+_JOURNAL_PATTERN = PACK_JOURNAL  # the loader refuses a folder whose journals say it is unfinished
 
 #: The settings a journal records, with their command line flags (a difference is named by both).
 SETTINGS = {"input_format": "--input-format", "fmt": "--format", "shard_rows": "--shard-size",
             "shard_mb": "--shard-mb", "rows_per_batch": "--rows-per-batch", "sample_rate": "--sample-rate",
-            "codec": "--codec", "shuffle_seed": "--shuffle-seed", "part": "--part"}
+            "codec": "--codec", "shuffle_seed": "--shuffle-seed", "part": "--part", "verify": "--verify"}
 
 
 @dataclass(frozen=True)
@@ -198,27 +199,6 @@ def _flag(flag: str, value: Any) -> str:
     """A setting as the command line gives it: ``--sample-rate 16000``, ``no --sample-rate``."""
     if value is None:
         return "--shard-mb 0" if flag == "--shard-mb" else f"no {flag}"
+    if value is True:
+        return flag
     return f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
-
-
-def unfinished_parts(journals: dict[str, str]) -> tuple[int | None, list[str]]:
-    """Of the pack journals found in a folder (``{name: text}``): the number of parts, and the parts not done
-    (``"K/N"``; a part without a journal counts as not done). ``(None, [])`` when there is none.
-
-    Raises:
-        ValueError: journals of a whole pack and of parts, or of different part counts, in one folder.
-    """
-    parts = {name: journal_part(name) for name in journals}
-    counts = {None if p is None else p.count for p in parts.values() if p is not False}
-    if not counts:
-        return None, []
-    if len(counts) > 1:
-        found = ", ".join(sorted(n for n, p in parts.items() if p is not False))
-        raise ValueError(f"pack journals of different splits in one folder ({found}): the shards of one split "
-                         "would repeat the rows of another; pack again into an empty folder or with --overwrite")
-    count = counts.pop()
-    done = {str(p) if p is not None else None for n, p in parts.items() if p is not False
-            and json.loads(journals[n]).get("done")}
-    if count is None:
-        return 1, [] if None in done else ["the whole pack"]
-    return count, [f"{k}/{count}" for k in range(count) if f"{k}/{count}" not in done]

@@ -20,6 +20,7 @@ The journal and ``labels.json`` are small: written whole (a temporary file renam
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -31,8 +32,8 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from audioloader.errors import redacted
+from audioloader.shards.sources import PACK_JOURNAL, check_pack_folders
 
-from .pack_journal import unfinished_parts
 from .remote_files import is_url, open_url
 
 __all__ = ["LocalOut", "RemoteOut", "crash_point", "forget_crash_points", "open_out", "require_finished"]
@@ -74,7 +75,14 @@ class LocalOut:
     def create(self) -> None:
         if self.folder.exists() and not self.folder.is_dir():
             raise ValueError(f"OUT {self.display!r} exists and is not a folder")
+        self.created = not self.folder.exists()
         self.folder.mkdir(parents=True, exist_ok=True)
+
+    def discard_if_empty(self) -> None:
+        """Remove OUT again when this pack created it and it holds nothing (a refused pack leaves no trace)."""
+        if getattr(self, "created", False):
+            with contextlib.suppress(OSError):
+                self.folder.rmdir()  # only an empty folder goes
 
     def names(self) -> list[str]:
         return sorted(p.name for p in self.folder.iterdir()) if self.folder.is_dir() else []
@@ -87,19 +95,25 @@ class LocalOut:
 
     def write_text(self, name: str, text: str) -> None:
         tmp = self.folder / f".{name}.{uuid.uuid4().hex[:12]}.tmp"  # unique: parts may write labels.json at once
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.folder / name)
+        try:
+            with open(tmp, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.folder / name)
+        except BaseException:  # Ctrl-C or a full disk: no temporary left behind (a kill's is removed by the rerun)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
 
     def remove(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             (self.folder / name).unlink()
 
     def remove_temporaries(self, is_mine: Callable[[str], bool]) -> None:
-        """Delete the temporary files a killed writer left behind, of the shards ``is_mine(shard name)`` (only
-        those: other parts may be writing into the same folder now). ShardWriter names them ``.NAME.RANDOM.tmp``."""
+        """Delete the temporary files a killed writer left behind, of the shards (and journal) ``is_mine(name)``
+        (only those: other parts may be writing into the same folder now). ShardWriter and `write_text` name them
+        ``.NAME.RANDOM.tmp``."""
         for name in self.names():
             if name.startswith(".") and name.endswith(".tmp") and is_mine(name[1:-4].rsplit(".", 1)[0]):
                 self.remove(name)
@@ -158,6 +172,9 @@ class RemoteOut:
     def remove_temporaries(self, is_mine: Callable[[str], bool]) -> None:
         pass  # temporaries are in this run's own staging folder
 
+    def discard_if_empty(self) -> None:
+        pass  # a prefix is no object: nothing was created
+
     def publish(self, shard: Path) -> str:
         """Upload a finished local shard under its final key, then delete the local copy."""
         key = f"{self.root}/{shard.name}"
@@ -199,20 +216,12 @@ def require_finished(out: str | os.PathLike[str]) -> None:
     """Refuse to index a folder a split pack is still writing: every part's journal must say it is done.
 
     Raises:
-        ValueError: naming the parts that have not finished (a folder without pack journals passes).
+        PackFolderError: naming the parts that have not finished (a folder without pack journals passes).
     """
     store = open_out(out)
     try:
-        journals = {name: store.read_text(name) or "{}" for name in store.names()
-                    if name.startswith("_audioloader_pack") and name.endswith(".json")}
-        count, missing = unfinished_parts(journals)
+        journals = {name: functools.partial(lambda n: store.read_text(n) or "{}", name) for name in store.names()
+                    if PACK_JOURNAL.match(name)}
+        check_pack_folders(store.display, {".": journals} if journals else {})
     finally:
         store.close()
-    if missing == ["the whole pack"]:
-        raise ValueError(f"{store.display!r}: the pack into it is not finished; run the same `audioloader pack SRC "
-                         "OUT ...` again to finish it (it writes the index itself)")
-    if missing:
-        listed = ", ".join(missing[:8]) + (f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
-        raise ValueError(f"{store.display!r}: the pack into it is not finished ({listed} of {count} part(s)); "
-                         "run `audioloader pack SRC OUT` again for each (with the same arguments and --part K/N), "
-                         "then index")

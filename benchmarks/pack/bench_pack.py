@@ -6,7 +6,7 @@ class folders, generated once into ``.cache/bench/pack-...``.
 Contenders, each timed in a fresh process (wall time of the whole pack: listing, reading, encoding, writing,
 index), best of ``--repeats``:
 
-- ``copy``: the original bytes (no codec), 2 threads;
+- ``copy``: the original bytes (no codec), 2 threads; ``copy --verify``: the same, every file decoded too;
 - ``reencode wN``: decode, mono, soxr to 16 kHz, FLAC; N threads in one process;
 - ``reencode 2 parts``: ``--part 0/2`` and ``--part 1/2`` as two processes at once, 1 thread each;
 - ``resume``: the re-encode pack killed (SIGKILL, the test hook) once ``--kill-at`` of its shards are listed,
@@ -134,6 +134,7 @@ def main() -> None:
             return go
 
         contenders.append(("copy w2", single({"workers": 2})))
+        contenders.append(("copy w2 --verify", single({"workers": 2, "verify": True})))  # decodes every stored file
         for workers in (1, 2):
             contenders.append((f"reencode w{workers}", single({**reencode, "workers": workers})))
 
@@ -192,11 +193,16 @@ def main() -> None:
         cpu = "-" if r.get("cpu_s") is None else f"{r['cpu_s'] / (r['audio_s'] / 3600):.1f}"
         print(f"| {r['contender']} | {r['seconds']:.2f} | {r['rows'] / r['seconds']:.1f} | "
               f"{r['audio_s'] / 3600 / r['seconds']:.3f} | {cpu} | {rss} |")
-    w1, w2 = results[1]["seconds"], results[2]["seconds"]
-    print(f"\nthreads: w2 / w1 speed-up {w1 / w2:.2f}x; 2 parts / w1 {w1 / results[3]['seconds']:.2f}x; "
-          f"resumed rerun / full {results[4]['seconds'] / w2:.2f}")
+    by = {r["contender"].split(" (")[0].split(" rerun")[0] + (" rerun" if "rerun" in r["contender"] else ""): r
+          for r in results}
+    w1, w2 = by["reencode w1"]["seconds"], by["reencode w2"]["seconds"]
+    print(f"\nthreads: w2 / w1 speed-up {w1 / w2:.2f}x; 2 parts / w1 {w1 / by['reencode 2 parts']['seconds']:.2f}x; "
+          f"resumed rerun / full {by['reencode w2 rerun']['seconds'] / w2:.2f}; --verify / copy "
+          f"{by['copy w2 --verify']['seconds'] / by['copy w2']['seconds']:.2f}x time, "
+          f"{by['copy w2 --verify']['cpu_s'] / by['copy w2']['cpu_s']:.2f}x CPU")
     if args.ray:
-        print(f"ray: 2 cpus / 1 cpu speed-up {results[5]['seconds'] / results[6]['seconds']:.2f}x")
+        ray = [r for r in results if r["contender"].startswith("reencode on ray")]
+        print(f"ray: 2 cpus / 1 cpu speed-up {ray[0]['seconds'] / ray[1]['seconds']:.2f}x")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 
