@@ -18,8 +18,9 @@ import pyarrow.fs as pafs
 from ..errors import ShardReadError, redacted
 from .retry import DEFAULT_RETRY, Retry, with_retries
 
-SHARD_EXTENSIONS = (".arrow", ".ipc", ".feather", ".parquet", ".pq", ".orc")
-ACCEPTED = "Arrow IPC file (.arrow/.feather v2), Arrow IPC stream (Hugging Face save_to_disk), Parquet or ORC"
+SHARD_EXTENSIONS = (".arrow", ".ipc", ".feather", ".parquet", ".pq", ".orc", ".tar", ".tar.gz", ".tgz")
+ACCEPTED = ("Arrow IPC file (.arrow/.feather v2), Arrow IPC stream (Hugging Face save_to_disk), Parquet, ORC or "
+            "WebDataset tar (.tar); a folder without any of them: its audio files, one a row")
 
 _GLOB_CHARS = "*?["
 #: A folder's metadata index (see `audioloader.shards.index`); its leading underscore keeps it out of listings.
@@ -124,6 +125,16 @@ def _has_shard_extension(name: str) -> bool:
     return not base.startswith((".", "_")) and base.lower().endswith(SHARD_EXTENSIONS)
 
 
+def _shards_or_audio(names: list[Any], name_of: Callable[[Any], str] = str) -> list[Any]:
+    """Of a folder's files, the shards; where there is none, the plain audio files (one a row: `tar_format`)."""
+    from .tar_format import is_audio_name
+
+    shards = [n for n in names if _has_shard_extension(name_of(n))]
+    if shards:
+        return shards
+    return [n for n in names if is_audio_name(name_of(n)) and not name_of(n).rsplit("/", 1)[-1].startswith((".", "_"))]
+
+
 def _hf_state_files(read_text, folder: str) -> list[str] | None:
     """Data files listed in a Hugging Face ``save_to_disk`` ``state.json``, or None.
 
@@ -161,8 +172,8 @@ def _expand_local(item: str) -> tuple[list[str], str]:
         found = []
         for root, dirs, names in os.walk(path):
             dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
-            found.extend(os.path.join(root, n) for n in names if _has_shard_extension(n))
-        return found, f"folder {path!r} and its subfolders for *{'/*'.join(SHARD_EXTENSIONS)}"
+            found.extend(os.path.join(root, n) for n in names)
+        return _shards_or_audio(found), f"folder {path!r} and its subfolders for *{'/*'.join(SHARD_EXTENSIONS)}"
     if os.path.isfile(path):
         return [path], f"file {path!r}"
     raise SourceNotFoundError(f"shard source {item!r}: no such file or folder ({path})")
@@ -218,7 +229,8 @@ def _expand_remote(item: str, fs: Any, fs_path: str, retry: Retry,
             if listed is not None:
                 return [(p, None, None) for p in listed], f"Hugging Face dataset folder {item!r} (state.json)"
         note_indexes(folder)
-        files = [_listed(i) for i in folder if i.type == pafs.FileType.File and _has_shard_extension(i.path)]
+        files = [_listed(i) for i in _shards_or_audio([i for i in folder if i.type == pafs.FileType.File],
+                                                      lambda i: i.path)]
         return files, f"folder {item!r} and its subfolders for *{'/*'.join(SHARD_EXTENSIONS)}"
     info = listing(fs_path)  # a file, an empty folder, or nothing: asked as before
     if info.type == pafs.FileType.Directory:
@@ -227,7 +239,8 @@ def _expand_remote(item: str, fs: Any, fs_path: str, retry: Retry,
             return [(p, None, None) for p in listed], f"Hugging Face dataset folder {item!r} (state.json)"
         infos = listing(pafs.FileSelector(fs_path, recursive=True))
         note_indexes(infos)
-        files = [_listed(i) for i in infos if i.type == pafs.FileType.File and _has_shard_extension(i.path)]
+        files = [_listed(i) for i in _shards_or_audio([i for i in infos if i.type == pafs.FileType.File],
+                                                      lambda i: i.path)]
         return files, f"folder {item!r} and its subfolders for *{'/*'.join(SHARD_EXTENSIONS)}"
     if info.type == pafs.FileType.File:
         return [_listed(info)], f"file {item!r}"
