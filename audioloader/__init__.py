@@ -36,6 +36,8 @@ _LAZY_NAMES: dict[str, str] = {
     "MelSpectrogramConfig": ".dsp.config",
     "Mix": ".mix",
     "Mixup": ".dsp.augment",
+    "LhotseShar": ".shards",
+    "NemoTarred": ".shards",
     "OnError": ".errors",
     "RawSample": ".samples",
     "Retry": ".shards",
@@ -79,7 +81,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time the names c
     from .mix import Mix, Source
     from .options import Bucketing, Storage, Workers
     from .samples import BadRow, Key, RawSample, Sample
-    from .shards import IcebergTable, Retry, ShardDataset, SourceNotFoundError
+    from .shards import IcebergTable, LhotseShar, NemoTarred, Retry, ShardDataset, SourceNotFoundError
     from .shards.writer import ShardWriter
 
 #: The distribution (the name pip installs) that holds this package; the import name stays ``audioloader``.
@@ -100,10 +102,12 @@ __all__ = [
     "IcebergTable",
     "Key",
     "LengthPolicy",
+    "LhotseShar",
     "Loader",
     "MelSpectrogramConfig",
     "Mix",
     "Mixup",
+    "NemoTarred",
     "OnError",
     "RawSample",
     "Retry",

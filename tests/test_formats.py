@@ -80,7 +80,8 @@ def s3_tars(s3, tars) -> str:
 
 
 def indices(batches) -> list[int]:
-    return [i for b in batches for i in b["index"].tolist()]
+    """The rows of ``batches`` (padding, which evenly split evaluation adds, is not valid)."""
+    return [i for b in batches for i in (b["index"][b["valid"]] if "valid" in b else b["index"]).tolist()]
 
 
 # ----------------------------------------------------------------------------- columns

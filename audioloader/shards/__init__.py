@@ -34,6 +34,8 @@ _LAZY_NAMES: dict[str, str] = {
     "BatchColumns": ".row_reads",
     "FORMATS": ".formats",
     "IcebergTable": ".sources",
+    "LhotseShar": ".tarred_sets",
+    "NemoTarred": ".tarred_sets",
     "RemoteReads": ".storage",
     "Retry": ".retry",
     "SHARD_EXTENSIONS": ".sources",
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
     from .sources import ACCEPTED, SHARD_EXTENSIONS, IcebergTable, SourceNotFoundError, TableSnapshot, resolve_source
     from .splits import Split, subdivide
     from .storage import RemoteReads
+    from .tarred_sets import LhotseShar, NemoTarred
 
 __all__ = [
     "ACCEPTED",
@@ -63,6 +66,8 @@ __all__ = [
     "SHARD_EXTENSIONS",
     "BatchColumns",
     "IcebergTable",
+    "LhotseShar",
+    "NemoTarred",
     "RemoteReads",
     "Retry",
     "ShardDataset",

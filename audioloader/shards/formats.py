@@ -19,7 +19,7 @@ from .identity import object_identity
 from .remote import RemoteFiles, SparseFile
 from .retry import DEFAULT_RETRY, Retry
 from .sources import ACCEPTED, TableFile, _Location, _mtime_ns
-from .tar_format import PLAIN_SCHEMA, gzip_refusal, is_audio_name, plain_digest, scan_tar
+from .tar_format import PLAIN_SCHEMA, gzip_refusal, is_audio_name, plain_digest, scan_joined, scan_tar
 
 FORMATS = ("ipc_file", "ipc_stream", "parquet", "orc", "tar", "audio_file")
 
@@ -354,7 +354,9 @@ def _scan_opened(loc: _Location, f: Any, sparse: SparseFile | None = None) -> _F
     elif fmt == "tar":  # every header: a remote tar is fetched whole first (its headers are spread through it)
         if sparse is not None and not sparse.covers(0, size):
             sparse.provide(0, sparse.remote.read_many(sparse.loc, [(0, size)])[0])
-        schema, rows, blocks = scan_tar(lambda offset, n: _read_at(f, n, offset), size, loc.path, digest)
+        read = lambda offset, n: _read_at(f, n, offset)  # noqa: E731
+        schema, rows, blocks = (scan_tar(read, size, loc.path, digest) if loc.joined is None
+                                else scan_joined(read, size, loc.path, digest, loc.joined))
     else:
         parquet_metadata = pq.ParquetFile(f).metadata
         schema = parquet_metadata.schema.to_arrow_schema()

@@ -63,6 +63,8 @@ class _Location:
     mtime_ns: int | None = None
     listed: TableFile | None = None
     size: int | None = None
+    #: A tar of a set described by a manifest beside it: its rows (`tarred_sets.JoinedRows`).
+    joined: Any = field(default=None, compare=False, hash=False)
 
 
 def _is_url(text: str) -> bool:
@@ -262,6 +264,9 @@ def _expand(item: Any, filesystem: Any, retry: Retry, indexes: list[_Location]) 
     if isinstance(item, IcebergTable):
         raise TypeError(f"{item} is a whole source: pass it alone (source=IcebergTable(...)), or mix it with other "
                         "sources in an audioloader.Mix")
+    resolve = getattr(item, "resolve_locations", None)  # a set of tars described by a manifest (`tarred_sets`)
+    if resolve is not None:
+        return resolve(filesystem, retry), str(item)
     if not isinstance(item, str):
         raise TypeError(f"a shard source must be a path, URL, glob or a list of them; got {type(item).__name__}")
     if filesystem is not None and not isinstance(filesystem, pafs.LocalFileSystem):

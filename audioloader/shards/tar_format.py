@@ -168,8 +168,7 @@ def scan_tar(read_at: ReadAt, size: int, path: str, digest: Any) -> tuple[pa.Sch
     grouped = samples(list(members(read_at, 0, size)))
     extensions: dict[str, None] = {}
     json_fields: dict[str, list[Any]] = {}
-    unit_rows: list[int] = []
-    blocks: list[tuple[int, int, int]] = []
+    ranges = []
     for n, (_, listed) in enumerate(grouped):
         start, stop = listed[0][1], _padded_end(listed[-1])
         for name, _, data, length in listed:
@@ -186,14 +185,8 @@ def scan_tar(read_at: ReadAt, size: int, path: str, digest: Any) -> tuple[pa.Sch
                 extensions.setdefault(extension, None)
         for values in json_fields.values():
             values.extend([None] * (n + 1 - len(values)))
-        if blocks and blocks[-1][2] < UNIT_BYTES and unit_rows[-1] < UNIT_SAMPLES \
-                and blocks[-1][2] + (stop - start) <= UNIT_BYTES:
-            offset, _, length = blocks[-1]
-            blocks[-1] = (offset, 0, stop - offset)
-            unit_rows[-1] += 1
-        else:
-            blocks.append((start, 0, stop - start))
-            unit_rows.append(1)
+        ranges.append((start, stop))
+    unit_rows, blocks = _grouped_units(ranges)
     fields = [pa.field(_KEY, pa.string()), pa.field(_AUDIO, pa.binary())]
     named = set()
     for extension in extensions:
@@ -203,7 +196,58 @@ def scan_tar(read_at: ReadAt, size: int, path: str, digest: Any) -> tuple[pa.Sch
             named.add(column)
     fields += [pa.field(f, _json_type(v)) for f, v in json_fields.items() if f not in named and f not in (_KEY,
                                                                                                           _AUDIO)]
-    return pa.schema(fields, metadata={b"audioloader_container": b"webdataset"}), tuple(unit_rows), tuple(blocks)
+    return pa.schema(fields, metadata={b"audioloader_container": b"webdataset"}), unit_rows, blocks
+
+
+def _grouped_units(ranges: list[tuple[int, int]]) -> tuple[tuple[int, ...], tuple[tuple[int, int, int], ...]]:
+    """Rows a unit and each unit's ``(offset, 0, length)``: consecutive rows (``[start, stop)`` byte ranges, in
+    order) merged up to `UNIT_BYTES` and `UNIT_SAMPLES`."""
+    unit_rows: list[int] = []
+    blocks: list[tuple[int, int, int]] = []
+    for start, stop in ranges:
+        if blocks and unit_rows[-1] < UNIT_SAMPLES and max(stop, blocks[-1][0] + blocks[-1][2]) - blocks[-1][0] \
+                <= UNIT_BYTES:
+            offset = blocks[-1][0]
+            blocks[-1] = (offset, 0, max(stop, offset + blocks[-1][2]) - offset)
+            unit_rows[-1] += 1
+        else:
+            blocks.append((start, 0, stop - start))
+            unit_rows.append(1)
+    return tuple(unit_rows), tuple(blocks)
+
+
+def _joinable(name: str, joined: Any) -> bool:
+    """Whether a member can be a row's audio: any member joined by its name (NeMo), an audio one by its key."""
+    return joined.by == "name" or split_name(name)[1].rsplit(".", 1)[-1] in AUDIO_EXTENSIONS
+
+
+def scan_joined(read_at: ReadAt, size: int, path: str, digest: Any, joined: Any) -> tuple[
+        pa.Schema, tuple[int, ...], tuple[tuple[int, int, int], ...]]:
+    """`scan_tar` of a tar whose rows come from a set's manifest (`tarred_sets.JoinedRows`): each row's range is
+    its audio member's, in the manifest's order (which must be the members' order)."""
+    listed = list(members(read_at, 0, size))
+    position: dict[str, int] = {}
+    for k, (name, _, data, length) in enumerate(listed):
+        digest.update(f"{name}\0{data}\0{length}\n".encode())
+        if _joinable(name, joined):
+            position.setdefault(joined.key_of(name), k)
+    digest.update(joined.digest())
+    ranges, last = [], -1
+    for n, key in enumerate(joined.keys):
+        k = position.get(key)
+        if k is None:
+            raise ShardReadError(f"{path} has no audio member for row {n} ({key!r}) of {joined.where}; fix the "
+                                 "manifest or the tar")
+        if k < last:
+            raise ShardReadError(f"{joined.where}: its rows of {path} are not in the order of their members in it "
+                                 f"(row {n}, {key!r}, comes before the one above it in the tar); write the rows in "
+                                 "the tar's order, or convert the set once with `audioloader pack --from nemo`")
+        last = k
+        ranges.append((listed[k][1], _padded_end(listed[k])))
+    unit_rows, blocks = _grouped_units(ranges)
+    fields = [pa.field(_AUDIO, pa.binary())] + [f for f in joined.table.schema if f.name != _AUDIO]
+    kind = b"nemo" if joined.by == "name" else b"shar"
+    return pa.schema(fields, metadata={b"audioloader_container": kind}), unit_rows, blocks
 
 
 def _parse_json(data: Any, path: str, member: str) -> dict[str, Any]:
@@ -243,15 +287,38 @@ class TarHandle:
     sparse: Any = None
     mapped_range: Any = None
 
-    def __init__(self, f: Any, meta: Any, columns: list[str], path: str) -> None:
-        self._file, self._meta, self._columns, self._path = f, meta, columns, path
+    def __init__(self, f: Any, meta: Any, columns: list[str], path: str, joined: Any = None) -> None:
+        self._file, self._meta, self._columns, self._path, self._joined = f, meta, columns, path, joined
+        self._starts = np.concatenate([[0], np.cumsum(meta.unit_rows)]).tolist()
 
-    def unit(self, i: int) -> list[pa.RecordBatch]:
+    def _read(self, i: int) -> tuple[int, pa.Buffer, list[tuple[str, int, int, int]]]:
+        """Unit ``i``'s offset, bytes (one read) and members."""
         offset, _, length = self._meta.blocks[i]
         data = _buffer_of(self._file.read_at(length, offset))
         if len(data) != length:
             raise OSError(f"short read: {len(data)} of {length} bytes at byte {offset} (truncated?)")
-        grouped = samples(list(members(lambda at, n: data.slice(at - offset, n), offset, offset + length)))
+        return offset, data, list(members(lambda at, n: data.slice(at - offset, n), offset, offset + length))
+
+    def _joined_unit(self, i: int) -> list[pa.RecordBatch]:
+        """A unit of a set's tar: its rows' columns from the set's manifest; its bytes read only for audio."""
+        start, n = self._starts[i], self._meta.unit_rows[i]
+        rows = self._joined.table.slice(start, n)
+        arrays = {c: rows.column(c).combine_chunks() for c in self._columns if c != _AUDIO}
+        if _AUDIO in self._columns:
+            offset, data, listed = self._read(i)
+            found = {self._joined.key_of(name): (at, size) for name, _, at, size in listed
+                     if _joinable(name, self._joined)}
+            keys = self._joined.keys[start:start + n]
+            if any(k not in found for k in keys):
+                raise OSError(f"unit {i} at byte {offset} lacks the members its rows name: the tar changed")
+            arrays[_AUDIO] = binary_array([data.slice(found[k][0] - offset, found[k][1]) for k in keys])
+        return [pa.RecordBatch.from_arrays([arrays[c] for c in self._columns], names=self._columns)]
+
+    def unit(self, i: int) -> list[pa.RecordBatch]:
+        if self._joined is not None:
+            return self._joined_unit(i)
+        offset, data, listed = self._read(i)
+        grouped = samples(listed)
         if len(grouped) != self._meta.unit_rows[i]:
             raise OSError(f"unit {i} at byte {offset} holds {len(grouped)} samples, {self._meta.unit_rows[i]} when "
                           "the file was scanned: it changed")
