@@ -184,6 +184,9 @@ class _FileMeta:
     # A remote file's every byte, when its first read fetched it whole and the scan was asked to keep it
     # (`formats._scan_once`); the dataset takes it away at once (`ShardDataset.located`).
     whole: Any = None
+    # A tar of a set described by a manifest beside it (`tarred_sets`), or a listed audio file: its rows'
+    # columns (`tarred_sets.JoinedRows`), in the file's order.
+    joined: Any = None
 
 
 def _hasher() -> Any:
@@ -342,7 +345,7 @@ def _scan_opened(loc: _Location, f: Any, sparse: SparseFile | None = None) -> _F
     """`_scan_file` on an open file (remote: ``f`` reads ``sparse``): format, schema, units, the content digest."""
     size = f.size()
     fmt = _sniff_tail(sparse) or _sniff(loc, f, size)
-    offsets = parquet_metadata = tail = blocks = None
+    offsets = parquet_metadata = tail = blocks = joined = None
     digest = _hasher()
     if fmt == "ipc_file":
         schema, rows, tail, blocks = _scan_ipc_file(f, sparse, digest)
@@ -355,8 +358,10 @@ def _scan_opened(loc: _Location, f: Any, sparse: SparseFile | None = None) -> _F
         if sparse is not None and not sparse.covers(0, size):
             sparse.provide(0, sparse.remote.read_many(sparse.loc, [(0, size)])[0])
         read = lambda offset, n: _read_at(f, n, offset)  # noqa: E731
-        schema, rows, blocks = (scan_tar(read, size, loc.path, digest) if loc.joined is None
-                                else scan_joined(read, size, loc.path, digest, loc.joined))
+        if loc.joined is None:
+            schema, rows, blocks = scan_tar(read, size, loc.path, digest)
+        else:
+            schema, rows, blocks, joined = scan_joined(read, size, loc.path, digest, loc.joined)
     else:
         parquet_metadata = pq.ParquetFile(f).metadata
         schema = parquet_metadata.schema.to_arrow_schema()
@@ -365,7 +370,7 @@ def _scan_opened(loc: _Location, f: Any, sparse: SparseFile | None = None) -> _F
         parquet_metadata.write_metadata_file(serialized)  # the footer: schema, row groups, sizes, statistics
         digest.update(serialized.getvalue())
     return _FileMeta(fmt, size, schema, rows, offsets, blocks=blocks, digest=digest.hexdigest(),
-                     parquet_metadata=parquet_metadata, tail=tail)
+                     parquet_metadata=parquet_metadata, tail=tail, joined=joined)
 
 
 def _sniff_tail(sparse: SparseFile | None) -> str | None:

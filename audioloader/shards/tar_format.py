@@ -26,6 +26,7 @@ A plain audio file (``clips/a.flac``) is a file of one unit of one row: ``audio`
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Iterator
@@ -222,32 +223,31 @@ def _joinable(name: str, joined: Any) -> bool:
 
 
 def scan_joined(read_at: ReadAt, size: int, path: str, digest: Any, joined: Any) -> tuple[
-        pa.Schema, tuple[int, ...], tuple[tuple[int, int, int], ...]]:
-    """`scan_tar` of a tar whose rows come from a set's manifest (`tarred_sets.JoinedRows`): each row's range is
-    its audio member's, in the manifest's order (which must be the members' order)."""
+        pa.Schema, tuple[int, ...], tuple[tuple[int, int, int], ...], Any]:
+    """`scan_tar` of a tar whose rows come from a set's manifest (`tarred_sets.JoinedRows`), and those rows in the
+    tar's order (a file's rows are numbered in the order of their members in it): each row's range is its audio
+    member's."""
     listed = list(members(read_at, 0, size))
     position: dict[str, int] = {}
     for k, (name, _, data, length) in enumerate(listed):
         digest.update(f"{name}\0{data}\0{length}\n".encode())
         if _joinable(name, joined):
             position.setdefault(joined.key_of(name), k)
-    digest.update(joined.digest())
-    ranges, last = [], -1
+    found = []
     for n, key in enumerate(joined.keys):
         k = position.get(key)
         if k is None:
-            raise ShardReadError(f"{path} has no audio member for row {n} ({key!r}) of {joined.where}; fix the "
-                                 "manifest or the tar")
-        if k < last:
-            raise ShardReadError(f"{joined.where}: its rows of {path} are not in the order of their members in it "
-                                 f"(row {n}, {key!r}, comes before the one above it in the tar); write the rows in "
-                                 "the tar's order, or convert the set once with `audioloader pack --from nemo`")
-        last = k
-        ranges.append((listed[k][1], _padded_end(listed[k])))
-    unit_rows, blocks = _grouped_units(ranges)
+            raise ShardReadError(f"{path} has no audio member {key!r}, which row {n} of its rows in {joined.where} "
+                                 "names; fix the manifest or the tar")
+        found.append(k)
+    order = sorted(range(len(found)), key=lambda r: (found[r], r))  # the tar's order: one pass reads it
+    if order != list(range(len(found))):
+        joined = dataclasses.replace(joined, table=joined.table.take(order), keys=tuple(joined.keys[r] for r in order))
+    digest.update(joined.digest())
+    unit_rows, blocks = _grouped_units([(listed[found[r]][1], _padded_end(listed[found[r]])) for r in order])
     fields = [pa.field(_AUDIO, pa.binary())] + [f for f in joined.table.schema if f.name != _AUDIO]
     kind = b"nemo" if joined.by == "name" else b"shar"
-    return pa.schema(fields, metadata={b"audioloader_container": kind}), unit_rows, blocks
+    return pa.schema(fields, metadata={b"audioloader_container": kind}), unit_rows, blocks, joined
 
 
 def _parse_json(data: Any, path: str, member: str) -> dict[str, Any]:
@@ -287,8 +287,8 @@ class TarHandle:
     sparse: Any = None
     mapped_range: Any = None
 
-    def __init__(self, f: Any, meta: Any, columns: list[str], path: str, joined: Any = None) -> None:
-        self._file, self._meta, self._columns, self._path, self._joined = f, meta, columns, path, joined
+    def __init__(self, f: Any, meta: Any, columns: list[str], path: str) -> None:
+        self._file, self._meta, self._columns, self._path, self._joined = f, meta, columns, path, meta.joined
         self._starts = np.concatenate([[0], np.cumsum(meta.unit_rows)]).tolist()
 
     def _read(self, i: int) -> tuple[int, pa.Buffer, list[tuple[str, int, int, int]]]:

@@ -7,9 +7,10 @@ manifest's rows for that tar, in the tar's order, joined to their audio member
 its first supervision's ``text``, ``speaker``, ``language`` and its ``custom`` fields)
 and a column-only read (the ``duration`` bucketing reads) reads no audio.
 
-The manifest's rows of a tar must come in the order of their members in it (what
-NeMo's ``convert_to_tarred_audio_dataset.py`` and Lhotse's ``SharWriter`` write);
-a set whose rows do not is refused with a message naming ``audioloader pack``.
+A tar's rows are numbered in the order of their members in it (one pass over a tar reads
+its rows in order; NeMo's ``convert_to_tarred_audio_dataset.py`` and Lhotse's ``SharWriter``
+write the manifest in that order anyway). The tars' headers are read at construction (a
+remote tar is read whole then: with ``cache_dir``, a later start reads the machine's copy).
 """
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ class UnitReads:
             elif meta.format == "orc":
                 handle = _OrcHandle(f, columns)
             elif meta.format == "tar":
-                handle = TarHandle(sparse or f, meta, columns, loc.path, loc.joined)  # sparse: zero-copy slices
+                handle = TarHandle(sparse or f, meta, columns, loc.path)  # the sparse file: its slices zero-copy
             elif meta.format == "audio_file":
                 handle = PlainHandle(sparse or f, meta.size, columns)
             else:
