@@ -20,6 +20,7 @@ from .shards._lazy import lazy_attributes
 _LAZY_NAMES: dict[str, str] = {
     "AccessDeniedError": ".errors",
     "AddNoise": ".dsp.augment",
+    "AudioFiles": ".shards",
     "AudioLoader": ".audio_loader",
     "AudioLoaderError": ".errors",
     "BadRow": ".samples",
@@ -81,7 +82,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time the names c
     from .mix import Mix, Source
     from .options import Bucketing, Storage, Workers
     from .samples import BadRow, Key, RawSample, Sample
-    from .shards import IcebergTable, LhotseShar, NemoTarred, Retry, ShardDataset, SourceNotFoundError
+    from .shards import AudioFiles, IcebergTable, LhotseShar, NemoTarred, Retry, ShardDataset, SourceNotFoundError
     from .shards.writer import ShardWriter
 
 #: The distribution (the name pip installs) that holds this package; the import name stays ``audioloader``.
@@ -90,6 +91,7 @@ _DISTRIBUTION = "audioloader-arrow"
 __all__ = [
     "AccessDeniedError",
     "AddNoise",
+    "AudioFiles",
     "AudioLoader",
     "AudioLoaderError",
     "BadRow",

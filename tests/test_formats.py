@@ -263,3 +263,50 @@ def test_audio_files_resume_exactly_and_from_a_manifest(clips, s3):
         assert remote.reader.dataset.manifest is not None
         assert_same_batches(take(remote, 2), take(local, 2))
     assert_resumes_exactly(lambda **kw: loader_for(source, batch_size=3, **kw), 5, [2])
+
+
+# ----------------------------------------------------------------------------- audio files named by a manifest
+
+
+@pytest.fixture(scope="module")
+def listed(clips) -> Path:
+    """A JSON-lines manifest beside `clips` naming 9 of them (relative paths), with ``text`` and ``speaker``."""
+    names = sorted(p.relative_to(clips).as_posix() for p in clips.rglob("*.wav"))[:9]
+    lines = [{"audio_filepath": name, "text": f"words {k}", "speaker": f"s{k % 2}"} for k, name in enumerate(names)]
+    (clips / "train.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return clips / "train.jsonl"
+
+
+def test_a_manifests_fields_are_the_files_columns(clips, listed):
+    dataset = al.ShardDataset(al.AudioFiles(str(listed)), label_column=None, columns=["text", "speaker"])
+    rows = dataset.read_rows(range(9))
+    expected = [json.loads(line) for line in listed.read_text().splitlines()]
+    by_file = {str(clips / e["audio_filepath"]): e for e in expected}
+    assert sorted(r.file for r in rows) == sorted(by_file)
+    for r in rows:
+        assert r.extras == {"text": by_file[r.file]["text"], "speaker": by_file[r.file]["speaker"]}
+        assert bytes(r.audio) == Path(r.file).read_bytes()
+
+
+def test_a_file_listed_twice_is_refused(tmp_path, clips):
+    name = str(next(clips.rglob("*.wav")))
+    (tmp_path / "twice.jsonl").write_text(json.dumps({"path": name}) + "\n" + json.dumps({"path": name}) + "\n")
+    with pytest.raises(al.ShardReadError, match=r"rows 0 and 1 both name"):
+        al.ShardDataset(al.AudioFiles(str(tmp_path / "twice.jsonl")), label_column=None)
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_listed_files_on_s3_read_once_in_evaluation_and_resume(s3, clips, listed, world_size):
+    s3.upload(clips, "listed")
+    for sub in ("a", "b"):
+        s3.upload(clips / sub, f"listed/{sub}")
+    url, _, query = s3.url("listed").partition("?")
+    source = al.Source(al.AudioFiles(f"{url}/train.jsonl?{query}"), label_column=None)
+    seen = []
+    for rank in range(world_size):
+        with loader_for(source, train=False, storage=al.Storage(rank=rank, world_size=world_size),
+                        columns=["text"]) as loader:
+            seen += indices(loader)
+    assert Counter(seen) == Counter(range(9))
+    if world_size == 1:
+        assert_resumes_exactly(lambda **kw: loader_for(source, batch_size=3, **kw), 3, [1])

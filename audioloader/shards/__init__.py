@@ -31,6 +31,7 @@ from ._lazy import lazy_attributes
 #: Where each name is defined (relative module paths); keep the TYPE_CHECKING block below in step.
 _LAZY_NAMES: dict[str, str] = {
     "ACCEPTED": ".sources",
+    "AudioFiles": ".tarred_sets",
     "BatchColumns": ".row_reads",
     "FORMATS": ".formats",
     "IcebergTable": ".sources",
@@ -58,12 +59,13 @@ if TYPE_CHECKING:
     from .sources import ACCEPTED, SHARD_EXTENSIONS, IcebergTable, SourceNotFoundError, TableSnapshot, resolve_source
     from .splits import Split, subdivide
     from .storage import RemoteReads
-    from .tarred_sets import LhotseShar, NemoTarred
+    from .tarred_sets import AudioFiles, LhotseShar, NemoTarred
 
 __all__ = [
     "ACCEPTED",
     "FORMATS",
     "SHARD_EXTENSIONS",
+    "AudioFiles",
     "BatchColumns",
     "IcebergTable",
     "LhotseShar",

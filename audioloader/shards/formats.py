@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from ..errors import ShardChangedError, ShardReadError
 from .identity import object_identity
 from .remote import RemoteFiles, SparseFile
-from .retry import DEFAULT_RETRY, Retry
+from .retry import DEFAULT_RETRY, Retry, with_retries
 from .sources import ACCEPTED, TableFile, _Location, _mtime_ns
 from .tar_format import PLAIN_SCHEMA, gzip_refusal, is_audio_name, plain_digest, scan_joined, scan_tar
 
@@ -386,15 +386,12 @@ def _scan_once(loc: _Location, remote: RemoteFiles, cache: Any = None, keep_whol
     bytes in `_FileMeta.whole` (for the caller to serve its first data from)."""
     # The modification time first: a rewrite during the scan then shows as a change later.
     mtime = _local_mtime_ns(loc) if loc.fs is None else loc.mtime_ns
+    if is_audio_name(loc.path):  # a plain audio file: one row, its whole bytes; nothing read
+        return _plain_scan(loc, mtime, remote)
     if loc.fs is not None and mtime is None and loc.size is None:  # a manifest's file: none known, none asked for
         mtime = _remote_mtime_ns(loc)
     etag = None
-    if is_audio_name(loc.path):  # a plain audio file: one row, its whole bytes; nothing read here
-        size = os.stat(loc.fs_path).st_size if loc.fs is None else loc.size
-        if size is None:
-            size = remote.size(loc)
-        meta = plain_meta(size)
-    elif loc.fs is None:
+    if loc.fs is None:
         f = _open_local(loc)
         try:
             meta = _scan_opened(loc, f)
@@ -428,9 +425,32 @@ def _scan_once(loc: _Location, remote: RemoteFiles, cache: Any = None, keep_whol
     return meta
 
 
-def plain_meta(size: int) -> _FileMeta:
-    """The `_FileMeta` of a plain audio file of ``size`` bytes: one unit of one row, its whole bytes."""
-    return _FileMeta("audio_file", size, PLAIN_SCHEMA, (1,), blocks=((0, 0, size),), digest=plain_digest(size))
+def plain_meta(size: int, joined: Any = None) -> _FileMeta:
+    """The `_FileMeta` of a plain audio file of ``size`` bytes: one unit of one row, its whole bytes; ``joined``
+    (`tarred_sets.ListedRow`): a listed file's columns."""
+    schema = PLAIN_SCHEMA if joined is None else joined.schema()
+    return _FileMeta("audio_file", size, schema, (1,), blocks=((0, 0, size),), joined=joined,
+                     digest=plain_digest(size, b"" if joined is None else joined.digest()))
+
+
+def _plain_scan(loc: _Location, mtime: int | None, remote: RemoteFiles) -> _FileMeta:
+    """A plain audio file's `plain_meta`: its size from the listing (or manifest), a local stat, or one request
+    for a listed remote file (its size and modification time)."""
+    size = loc.size
+    if loc.fs is None:
+        try:
+            size = os.stat(loc.fs_path).st_size
+        except OSError as error:
+            raise ShardReadError(f"cannot open audio file {loc.path}: {error}") from error
+    elif size is None:
+        info = with_retries(lambda: loc.fs.get_file_info(loc.fs_path), what=f"the size of {loc.path}",
+                            retry=remote.retry, store=loc.path)
+        if info.size is None or info.size < 0:
+            raise ShardReadError(f"audio file {loc.path} does not exist (or is not a file)")
+        size, mtime = info.size, _mtime_ns(info)
+    meta = plain_meta(size, loc.joined)
+    meta.mtime_ns = mtime
+    return meta
 
 
 def _confirmed_tar(loc: _Location, expected: _FileMeta, remote: RemoteFiles) -> _FileMeta:

@@ -368,9 +368,10 @@ class TarHandle:
 PLAIN_SCHEMA = pa.schema([pa.field(_AUDIO, pa.binary())], metadata={b"audioloader_container": b"files"})
 
 
-def plain_digest(size: int) -> str:
-    """A plain audio file's digest: of its size (its content is identified by its ETag or modification time)."""
-    return hashlib.blake2b(f"audio_file:{size}".encode(), digest_size=8).hexdigest()
+def plain_digest(size: int, row: bytes = b"") -> str:
+    """A plain audio file's digest: of its size and its listed columns' digest (its content is identified by its
+    ETag or modification time)."""
+    return hashlib.blake2b(f"audio_file:{size}:".encode() + row, digest_size=8).hexdigest()
 
 
 class PlainHandle:
@@ -379,16 +380,22 @@ class PlainHandle:
     sparse: Any = None
     mapped_range: Any = None
 
-    def __init__(self, f: Any, size: int, columns: list[str]) -> None:
-        self._file, self._size, self._columns = f, size, columns
+    def __init__(self, f: Any, size: int, columns: list[str], joined: Any = None) -> None:
+        self._file, self._size, self._columns, self._joined = f, size, columns, joined
 
     def unit(self, i: int) -> list[pa.RecordBatch]:
         if i != 0:
             raise IndexError(f"a plain audio file has one unit, not {i + 1}")
-        data = _buffer_of(self._file.read_at(self._size, 0))
-        if len(data) != self._size:
-            raise OSError(f"short read: {len(data)} of {self._size} bytes (truncated?)")
-        return [pa.RecordBatch.from_arrays([binary_array([data])], names=[_AUDIO]).select(self._columns)]
+        arrays = {}
+        if self._joined is not None:  # a listed file's columns: no byte read for them
+            row = self._joined.table.slice(self._joined.row, 1)
+            arrays = {c: row.column(c).combine_chunks() for c in self._columns if c != _AUDIO}
+        if _AUDIO in self._columns:
+            data = _buffer_of(self._file.read_at(self._size, 0))
+            if len(data) != self._size:
+                raise OSError(f"short read: {len(data)} of {self._size} bytes (truncated?)")
+            arrays[_AUDIO] = binary_array([data])
+        return [pa.RecordBatch.from_arrays([arrays[c] for c in self._columns], names=self._columns)]
 
     def close(self) -> None:
         self._file.close()

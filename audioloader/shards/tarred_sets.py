@@ -237,3 +237,82 @@ class LhotseShar:
 
     def __str__(self) -> str:
         return f"LhotseShar({self.folder!r})"
+
+
+#: Columns naming a listed file's audio, the first present taken (pack's ``path``, NeMo's ``audio_filepath``, a
+#: Hugging Face audiofolder's ``file_name``, ...).
+PATH_COLUMNS = ("path", "audio_filepath", "file_name", "file", "filepath", "audio_path")
+
+
+@dataclass(frozen=True)
+class ListedRow:
+    """A listed audio file's columns: row ``row`` of its manifest's ``table`` (shared by every file of it)."""
+
+    table: pa.Table
+    row: int
+    where: str
+
+    def schema(self) -> pa.Schema:
+        fields = [pa.field("audio", pa.binary())] + [f for f in self.table.schema if f.name != "audio"]
+        return pa.schema(fields, metadata={b"audioloader_container": b"files"})
+
+    def digest(self) -> bytes:
+        return json.dumps(self.table.slice(self.row, 1).to_pylist(), sort_keys=True, default=str).encode()
+
+
+def _read_rows(data: bytes, name: str, where: str) -> pa.Table:
+    """A manifest's rows: JSON lines, or a CSV / TSV file with a header."""
+    if name.endswith((".csv", ".tsv", ".csv.gz", ".tsv.gz")):
+        import pyarrow.csv as pacsv
+
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+        delimiter = "\t" if ".tsv" in name else ","
+        try:
+            return pacsv.read_csv(pa.BufferReader(data), parse_options=pacsv.ParseOptions(delimiter=delimiter))
+        except pa.ArrowException as error:
+            raise ShardReadError(f"{where}: not a CSV/TSV file with a header ({error})") from error
+    return _table(_jsonl(data, where), where)
+
+
+@dataclass(frozen=True)
+class AudioFiles:
+    """Audio files named by a manifest, one a row, its other fields columns: ``al.Source(al.AudioFiles(
+    "train.jsonl"), label_column=None)`` (a NeMo manifest, a CSV / TSV with a header, or JSON lines).
+
+    Args:
+        manifest: the manifest (local path or URL). A row's file is in its first column of `PATH_COLUMNS`:
+            a path relative to the manifest's folder, an absolute path, or a URL of the manifest's store.
+    """
+
+    manifest: str
+
+    def resolve_locations(self, filesystem: Any = None, retry: Retry = DEFAULT_RETRY) -> list[_Location]:
+        where = os.fspath(self.manifest)
+        fs, path, scheme = _opener(where, filesystem, retry)
+        table = _read_rows(_read_bytes(fs, path, f"manifest {where}", retry), path.lower(), where)
+        column = next((c for c in PATH_COLUMNS if c in table.column_names), None)
+        if column is None or table.num_rows == 0:
+            raise ShardReadError(f"{where}: {'no rows' if column is None and table.num_rows == 0 else 'no column'} "
+                                 f"naming the audio files; give each row one of {', '.join(PATH_COLUMNS)}")
+        folder = path.rsplit("/", 1)[0]
+        locations, seen = [], {}
+        for row, name in enumerate(table.column(column).to_pylist()):
+            if not isinstance(name, str) or not name:
+                raise ShardReadError(f"{where}, row {row}: {column!r} is {name!r}, not a file's path")
+            if _is_url(name):
+                file_fs, file_path, file_scheme = _opener(name, filesystem, retry)
+            else:
+                file_fs, file_scheme = fs, scheme
+                file_path = name if name.startswith("/") else f"{folder}/{name}"
+                file_path = os.path.normpath(file_path) if fs is None else file_path
+            if seen.setdefault(file_path, row) != row:  # one row a file: a second would be dropped silently
+                raise ShardReadError(f"{where}: rows {seen[file_path]} and {row} both name {name!r}; list each "
+                                     "file once (or pack the rows: `audioloader pack`)")
+            joined = ListedRow(table, row, where)
+            locations.append(_Location(_url_for(file_scheme, file_path) if file_scheme else file_path, file_fs,
+                                       file_path, joined=joined))
+        return locations
+
+    def __str__(self) -> str:
+        return f"AudioFiles({self.manifest!r})"

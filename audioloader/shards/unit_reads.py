@@ -170,7 +170,7 @@ class UnitReads:
             elif meta.format == "tar":
                 handle = TarHandle(sparse or f, meta, columns, loc.path)  # the sparse file: its slices zero-copy
             elif meta.format == "audio_file":
-                handle = PlainHandle(sparse or f, meta.size, columns)
+                handle = PlainHandle(sparse or f, meta.size, columns, meta.joined)
             else:
                 handle = _ParquetHandle(f, columns, meta.parquet_metadata)
         except (OSError, pa.ArrowException) as error:
