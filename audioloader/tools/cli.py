@@ -56,7 +56,14 @@ def _pack(p: argparse.ArgumentParser) -> None:
 def _run_pack(args: argparse.Namespace) -> int:
     """Run ``audioloader pack`` with parsed ``args`` (here, not in `pack`: the Ray runner imports `pack`)."""
     from audioloader.tools.pack import pack_dataset
+    from audioloader.tools.pack_from import detect_container, pack_from
 
+    if args.container is not None or detect_container(args.src) is not None:  # audio in a container (issue 35)
+        summary = pack_from(args.src, args.out, args.container or "auto", tars=args.tars, fmt=args.fmt,
+                            rows_per_batch=args.rows_per_batch, shard_mb=args.shard_mb or None)
+        if not args.quiet:
+            print(summary.text())
+        return 0
     options = dict(fmt=args.fmt, input_format=args.input_format, shard_rows=args.shard_rows,
                    shard_mb=args.shard_mb or None, rows_per_batch=args.rows_per_batch, sample_rate=args.sample_rate,
                    codec=args.codec, workers=args.workers, shuffle_seed=args.shuffle_seed, overwrite=args.overwrite,
