@@ -98,7 +98,7 @@ def _index(p: argparse.ArgumentParser) -> None:
                      "about 50 bytes a file. Loaders then start from it with no listing and no request per file "
                      "(one download per machine). Run it again after adding, removing or rewriting shards. A "
                      "folder that `audioloader pack --part K/N` writes is indexed once every part has finished.")
-    p.add_argument("folder", help="folder of shards (path or URL)")
+    p.add_argument("folder", help="folder of shards, WebDataset tars or audio files (path or URL)")
     p.add_argument("--portable", action="store_true",
                    help="accepted for 0.3 scripts; a manifest never holds modification times")
     p.set_defaults(func=_run_index)
