@@ -170,15 +170,17 @@ def test_elastic_resume_from_two_ranks_to_three_reads_each_sample_once(tars):
     assert Counter(before + after) == Counter(range(sum(ROWS)))
 
 
-def test_s3_batches_equal_local_with_and_without_a_manifest(s3, tars, s3_tars):
+def test_s3_batches_equal_local_with_and_without_a_manifest_or_a_cache(s3, tars, s3_tars, tmp_path):
     for train in (False, True):
         with loader_for(str(tars), train=train) as local:
             reference = take(local, 4)
-        for prefix in ("wds/plain", "wds/indexed"):
-            with loader_for(s3.url(prefix), train=train) as remote:
+        for prefix, cache in (("wds/plain", None), ("wds/indexed", None), ("wds/indexed", tmp_path / "cache")):
+            with loader_for(s3.url(prefix), train=train, storage=al.Storage(cache_dir=cache)) as remote:
                 assert (remote.reader.dataset.manifest is not None) == (prefix == "wds/indexed") or \
                     remote.reader.dataset.manifest.origin == "listing"
                 assert_same_batches(take(remote, 4), reference)
+    assert sorted(p.stat().st_size for p in (tmp_path / "cache").rglob("*") if p.is_file() and p.stat().st_size
+                  > 100_000) == sorted(p.stat().st_size for p in tars.glob("*.tar")), "each tar cached whole"
 
 
 def test_a_start_from_a_manifest_makes_no_list_and_one_request_a_unit(s3, proxy, tars):

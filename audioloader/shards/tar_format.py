@@ -105,8 +105,9 @@ def members(read_at: ReadAt, start: int, end: int) -> Iterator[tuple[str, int, i
             return
         if first is None:
             first = pos
-        stored = sum(header) - sum(header[148:156]) + 32 * 8
-        if _number(header[148:156]) != stored:
+        unsigned = sum(header) - sum(header[148:156]) + 32 * 8
+        signed = unsigned - 256 * sum(b >= 128 for k, b in enumerate(header) if not 148 <= k < 156)
+        if _number(header[148:156]) not in (unsigned, signed):  # old tars summed signed bytes (as tarfile allows)
             raise ValueError(f"tar header at byte {pos} has a bad checksum (not a tar file, or corrupt)")
         size, kind = _number(header[124:136]), header[156:157]
         data = pos + _BLOCK
