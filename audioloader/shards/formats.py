@@ -455,12 +455,12 @@ def _plain_scan(loc: _Location, mtime: int | None, remote: RemoteFiles) -> _File
 
 def _confirmed_tar(loc: _Location, expected: _FileMeta, remote: RemoteFiles) -> _FileMeta:
     """A remote tar file known from a manifest (its units recorded there), confirmed at its first read with one
-    small request: its first header, the object's identity and size as the store reports them. The caller compares
+    request (pyarrow's open, a HEAD): the object's identity and size as the store reports them. The caller compares
     them with the manifest (`manifest.mismatch`): a rewritten object has another ETag. (A local tar is scanned
     again instead: its headers are a quick read, and their digest is compared.)"""
-    _, etag, size = remote.read_identified(loc, 0, min(512, expected.size))
-    _check_size(loc, size)
-    return dataclasses.replace(expected, etag=etag, located=True)
+    opened = remote.opened(loc)
+    _check_size(loc, opened.size())
+    return dataclasses.replace(expected, etag=object_identity(opened), located=True)
 
 
 def _check_size(loc: _Location, size: int | None) -> None:
