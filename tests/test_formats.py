@@ -312,3 +312,19 @@ def test_listed_files_on_s3_read_once_in_evaluation_and_resume(s3, clips, listed
     assert Counter(seen) == Counter(range(9))
     if world_size == 1:
         assert_resumes_exactly(lambda **kw: loader_for(source, batch_size=3, **kw), 3, [1])
+
+
+def test_without_a_manifest_a_machine_scans_a_remote_tar_once(s3, proxy, tars, tmp_path, monkeypatch):
+    """The ranks of a job on one machine: the first lists and scans the tars and publishes what it found (their
+    units included, `manifest.py`'s ``unit_bytes``); the others start from that, reading no tar."""
+    s3.upload(tars, "wds/once")
+    monkeypatch.setenv("AUDIOLOADER_JOB_ID", "formats-once")
+    monkeypatch.setenv("AUDIOLOADER_CACHE", str(tmp_path / "machine"))
+    first = al.ShardDataset(s3.url("wds/once"), retry=FAST, split_rows=4)
+    assert first.manifest.origin == "listing"
+    assert len([r for r in proxy.requests if "/wds/once/shard-" in r.path]) >= len(ROWS), "the tars are scanned"
+    proxy.clear()
+    second = al.ShardDataset(s3.url("wds/once"), retry=FAST, split_rows=4)
+    assert second.manifest.origin == "machine" and list(second.splits) == list(first.splits)
+    assert [r for r in proxy.requests if "/wds/once/shard-" in r.path] == []
+    assert [bytes(r.audio) for r in second.read_rows([0, 39])] == [clip_bytes(0, 0.4), clip_bytes(39, 0.4)]
