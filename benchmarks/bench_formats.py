@@ -153,19 +153,21 @@ def main(argv: list[str] | None = None) -> int:
         upload(bench, folders)
         for contender in args.contenders.split(","):
             for latency in latencies:
-                for layout in LAYOUTS:
-                    spec: dict[str, Any] = {"kind": "reader" if contender == "reader" else "loader",
-                                            "source": bench.source(f"formats/{layout}", latency, folders[layout]),
-                                            "measure_seconds": args.measure_seconds, "batch_size": 64}
-                    if contender != "reader":
-                        mode, feature = contender.split("-")
-                        spec.update(train=mode == "train", feature=feature, buffer=args.train_buffer,
-                                    min_fill=args.train_min)
-                    meta = {"name": f"{contender} {layout} {remote_report._ms(latency)}", "project": "here",
-                            "contender": contender, "dataset": "speech", "format": layout, "latency_ms": latency}
-                    runs = [bench.run(meta, spec, [sys.executable, str(HERE / "remote_child.py")],
-                                      {**bench.env, "PYTHONPATH": str(HERE.parent)}) for _ in range(args.repeats)]
-                    results.append(median_result(runs))
+                runs: dict[str, list[dict[str, Any]]] = {layout: [] for layout in LAYOUTS}
+                for _ in range(args.repeats):  # the layouts interleaved: a busy spell of the machine hits all
+                    for layout in LAYOUTS:
+                        spec: dict[str, Any] = {"kind": "reader" if contender == "reader" else "loader",
+                                                "source": bench.source(f"formats/{layout}", latency, folders[layout]),
+                                                "measure_seconds": args.measure_seconds, "batch_size": 64}
+                        if contender != "reader":
+                            mode, feature = contender.split("-")
+                            spec.update(train=mode == "train", feature=feature, buffer=args.train_buffer,
+                                        min_fill=args.train_min)
+                        meta = {"name": f"{contender} {layout} {remote_report._ms(latency)}", "project": "here",
+                                "contender": contender, "dataset": "speech", "format": layout, "latency_ms": latency}
+                        runs[layout].append(bench.run(meta, spec, [sys.executable, str(HERE / "remote_child.py")],
+                                                      {**bench.env, "PYTHONPATH": str(HERE.parent)}))
+                results.extend(median_result(runs[layout]) for layout in LAYOUTS)
     finally:
         bench.close()
     lines = table(results, latencies)

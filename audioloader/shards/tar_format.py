@@ -106,8 +106,9 @@ def members(read_at: ReadAt, start: int, end: int) -> Iterator[tuple[str, int, i
         if first is None:
             first = pos
         unsigned = sum(header) - sum(header[148:156]) + 32 * 8
-        signed = unsigned - 256 * sum(b >= 128 for k, b in enumerate(header) if not 148 <= k < 156)
-        if _number(header[148:156]) not in (unsigned, signed):  # old tars summed signed bytes (as tarfile allows)
+        stored = _number(header[148:156])
+        # Old tars summed signed bytes (as tarfile allows): counted only when the unsigned sum does not match.
+        if stored != unsigned and stored != unsigned - 256 * sum(b >= 128 for b in header[:148] + header[156:]):
             raise ValueError(f"tar header at byte {pos} has a bad checksum (not a tar file, or corrupt)")
         size, kind = _number(header[124:136]), header[156:157]
         data = pos + _BLOCK
@@ -325,20 +326,26 @@ class TarHandle:
                           "the file was scanned: it changed")
         schema = self._meta.schema
         values: dict[str, list[Any]] = {c: [] for c in self._columns}
+        wanted = set(self._columns)
         for key, listed in grouped:
             row: dict[str, Any] = {_KEY: key}
+            jsons = []
             for name, _, at, size in listed:
                 extension = split_name(name)[1]
                 body = data.slice(at - offset, size)
                 if extension in AUDIO_EXTENSIONS:
                     row.setdefault(_AUDIO, body)
                 elif extension == "json":
-                    for field, value in _parse_json(body, self._path, name).items():
-                        row.setdefault(field, value)
+                    jsons.append((name, body))
                 else:
                     column, t = _NAMED.get(extension, (extension, pa.string()))
-                    text = body.to_pybytes().decode("utf-8", "replace")
-                    row[column] = self._label(text, name) if t == pa.int64() else text
+                    if column in wanted:  # members of columns not read are not decoded
+                        text = body.to_pybytes().decode("utf-8", "replace")
+                        row[column] = self._label(text, name) if t == pa.int64() else text
+            if jsons and not wanted.issubset(row):  # a member's own column wins over a JSON field of its name
+                for name, body in jsons:
+                    for field, value in _parse_json(body, self._path, name).items():
+                        row.setdefault(field, value)
             for c in self._columns:
                 values[c].append(row.get(c))
         return [pa.RecordBatch.from_arrays([self._array(c, values[c], schema) for c in self._columns],
