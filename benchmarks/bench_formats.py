@@ -24,7 +24,8 @@ the process tree, requests at construction (LIST, HEAD, GET up to the child's
 target: >= 0.9). The machine has 2 cores shared with other work, moto and the proxy:
 read ratios, not absolute rates; ``--repeats`` takes the median.
 
-Results: ``--output`` (default ``bench-out/formats.json``) and a table on stdout.
+Results: ``--output`` (default ``bench-out/formats.json``) and a table on stdout. ``--reader-only``: the
+reader's own cost instead (`reader_pass`: ``ArrowShardReader`` in this process, no decode).
 """
 
 from __future__ import annotations
@@ -132,6 +133,25 @@ def table(results: list[dict[str, Any]], latencies: list[float | None]) -> list[
     return lines
 
 
+def reader_pass(rows: int, rounds: int = 7) -> dict[str, float]:
+    """``--reader-only``: rows/s of ``ArrowShardReader`` (construction and a shuffled pass) on each layout, in this
+    one process, the layouts interleaved, best of ``rounds``: the reader's own cost, without decode or processes."""
+    import tempfile
+    import time
+
+    from audioloader.nodes import ArrowShardReader
+
+    with tempfile.TemporaryDirectory(prefix="bench-formats-") as tmp:
+        folders = make_data(Path(tmp), rows)
+        best = dict.fromkeys(folders, float("inf"))
+        for _ in range(rounds):
+            for layout, folder in folders.items():
+                start = time.perf_counter()
+                count = sum(1 for _ in ArrowShardReader(str(folder), shuffle=True, seed=0))
+                best[layout] = min(best[layout], time.perf_counter() - start)
+    return {layout: count / seconds for layout, seconds in best.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=2400)
@@ -144,7 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bandwidth", type=float, default=0.0, help="MB/s a connection (0: no cap)")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--output", default="bench-out/formats.json")
+    parser.add_argument("--reader-only", action="store_true", help="only the in-process reader pass (`reader_pass`)")
     args = parser.parse_args(argv)
+    if args.reader_only:
+        rates = reader_pass(args.rows)
+        print({layout: round(rate) for layout, rate in rates.items()}, "rows/s; tar / ipc",
+              round(rates["tar"] / rates["ipc"], 2))
+        return 0
     latencies: list[float | None] = [None, *(float(x) for x in args.latency.split(",") if x)]
     bench = bench_remote.Bench(args, print)
     results: list[dict[str, Any]] = []
