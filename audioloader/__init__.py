@@ -20,6 +20,7 @@ from .shards._lazy import lazy_attributes
 _LAZY_NAMES: dict[str, str] = {
     "AccessDeniedError": ".errors",
     "AddNoise": ".dsp.augment",
+    "AudioFiles": ".shards",
     "AudioLoader": ".audio_loader",
     "AudioLoaderError": ".errors",
     "BadRow": ".samples",
@@ -36,6 +37,8 @@ _LAZY_NAMES: dict[str, str] = {
     "MelSpectrogramConfig": ".dsp.config",
     "Mix": ".mix",
     "Mixup": ".dsp.augment",
+    "LhotseShar": ".shards",
+    "NemoTarred": ".shards",
     "OnError": ".errors",
     "RawSample": ".samples",
     "Retry": ".shards",
@@ -80,7 +83,16 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time the names c
     from .mix import Mix, Source
     from .options import Bucketing, Storage, Workers
     from .samples import BadRow, Key, RawSample, Sample
-    from .shards import IcebergTable, PackFolderError, Retry, ShardDataset, SourceNotFoundError
+    from .shards import (
+        AudioFiles,
+        IcebergTable,
+        LhotseShar,
+        NemoTarred,
+        PackFolderError,
+        Retry,
+        ShardDataset,
+        SourceNotFoundError,
+    )
     from .shards.writer import ShardWriter
 
 #: The distribution (the name pip installs) that holds this package; the import name stays ``audioloader``.
@@ -89,6 +101,7 @@ _DISTRIBUTION = "audioloader-arrow"
 __all__ = [
     "AccessDeniedError",
     "AddNoise",
+    "AudioFiles",
     "AudioLoader",
     "AudioLoaderError",
     "BadRow",
@@ -101,10 +114,12 @@ __all__ = [
     "IcebergTable",
     "Key",
     "LengthPolicy",
+    "LhotseShar",
     "Loader",
     "MelSpectrogramConfig",
     "Mix",
     "Mixup",
+    "NemoTarred",
     "OnError",
     "PackFolderError",
     "RawSample",

@@ -31,16 +31,19 @@ from ._lazy import lazy_attributes
 #: Where each name is defined (relative module paths); keep the TYPE_CHECKING block below in step.
 _LAZY_NAMES: dict[str, str] = {
     "ACCEPTED": ".sources",
+    "AudioFiles": ".tarred_sets",
     "BatchColumns": ".row_reads",
     "FORMATS": ".formats",
     "IcebergTable": ".sources",
+    "LhotseShar": ".tarred_sets",
+    "NemoTarred": ".tarred_sets",
     "RemoteReads": ".storage",
     "Retry": ".retry",
     "SHARD_EXTENSIONS": ".sources",
     "ShardDataset": ".dataset",
     "ShardFile": ".file_table",
     "ShardRow": ".row_reads",
-    "PackFolderError": ".sources",
+    "PackFolderError": ".pack_folders",
     "SourceNotFoundError": ".sources",
     "Split": ".splits",
     "TableSnapshot": ".sources",
@@ -52,26 +55,30 @@ if TYPE_CHECKING:
     from .dataset import ShardDataset
     from .file_table import ShardFile
     from .formats import FORMATS
+    from .pack_folders import PackFolderError
     from .retry import Retry
     from .row_reads import BatchColumns, ShardRow
     from .sources import (
         ACCEPTED,
         SHARD_EXTENSIONS,
         IcebergTable,
-        PackFolderError,
         SourceNotFoundError,
         TableSnapshot,
         resolve_source,
     )
     from .splits import Split, subdivide
     from .storage import RemoteReads
+    from .tarred_sets import AudioFiles, LhotseShar, NemoTarred
 
 __all__ = [
     "ACCEPTED",
     "FORMATS",
     "SHARD_EXTENSIONS",
+    "AudioFiles",
     "BatchColumns",
     "IcebergTable",
+    "LhotseShar",
+    "NemoTarred",
     "PackFolderError",
     "RemoteReads",
     "Retry",

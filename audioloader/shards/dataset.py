@@ -251,8 +251,8 @@ class ShardDataset(RowReads, UnitReads):
         machine; its identity: the manifest's ETag, else pyarrow's HEAD) and its footer is read from the copy: its
         bytes are fetched once, not its tail and then the whole file again."""
         loc, expected = self._locations[file_id], self._metas[file_id]
-        if self.cache is None or loc.fs is None:
-            return _scan_file(loc, self.remote, self.cache, keep_whole=True)
+        if self.cache is None or loc.fs is None:  # (a remote tar's units are known: only its identity is read)
+            return _scan_file(loc, self.remote, self.cache, keep_whole=True, known=expected)
         etag = expected.etag or object_identity(self.remote.opened(loc))
         identity = cache_identity(dataclasses.replace(expected, etag=etag))
         if identity is None:  # nothing tells a copy from a changed object: not cached
@@ -279,7 +279,8 @@ class ShardDataset(RowReads, UnitReads):
             with ThreadPoolExecutor(min(len(wanted), _SCAN_THREADS_REMOTE)) as pool:
                 found = list(pool.map(self._first_scan, wanted))
         else:
-            found = _scan_all([self._locations[i] for i in wanted], self.retry, self.remote, keep_whole=True)
+            found = _scan_all([self._locations[i] for i in wanted], self.retry, self.remote, keep_whole=True,
+                              known=[self._metas[i] for i in wanted])
         for file_id, meta in zip(wanted, found, strict=True):
             with self._locating_lock:
                 if not self._metas[file_id].located:

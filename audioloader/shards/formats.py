@@ -17,10 +17,11 @@ import pyarrow.parquet as pq
 from ..errors import ShardChangedError, ShardReadError
 from .identity import object_identity
 from .remote import RemoteFiles, SparseFile
-from .retry import DEFAULT_RETRY, Retry
+from .retry import DEFAULT_RETRY, Retry, with_retries
 from .sources import ACCEPTED, TableFile, _Location, _mtime_ns
+from .tar_format import PLAIN_SCHEMA, gzip_refusal, is_audio_name, plain_digest, scan_joined, scan_tar
 
-FORMATS = ("ipc_file", "ipc_stream", "parquet", "orc")
+FORMATS = ("ipc_file", "ipc_stream", "parquet", "orc", "tar", "audio_file")
 
 # Files scanned in parallel at construction: local scans are quick, remote ones wait on the network.
 _SCAN_THREADS_LOCAL = 8
@@ -60,7 +61,12 @@ def _read_at(f: Any, nbytes: int, offset: int) -> bytes:
 
 def _sniff(loc: _Location, f: Any, size: int) -> str:
     """The format from the first bytes: ``ARROW1`` (IPC file), ``PAR1`` (Parquet), ``ORC``, 0xFFFFFFFF (stream)."""
-    head = _read_at(f, min(8, size), 0)
+    head = _read_at(f, min(512, size), 0)
+    if head[257:262] == b"ustar":
+        return "tar"
+    if head.startswith(b"\x1f\x8b"):
+        raise gzip_refusal(loc.path)
+    head = head[:8]
     if head.startswith(b"ARROW1"):
         return "ipc_file"
     if head.startswith(b"PAR1"):
@@ -178,6 +184,9 @@ class _FileMeta:
     # A remote file's every byte, when its first read fetched it whole and the scan was asked to keep it
     # (`formats._scan_once`); the dataset takes it away at once (`ShardDataset.located`).
     whole: Any = None
+    # A tar of a set described by a manifest beside it (`tarred_sets`), or a listed audio file: its rows'
+    # columns (`tarred_sets.JoinedRows`), in the file's order.
+    joined: Any = None
 
 
 def _hasher() -> Any:
@@ -336,7 +345,7 @@ def _scan_opened(loc: _Location, f: Any, sparse: SparseFile | None = None) -> _F
     """`_scan_file` on an open file (remote: ``f`` reads ``sparse``): format, schema, units, the content digest."""
     size = f.size()
     fmt = _sniff_tail(sparse) or _sniff(loc, f, size)
-    offsets = parquet_metadata = tail = blocks = None
+    offsets = parquet_metadata = tail = blocks = joined = None
     digest = _hasher()
     if fmt == "ipc_file":
         schema, rows, tail, blocks = _scan_ipc_file(f, sparse, digest)
@@ -345,6 +354,14 @@ def _scan_opened(loc: _Location, f: Any, sparse: SparseFile | None = None) -> _F
         schema, rows, offsets = _scan_ipc_stream(f, size, digest)
     elif fmt == "orc":
         schema, rows, tail = _scan_orc(f, loc.fs is None, digest)
+    elif fmt == "tar":  # every header: a remote tar is fetched whole first (its headers are spread through it)
+        if sparse is not None and not sparse.covers(0, size):
+            sparse.provide(0, sparse.remote.read_many(sparse.loc, [(0, size)])[0])
+        read = lambda offset, n: _read_at(f, n, offset)  # noqa: E731
+        if loc.joined is None:
+            schema, rows, blocks = scan_tar(read, size, loc.path, digest)
+        else:
+            schema, rows, blocks, joined = scan_joined(read, size, loc.path, digest, loc.joined)
     else:
         parquet_metadata = pq.ParquetFile(f).metadata
         schema = parquet_metadata.schema.to_arrow_schema()
@@ -353,7 +370,7 @@ def _scan_opened(loc: _Location, f: Any, sparse: SparseFile | None = None) -> _F
         parquet_metadata.write_metadata_file(serialized)  # the footer: schema, row groups, sizes, statistics
         digest.update(serialized.getvalue())
     return _FileMeta(fmt, size, schema, rows, offsets, blocks=blocks, digest=digest.hexdigest(),
-                     parquet_metadata=parquet_metadata, tail=tail)
+                     parquet_metadata=parquet_metadata, tail=tail, joined=joined)
 
 
 def _sniff_tail(sparse: SparseFile | None) -> str | None:
@@ -369,6 +386,8 @@ def _scan_once(loc: _Location, remote: RemoteFiles, cache: Any = None, keep_whol
     bytes in `_FileMeta.whole` (for the caller to serve its first data from)."""
     # The modification time first: a rewrite during the scan then shows as a change later.
     mtime = _local_mtime_ns(loc) if loc.fs is None else loc.mtime_ns
+    if is_audio_name(loc.path):  # a plain audio file: one row, its whole bytes; nothing read
+        return _plain_scan(loc, mtime, remote)
     if loc.fs is not None and mtime is None and loc.size is None:  # a manifest's file: none known, none asked for
         mtime = _remote_mtime_ns(loc)
     etag = None
@@ -404,6 +423,44 @@ def _scan_once(loc: _Location, remote: RemoteFiles, cache: Any = None, keep_whol
             meta = _scan_opened(loc, sparse.as_arrow(), sparse)
     meta.mtime_ns, meta.etag = mtime, etag
     return meta
+
+
+def plain_meta(size: int, joined: Any = None) -> _FileMeta:
+    """The `_FileMeta` of a plain audio file of ``size`` bytes: one unit of one row, its whole bytes; ``joined``
+    (`tarred_sets.ListedRow`): a listed file's columns."""
+    schema = PLAIN_SCHEMA if joined is None else joined.schema()
+    return _FileMeta("audio_file", size, schema, (1,), blocks=((0, 0, size),), joined=joined,
+                     digest=plain_digest(size, b"" if joined is None else joined.digest()))
+
+
+def _plain_scan(loc: _Location, mtime: int | None, remote: RemoteFiles) -> _FileMeta:
+    """A plain audio file's `plain_meta`: its size from the listing (or manifest), a local stat, or one request
+    for a listed remote file (its size and modification time)."""
+    size = loc.size
+    if loc.fs is None:
+        try:
+            size = os.stat(loc.fs_path).st_size
+        except OSError as error:
+            raise ShardReadError(f"cannot open audio file {loc.path}: {error}") from error
+    elif size is None:
+        info = with_retries(lambda: loc.fs.get_file_info(loc.fs_path), what=f"the size of {loc.path}",
+                            retry=remote.retry, store=loc.path)
+        if info.size is None or info.size < 0:
+            raise ShardReadError(f"audio file {loc.path} does not exist (or is not a file)")
+        size, mtime = info.size, _mtime_ns(info)
+    meta = plain_meta(size, loc.joined)
+    meta.mtime_ns = mtime
+    return meta
+
+
+def _confirmed_tar(loc: _Location, expected: _FileMeta, remote: RemoteFiles) -> _FileMeta:
+    """A remote tar file known from a manifest (its units recorded there), confirmed at its first read with one
+    request (pyarrow's open, a HEAD): the object's identity and size as the store reports them. The caller compares
+    them with the manifest (`manifest.mismatch`): a rewritten object has another ETag. (A local tar is scanned
+    again instead: its headers are a quick read, and their digest is compared.)"""
+    opened = remote.opened(loc)
+    _check_size(loc, opened.size())
+    return dataclasses.replace(expected, etag=object_identity(opened), located=True)
 
 
 def _check_size(loc: _Location, size: int | None) -> None:
@@ -453,11 +510,16 @@ def _check_listed(loc: _Location, meta: _FileMeta) -> _FileMeta:
     return meta
 
 
-def _scan_file(loc: _Location, remote: RemoteFiles, cache: Any = None, keep_whole: bool = False) -> _FileMeta:
+def _scan_file(loc: _Location, remote: RemoteFiles, cache: Any = None, keep_whole: bool = False,
+               known: _FileMeta | None = None) -> _FileMeta:
     """Format, size, schema, batch / row-group boundaries and identity of one file, without reading audio.
 
-    Remote: each request is retried on a transient fault (`RemoteFiles.read`).
+    Remote: each request is retried on a transient fault (`RemoteFiles.read`). ``known``: what a manifest says of
+    the file; a remote tar's units known there are not scanned again, only its identity read (`_confirmed_tar`).
     """
+    if known is not None and known.format == "tar" and known.blocks is not None and loc.fs is not None \
+            and cache is None:
+        return _confirmed_tar(loc, known, remote)
     try:
         return _check_listed(loc, _scan_once(loc, remote, cache, keep_whole))
     except ShardReadError:
@@ -468,12 +530,14 @@ def _scan_file(loc: _Location, remote: RemoteFiles, cache: Any = None, keep_whol
 
 
 def _scan_all(locations: list[_Location], retry: Retry = DEFAULT_RETRY, remote: RemoteFiles | None = None,
-              cache: Any = None, keep_whole: bool = False) -> list[_FileMeta]:
+              cache: Any = None, keep_whole: bool = False, known: Sequence[_FileMeta] | None = None
+              ) -> list[_FileMeta]:
     """Every file's `_FileMeta`, scanned concurrently (remote files: many at once, latency-bound); a remote file
     with a copy in ``cache`` (an `ObjectCache`) is scanned there."""
     remote = remote if remote is not None else RemoteFiles(retry)
+    known = known if known is not None else [None] * len(locations)
     if len(locations) < 4:
-        return [_scan_file(loc, remote, cache, keep_whole) for loc in locations]
+        return [_scan_file(loc, remote, cache, keep_whole, k) for loc, k in zip(locations, known, strict=True)]
     threads = _SCAN_THREADS_REMOTE if any(loc.fs is not None for loc in locations) else _SCAN_THREADS_LOCAL
     with ThreadPoolExecutor(max_workers=min(threads, len(locations)), thread_name_prefix="audioloader-scan") as pool:
-        return list(pool.map(lambda loc: _scan_file(loc, remote, cache, keep_whole), locations))
+        return list(pool.map(lambda loc, k: _scan_file(loc, remote, cache, keep_whole, k), locations, known))

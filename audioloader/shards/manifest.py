@@ -23,7 +23,13 @@ column         type                      what
                                          when the ETags are not of that form; both left out without ETags
 ``mtime_ns``   int64 (optional)          modification times (only in a manifest a machine built from a
                                          listing; a portable one has none)
+``unit_bytes`` list<int64> (optional)    a tar file's unit boundaries: unit ``k`` is bytes
+                                         ``[unit_bytes[k], unit_bytes[k + 1])`` (a run of whole samples,
+                                         `tar_format`); null for other files; left out without tar files
 =============  ========================  ================================================================
+
+A tar file's units are recorded (its samples' headers are spread through it: without them a reader
+would read the whole file to find them); a plain audio file's one unit is its whole size.
 
 Per-unit byte ranges are left out on purpose: they would cost 16-24 bytes a unit (a Parquet row
 group: a range per column), and the rank that reads a file needs its footer anyway to parse it; it
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -71,13 +78,27 @@ def manifest_table(names: Sequence[str], metas: Sequence[_FileMeta], *, mtimes: 
     return manifest_columns(
         names, sizes=[m.size for m in metas], formats=[m.format for m in metas], schemas=list(schemas),
         schema_ids=schema_ids, unit_rows=[m.unit_rows for m in metas], digests=[m.digest for m in metas],
-        etags=[m.etag for m in metas], mtimes=[m.mtime_ns for m in metas] if mtimes else None)
+        etags=[m.etag for m in metas], mtimes=[m.mtime_ns for m in metas] if mtimes else None,
+        unit_bytes=[_boundaries(m) for m in metas])
+
+
+def _boundaries(meta: _FileMeta) -> list[int] | None:
+    """A tar file's unit boundaries (its units are contiguous: each starts where the one before ends), or None."""
+    if meta.format != "tar" or meta.blocks is None:
+        return None
+    if not meta.blocks:
+        return [0]
+    return [offset for offset, _, _ in meta.blocks] + [meta.blocks[-1][0] + meta.blocks[-1][2]]
+
+
+def _blocks(boundaries: Any) -> tuple[tuple[int, int, int], ...]:
+    return tuple((int(a), 0, int(b) - int(a)) for a, b in itertools.pairwise(boundaries))
 
 
 def manifest_columns(names: Sequence[str], *, sizes: Any, formats: Sequence[str], schemas: Sequence[bytes],
                      schema_ids: Any, unit_rows: Sequence[Sequence[int]], digests: Sequence[str],
-                     etags: Sequence[str | None] | None = None, mtimes: Sequence[int | None] | None = None
-                     ) -> pa.Table:
+                     etags: Sequence[str | None] | None = None, mtimes: Sequence[int | None] | None = None,
+                     unit_bytes: Sequence[Sequence[int] | None] | None = None) -> pa.Table:
     """The manifest table from columns (what `manifest_table` and synthetic manifests of any size use).
 
     Args:
@@ -87,6 +108,7 @@ def manifest_columns(names: Sequence[str], *, sizes: Any, formats: Sequence[str]
             schema_ids: the index of each file's schema in them.
         unit_rows: rows of each unit, a sequence a file. digests: `_FileMeta.digest` (16 hex digits) a file.
         etags: `identity.object_identity` a file (None: unknown). mtimes: ns a file, or None to leave them out.
+        unit_bytes: a tar file's unit boundaries, None for other files (`_boundaries`); left out when all None.
     """
     count = len(names)
     format_names = sorted(set(formats), key=FORMATS.index)
@@ -115,6 +137,8 @@ def manifest_columns(names: Sequence[str], *, sizes: Any, formats: Sequence[str]
     columns.update(_etag_columns(etags, count))
     if mtimes is not None and any(m is not None for m in mtimes):
         columns["mtime_ns"] = pa.array(list(mtimes), pa.int64())
+    if unit_bytes is not None and any(b is not None for b in unit_bytes):
+        columns["unit_bytes"] = pa.array(list(unit_bytes), pa.list_(pa.int64()))
     table = pa.table(columns)
     return table.replace_schema_metadata(metadata)
 
@@ -253,6 +277,7 @@ class Manifest:
         self._etag_parts = batch.column("etag_parts").to_numpy() if "etag_parts" in names else None
         self._etag_bytes = memoryview(self._etags.buffers()[1]) if self._etag_parts is not None else None
         self._mtimes = batch.column("mtime_ns") if "mtime_ns" in names else None
+        self._unit_bytes = batch.column("unit_bytes") if "unit_bytes" in names else None
 
     # ----------------------------------------------------------------- per file
 
@@ -305,9 +330,17 @@ class Manifest:
         return None if self._mtimes is None else self._mtimes[i].as_py()
 
     def meta(self, i: int) -> _FileMeta:
-        """File ``i``'s `_FileMeta` as far as the manifest knows it: no footer (``located`` False)."""
-        return _FileMeta(self.format(i), int(self.sizes[i]), self.schema(i), self.unit_rows(i),
-                         mtime_ns=self.mtime_ns(i), digest=self.digest(i), etag=self.etag(i), located=False)
+        """File ``i``'s `_FileMeta` as far as the manifest knows it: no footer (``located`` False); a tar file's
+        units (checked against the file at its first read), a plain audio file's one unit (``located``)."""
+        fmt, size = self.format(i), int(self.sizes[i])
+        blocks = None
+        if fmt == "tar" and self._unit_bytes is not None and self._unit_bytes[i].is_valid:
+            blocks = _blocks(self._unit_bytes[i].values.to_numpy())
+        elif fmt == "audio_file":
+            blocks = ((0, 0, size),)
+        return _FileMeta(fmt, size, self.schema(i), self.unit_rows(i), blocks=blocks,
+                         mtime_ns=self.mtime_ns(i), digest=self.digest(i), etag=self.etag(i),
+                         located=fmt == "audio_file")
 
     def distinct_schemas(self) -> list[tuple[int, pa.Schema]]:
         """``(first file, schema)`` of each distinct schema the files have, in order of first file."""

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import functools
 import glob
 import json
 import os
-import re
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,11 +16,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from ..errors import AudioLoaderError, ShardReadError, redacted
+from ..errors import ShardReadError, redacted
+from .pack_folders import PACK_JOURNAL, check_pack_folders
 from .retry import DEFAULT_RETRY, Retry, with_retries
+from .tar_format import is_audio_name
 
-SHARD_EXTENSIONS = (".arrow", ".ipc", ".feather", ".parquet", ".pq", ".orc")
-ACCEPTED = "Arrow IPC file (.arrow/.feather v2), Arrow IPC stream (Hugging Face save_to_disk), Parquet or ORC"
+SHARD_EXTENSIONS = (".arrow", ".ipc", ".feather", ".parquet", ".pq", ".orc", ".tar", ".tar.gz", ".tgz")
+ACCEPTED = ("Arrow IPC file (.arrow/.feather v2), Arrow IPC stream (Hugging Face save_to_disk), Parquet, ORC or "
+            "WebDataset tar (.tar); a folder without any of them: its audio files, one a row")
 
 _GLOB_CHARS = "*?["
 #: A folder's metadata index (see `audioloader.shards.index`); its leading underscore keeps it out of listings.
@@ -65,6 +66,8 @@ class _Location:
     mtime_ns: int | None = None
     listed: TableFile | None = None
     size: int | None = None
+    #: A tar of a set described by a manifest beside it: its rows (`tarred_sets.JoinedRows`).
+    joined: Any = field(default=None, compare=False, hash=False)
 
 
 def _is_url(text: str) -> bool:
@@ -138,76 +141,12 @@ def _has_shard_extension(name: str) -> bool:
     return not base.startswith((".", "_")) and base.lower().endswith(SHARD_EXTENSIONS)
 
 
-#: The journal `audioloader pack` keeps in its OUT folder: ``_audioloader_pack.json``, a part's
-#: ``_audioloader_pack-p0003of0016.json`` (`audioloader.tools.pack_journal`). ``{"done": true, ...}`` once finished.
-PACK_JOURNAL = re.compile(r"^_audioloader_pack(?:-p(\d+)of(\d+))?\.json$")
-
-
-class PackFolderError(AudioLoaderError, ValueError):
-    """A folder ``audioloader pack`` wrote is not one finished dataset: a pack (or some of its parts) not finished,
-    or several packs in sub-folders that a listing would merge into one."""
-
-
-def unfinished_parts(journals: dict[str, str]) -> tuple[int | None, list[str]]:
-    """Of the pack journals found in a folder (``{name: text}``): the number of parts, and the parts not done
-    (``"K/N"``; a part without a journal counts as not done; ``"the whole pack"`` for an unfinished whole pack).
-    ``(None, [])`` when there is none.
-
-    Raises:
-        ValueError: journals of a whole pack and of parts, or of different part counts, in one folder.
-    """
-    parts = {name: m.groups() for name in journals if (m := PACK_JOURNAL.match(name))}
-    counts = {None if count is None else int(count) for _, count in parts.values()}
-    if not counts:
-        return None, []
-    if len(counts) > 1:
-        raise ValueError(f"pack journals of different splits in one folder ({', '.join(sorted(parts))}): the shards "
-                         "of one split would repeat the rows of another; pack again into an empty folder or with "
-                         "--overwrite")
-    count = counts.pop()
-    done = set()
-    for name, (index, _) in parts.items():
-        with contextlib.suppress(ValueError, AttributeError):
-            if json.loads(journals[name]).get("done"):
-                done.add(None if index is None else f"{int(index)}/{count}")
-    if count is None:
-        return 1, [] if None in done else ["the whole pack"]
-    return count, [f"{k}/{count}" for k in range(count) if f"{k}/{count}" not in done]
-
-
-def check_pack_folders(root: str, journals: dict[str, dict[str, Callable[[], str]]]) -> None:
-    """Refuse a folder source that is not one finished pack. ``journals`` maps each folder under ``root`` that
-    holds pack journals (relative to ``root``: ``"."`` for itself) to ``{journal name: read its text}``; ``root``
-    as shown to users. Nothing is read for a folder without journals (not a pack's: nothing to check).
-
-    Raises:
-        PackFolderError: journals in more than one folder (several packs: their union would be read as one
-            dataset), or a pack whose journals say it is not finished, naming the parts that are missing.
-    """
-    root = redacted(root).rstrip("/")
-    if len(journals) > 1:
-        inside = sorted(journals)
-        listed = ", ".join(f"{name!r}" for name in inside[:8]) + (f", ... ({len(inside)} in all)"
-                                                                  if len(inside) > 8 else "")
-        raise PackFolderError(
-            f"shard source {root!r} holds {len(inside)} packs, each with its own `audioloader pack` journal (in "
-            f"{listed}): reading the folder would merge them into one dataset. Give the one you mean (e.g. "
-            f"{root}/{inside[-1]}), or a list of the folders to read them together")
-    for folder, found in journals.items():
-        count, missing = unfinished_parts({name: read() for name, read in found.items()})
-        shown = root if folder == "." else f"{root}/{folder}"
-        if missing == ["the whole pack"]:
-            raise PackFolderError(
-                f"shard source {shown!r}: the `audioloader pack` into it is not finished (its journal "
-                "_audioloader_pack.json does not say done): run the same `audioloader pack SRC OUT ...` again to "
-                f"finish it; to read the shards written so far anyway, name them (a glob: '{shown}/shard-*')")
-        if missing:
-            listed = ", ".join(missing[:8]) + (f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
-            raise PackFolderError(
-                f"shard source {shown!r}: {len(missing)} of the {count} parts of the `audioloader pack` into it "
-                f"are not finished: --part {listed}. Run `audioloader pack SRC OUT --part K/{count}` (the same "
-                "arguments) for each; to read the finished parts alone, name their shards (a glob such as "
-                f"'{shown}/shard-p0000of*' for part 0)")
+def _shards_or_audio(names: list[Any], name_of: Callable[[Any], str] = str) -> list[Any]:
+    """Of a folder's files, the shards; where there is none, the plain audio files (one a row: `tar_format`)."""
+    shards = [n for n in names if _has_shard_extension(name_of(n))]
+    if shards:
+        return shards
+    return [n for n in names if is_audio_name(name_of(n)) and not name_of(n).rsplit("/", 1)[-1].startswith((".", "_"))]
 
 
 def _hf_state_files(read_text, folder: str) -> list[str] | None:
@@ -248,12 +187,12 @@ def _expand_local(item: str) -> tuple[list[str], str]:
         journals: dict[str, dict[str, Callable[[], str]]] = {}
         for root, dirs, names in os.walk(path):
             dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
-            found.extend(os.path.join(root, n) for n in names if _has_shard_extension(n))
+            found.extend(os.path.join(root, n) for n in names)
             for name in filter(PACK_JOURNAL.match, names):
                 journals.setdefault(os.path.relpath(root, path), {})[name] = functools.partial(
                     _read_local_text, os.path.join(root, name))
         check_pack_folders(path, journals)
-        return found, f"folder {path!r} and its subfolders for *{'/*'.join(SHARD_EXTENSIONS)}"
+        return _shards_or_audio(found), f"folder {path!r} and its subfolders for *{'/*'.join(SHARD_EXTENSIONS)}"
     if os.path.isfile(path):
         return [path], f"file {path!r}"
     raise SourceNotFoundError(f"shard source {item!r}: no such file or folder ({path})")
@@ -324,7 +263,8 @@ def _expand_remote(item: str, fs: Any, fs_path: str, retry: Retry,
                 return [(p, None, None) for p in listed], f"Hugging Face dataset folder {item!r} (state.json)"
         note_indexes(folder)
         check_packs(folder)
-        files = [_listed(i) for i in folder if i.type == pafs.FileType.File and _has_shard_extension(i.path)]
+        files = [_listed(i) for i in _shards_or_audio([i for i in folder if i.type == pafs.FileType.File],
+                                                      lambda i: i.path)]
         return files, f"folder {item!r} and its subfolders for *{'/*'.join(SHARD_EXTENSIONS)}"
     info = listing(fs_path)  # a file, an empty folder, or nothing: asked as before
     if info.type == pafs.FileType.Directory:
@@ -334,7 +274,8 @@ def _expand_remote(item: str, fs: Any, fs_path: str, retry: Retry,
         infos = listing(pafs.FileSelector(fs_path, recursive=True))
         note_indexes(infos)
         check_packs(infos)
-        files = [_listed(i) for i in infos if i.type == pafs.FileType.File and _has_shard_extension(i.path)]
+        files = [_listed(i) for i in _shards_or_audio([i for i in infos if i.type == pafs.FileType.File],
+                                                      lambda i: i.path)]
         return files, f"folder {item!r} and its subfolders for *{'/*'.join(SHARD_EXTENSIONS)}"
     if info.type == pafs.FileType.File:
         return [_listed(info)], f"file {item!r}"
@@ -356,6 +297,9 @@ def _expand(item: Any, filesystem: Any, retry: Retry, indexes: list[_Location]) 
     if isinstance(item, IcebergTable):
         raise TypeError(f"{item} is a whole source: pass it alone (source=IcebergTable(...)), or mix it with other "
                         "sources in an audioloader.Mix")
+    resolve = getattr(item, "resolve_locations", None)  # a set of tars described by a manifest (`tarred_sets`)
+    if resolve is not None:
+        return resolve(filesystem, retry), str(item)
     if not isinstance(item, str):
         raise TypeError(f"a shard source must be a path, URL, glob or a list of them; got {type(item).__name__}")
     if filesystem is not None and not isinstance(filesystem, pafs.LocalFileSystem):

@@ -17,6 +17,7 @@ from ..errors import ShardReadError
 from .formats import _cheapest_column, _open_local, cache_identity
 from .readers import _ConformedHandle, _IpcFileHandle, _IpcStreamHandle, _OrcHandle, _ParquetHandle
 from .remote import Parts, SparseFile
+from .tar_format import PlainHandle, TarHandle
 from .units import coalesce, unit_ranges
 
 #: Bytes of remote units a random-access read (`ShardDataset.read_rows`) fetches at once.
@@ -166,6 +167,10 @@ class UnitReads:
                 handle = _IpcStreamHandle(f, meta.schema, meta.offsets or (), columns)
             elif meta.format == "orc":
                 handle = _OrcHandle(f, columns)
+            elif meta.format == "tar":
+                handle = TarHandle(sparse or f, meta, columns, loc.path)  # the sparse file: its slices zero-copy
+            elif meta.format == "audio_file":
+                handle = PlainHandle(sparse or f, meta.size, columns, meta.joined)
             else:
                 handle = _ParquetHandle(f, columns, meta.parquet_metadata)
         except (OSError, pa.ArrowException) as error:

@@ -3,7 +3,8 @@ and how ranges are coalesced into requests.
 
 A unit is what a reader reads at once: an IPC record batch (its message: metadata
 and body, one contiguous range), a Parquet row group (the column chunks of the
-used columns), an IPC stream's record batch message. ORC stripes are not located
+used columns), an IPC stream's record batch message, a run of samples of a tar file or a
+plain audio file whole (`tar_format`). ORC stripes are not located
 (pyarrow does not expose their offsets): `unit_ranges` gives None and the stripe
 is read by pyarrow's ORC reader as before.
 """
@@ -30,7 +31,7 @@ def unit_ranges(meta: Any, unit: int, columns: Sequence[str]) -> list[tuple[int,
     column left out costs bandwidth only). Parquet: the used columns' chunks (dictionary
     page included).
     """
-    if meta.format == "ipc_file" and meta.blocks is not None:
+    if meta.format in ("ipc_file", "tar", "audio_file") and meta.blocks is not None:  # tar: a run of samples
         offset, meta_length, body_length = meta.blocks[unit]
         return [(offset, meta_length + body_length)]
     if meta.format == "ipc_stream" and meta.offsets is not None:

@@ -56,7 +56,14 @@ def _pack(p: argparse.ArgumentParser) -> None:
 def _run_pack(args: argparse.Namespace) -> int:
     """Run ``audioloader pack`` with parsed ``args`` (here, not in `pack`: the Ray runner imports `pack`)."""
     from audioloader.tools.pack import pack_dataset
+    from audioloader.tools.pack_from import detect_container, pack_from
 
+    if args.container is not None or detect_container(args.src) is not None:  # audio in a container (issue 35)
+        summary = pack_from(args.src, args.out, args.container or "auto", tars=args.tars, fmt=args.fmt,
+                            rows_per_batch=args.rows_per_batch, shard_mb=args.shard_mb or None)
+        if not args.quiet:
+            print(summary.text())
+        return 0
     options = dict(fmt=args.fmt, input_format=args.input_format, shard_rows=args.shard_rows,
                    shard_mb=args.shard_mb or None, rows_per_batch=args.rows_per_batch, sample_rate=args.sample_rate,
                    codec=args.codec, workers=args.workers, shuffle_seed=args.shuffle_seed, overwrite=args.overwrite,
@@ -91,7 +98,7 @@ def _index(p: argparse.ArgumentParser) -> None:
                      "about 50 bytes a file. Loaders then start from it with no listing and no request per file "
                      "(one download per machine). Run it again after adding, removing or rewriting shards. A "
                      "folder that `audioloader pack --part K/N` writes is indexed once every part has finished.")
-    p.add_argument("folder", help="folder of shards (path or URL)")
+    p.add_argument("folder", help="folder of shards, WebDataset tars or audio files (path or URL)")
     p.add_argument("--portable", action="store_true",
                    help="accepted for 0.3 scripts; a manifest never holds modification times")
     p.set_defaults(func=_run_index)

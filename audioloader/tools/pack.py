@@ -518,6 +518,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "OUT/*.arrow)")
     parser.add_argument("--input-format", choices=("auto", *INPUT_FORMATS), default="auto",
                         help="how to read SRC (default: auto, detected from its extension, content or layout)")
+    parser.add_argument("--from", dest="container", choices=("auto", "webdataset", "nemo", "shar", "files"),
+                        default=None, help="SRC is audio in a container: WebDataset tars (.tar, .tar.gz), a NeMo "
+                        "tarred manifest (with --tars), a Lhotse Shar folder, or audio files (a folder, or a "
+                        "manifest naming them); auto: detected (a folder of tars, or of Shar cuts, is detected "
+                        "without --from)")
+    parser.add_argument("--tars", default=None, metavar="PATTERN",
+                        help="with --from nemo: the tars, e.g. 'audio_{0..127}.tar' (NeMo's tarred_audio_filepaths)")
     parser.add_argument("--format", dest="fmt", choices=FORMATS, default="ipc_file",
                         help="shard format (default: ipc_file, the Arrow IPC file format, memory-mappable)")
     parser.add_argument("--shard-size", dest="shard_rows", type=int, default=None, metavar="ROWS",

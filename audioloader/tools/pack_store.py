@@ -32,7 +32,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from audioloader.errors import redacted
-from audioloader.shards.sources import PACK_JOURNAL, check_pack_folders
+from audioloader.shards.pack_folders import PACK_JOURNAL, check_pack_folders
 
 from .remote_files import is_url, open_url
 
