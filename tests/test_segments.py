@@ -17,7 +17,7 @@ import soxr
 import torch
 
 import audioloader as al
-from audioloader.dsp import audio
+from audioloader.dsp import audio, clip
 from audioloader.dsp.spans import SEGMENT_END_TOLERANCE_S, span_frames
 from audioloader.errors import DecodeError
 from audioloader.nodes.duration_bucketer import row_seconds
@@ -42,7 +42,7 @@ def reference(data: bytes, first: int, stop: int, target: int = RATE) -> np.ndar
     """soundfile's frames [first, stop), mixed down, resampled with the loader's soxr settings."""
     frames, rate = sf.read(io.BytesIO(data), start=first, stop=stop, dtype="float32", always_2d=True)
     mono = audio.mixdown(frames)
-    return mono if rate == target else soxr.resample(mono, rate, target, quality=audio.RESAMPLE_QUALITY)
+    return mono if rate == target else soxr.resample(mono, rate, target, quality=clip.RESAMPLE_QUALITY)
 
 
 def segment_rows(seed: int = 0) -> list[dict]:

@@ -45,35 +45,31 @@ no samples, unsupported codec) raises `DecodeError` whose ``reason`` says what.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import soundfile as sf
-import soxr
 
 from ..errors import DecodeError
+from . import ffmpeg
+from .clip import (
+    AudioInfo,
+    Timer,
+    crop_offset,
+    fit,
+    mixdown,
+    resample,
+    resampled_length,
+    segment_for_window,
+    timed,
+)
 from .headers import flac_seconds, wav_seconds
 from .headers import pcm16_wav as _pcm16_wav
 from .spans import Span, span_frames
-
-#: Resampler quality (soxr "HQ": 20-bit, passband to 91% of Nyquist).
-RESAMPLE_QUALITY = "HQ"
-
-#: Extra source context on each side of a window, in samples at the lower of
-#: the source and target rates (the resampler filter's support is ~128 there).
-RESAMPLE_MARGIN = 512
-
-#: Containers/subtypes where libsndfile 1.2.2 reports the exact frame count and
-#: seeks to the exact sample (tested in tests/test_audio.py).
-EXACT_SEEK_FORMATS = frozenset({"WAV", "WAVEX", "AIFF", "FLAC"})
-EXACT_SEEK_SUBTYPES = frozenset({"PCM_S8", "PCM_U8", "PCM_16", "PCM_24", "PCM_32", "FLOAT", "DOUBLE",
-                                 "ULAW", "ALAW"})
 
 #: Formats whose frame count comes from metadata rather than from the data size,
 #: so a truncated file can claim more frames than it holds; the window path
@@ -85,7 +81,7 @@ _METADATA_LENGTH_FORMATS = frozenset({"FLAC"})
 _MAX_CLAIMED_EXPANSION = 64
 _BLOCK_FRAMES = 1 << 20
 
-Timer = Callable[[str, float], None]
+
 
 
 class BufferFile:
@@ -134,24 +130,6 @@ class BufferFile:
 
     def __len__(self) -> int:
         return self._size
-
-
-@dataclass(frozen=True)
-class AudioInfo:
-    """Header of an encoded clip: ``frames`` (per channel, as libsndfile reports it),
-    ``sample_rate`` (Hz), ``channels``, ``format`` and ``subtype`` (libsndfile names)."""
-
-    frames: int
-    sample_rate: int
-    channels: int
-    format: str
-    subtype: str
-
-    @property
-    def exact_seek(self) -> bool:
-        """True when the frame count is exact and seeking is sample-exact (window decode is safe)."""
-        return (self.format in EXACT_SEEK_FORMATS and self.subtype in EXACT_SEEK_SUBTYPES
-                and 0 < self.frames < np.iinfo(np.int64).max // 4)
 
 
 # ---------------------------------------------------------------------------
@@ -280,106 +258,8 @@ def _read(handle: sf.SoundFile, frames: int, nbytes: int) -> np.ndarray:
         raise DecodeError(reason, reason=reason) from error
 
 
-def mixdown(frames: np.ndarray) -> np.ndarray:
-    """``[n, channels]`` float32 -> mono ``[n]`` float32, the mean of the channels.
-
-    Column adds rather than ``frames.mean(axis=1)``: numpy reduces a 2-wide inner
-    axis ~30x slower (5 ms vs 0.15 ms for 10 s of 44.1 kHz stereo).
-    """
-    channels = frames.shape[1]
-    if channels == 1:
-        return np.ascontiguousarray(frames[:, 0])
-    mono = np.add(frames[:, 0], frames[:, 1])
-    for c in range(2, channels):
-        mono += frames[:, c]
-    mono /= np.float32(channels)
-    return mono
-
-
-# ---------------------------------------------------------------------------
-# resampling arithmetic
-
-def resampled_length(frames: int, source_rate: int, target_rate: int) -> int:
-    """Samples soxr produces for ``frames`` input samples: ``floor(frames * target / source + 1/2)``.
-
-    Exact integer arithmetic; equals ``len(soxr.resample(x, source_rate, target_rate))``
-    (checked against soxr for many lengths and rates in the tests).
-    """
-    if source_rate == target_rate:
-        return frames
-    return (2 * frames * target_rate + source_rate) // (2 * source_rate)
-
-
-def resample(mono: np.ndarray, source_rate: int, target_rate: int) -> np.ndarray:
-    """Resample float32 ``[n]`` from ``source_rate`` to ``target_rate`` Hz (soxr HQ; no-op if equal)."""
-    if source_rate == target_rate:
-        return mono
-    return soxr.resample(mono, source_rate, target_rate, quality=RESAMPLE_QUALITY)
-
-
-@dataclass(frozen=True)
-class _Segment:
-    """Source frames ``[start, stop)`` to decode; after resampling, the window begins at ``skip``."""
-
-    start: int
-    stop: int
-    skip: int
-
-
-def _segment_for_window(info: AudioInfo, target_rate: int, offset: int, clip_samples: int) -> _Segment:
-    """Source frames needed to produce output samples ``[offset, offset + clip_samples)``."""
-    rate = info.sample_rate
-    if rate == target_rate:
-        return _Segment(offset, offset + clip_samples, 0)
-    g = math.gcd(rate, target_rate)
-    u, v = rate // g, target_rate // g  # output sample j <-> source time j * u / v
-    margin = -(-RESAMPLE_MARGIN * rate // min(rate, target_rate))  # in source frames, rounded up
-    first_source = offset * u // v
-    units = max(0, (first_source - margin) // u)  # start on a multiple of u: an integer output sample
-    last_source = -(-(offset + clip_samples) * u // v)
-    stop = min(info.frames, last_source + margin + 1)
-    return _Segment(units * u, stop, offset - units * v)
-
-
-# ---------------------------------------------------------------------------
-# crop / pad
-
-def crop_offset(length: int, clip_samples: int, *, train: bool, draw: Callable[[int], int]) -> int:
-    """Offset of the crop in a signal of ``length`` samples.
-
-    ``train``: ``draw(max_offset + 1)``, an integer in ``[0, max_offset]`` (a pure
-    function of the sample's key, see `audioloader.dsp.hashing.uniform_int`).
-    Eval: the centre, ``(length - clip_samples) // 2``. 0 for clips not longer than the crop.
-    """
-    max_offset = max(length - clip_samples, 0)
-    return draw(max_offset + 1) if train else max_offset // 2
-
-
-def fit(signal: np.ndarray, clip_samples: int, offset: int, *, train: bool, pad: bool = True) -> np.ndarray:
-    """Cut ``signal[offset:offset + clip_samples]``, or zero-pad a short signal.
-
-    Padding: at the end when ``train``; split equally on both sides in eval,
-    the odd sample at the end. Returns float32 ``[clip_samples]`` (a fresh array);
-    with ``pad=False`` a short signal comes back whole, unpadded.
-    """
-    n = len(signal)
-    if n >= clip_samples or not pad:
-        return np.array(signal[offset:offset + clip_samples], dtype=np.float32)
-    out = np.zeros(clip_samples, dtype=np.float32)
-    left = 0 if train else (clip_samples - n) // 2
-    out[left:left + n] = signal
-    return out
-
-
 # ---------------------------------------------------------------------------
 # the two paths
-
-def _timed(timer: Timer | None, stage: str, start: float) -> float:
-    now = time.perf_counter()
-    if timer is not None:
-        timer(stage, now - start)
-    return now
-
 
 def _no_samples(info: AudioInfo) -> DecodeError:
     reason = f"audio has no samples ({info.format}/{info.subtype}, {info.sample_rate} Hz)"
@@ -421,9 +301,9 @@ def _decode_all(handle: sf.SoundFile, info: AudioInfo, nbytes: int, target_rate:
     mono = mixdown(_read_frames(handle, info, nbytes, span, seek))
     if len(mono) == 0:
         raise _no_samples(info)
-    start = _timed(timer, "decode", start)
+    start = timed(timer, "decode", start)
     signal = resample(mono, info.sample_rate, target_rate)
-    _timed(timer, "resample", start)
+    timed(timer, "resample", start)
     if len(signal) == 0:
         raise _no_samples(info)
     return signal
@@ -456,15 +336,15 @@ def _decode_window(handle: sf.SoundFile, info: AudioInfo, target_rate: int, offs
         _seek(handle, base + info.frames - 1)
         if len(_read(handle, 1, nbytes)) != 1:
             raise _truncated(info)
-    segment = _segment_for_window(info, target_rate, offset, clip_samples)
+    segment = segment_for_window(info, target_rate, offset, clip_samples)
     _seek(handle, base + segment.start)
     frames = _read(handle, segment.stop - segment.start, nbytes)
     if len(frames) != segment.stop - segment.start:
         raise _truncated(info)
     mono = mixdown(frames)
-    start = _timed(timer, "decode", start)
+    start = timed(timer, "decode", start)
     part = resample(mono, info.sample_rate, target_rate)
-    _timed(timer, "resample", start)
+    timed(timer, "resample", start)
     window = part[segment.skip:segment.skip + clip_samples]
     if len(window) != clip_samples:
         return None
@@ -522,14 +402,12 @@ def load_clip(data: Any, target_rate: int, clip_samples: int | None, *, train: b
             pcm = pcm[first:stop]
         clip = _load_pcm16_at_rate(pcm, len(pcm) if clip_samples is None else clip_samples, train=train,
                                    draw=draw, pad=pad)
-        _timed(timer, "decode", start)
+        timed(timer, "decode", start)
         return clip
-    if data is not None:  # after the PCM16 path: sniffing costs ~10 us, a tenth of that path
-        from . import ffmpeg  # imported here: FFmpeg's path imports from this module
-
-        if ffmpeg.route(data, backend) == "ffmpeg":
-            return ffmpeg.load_clip(data, target_rate, clip_samples, train=train, draw=draw, window=window,
-                                    timer=timer, pad=pad, span=span)
+    # after the PCM16 path: sniffing costs ~10 us, a tenth of that path
+    if data is not None and ffmpeg.route(data, backend) == "ffmpeg":
+        return ffmpeg.load_clip(data, target_rate, clip_samples, train=train, draw=draw, window=window,
+                                timer=timer, pad=pad, span=span)
     handle, nbytes = _open(data)
     with handle:
         info = _info(handle)
@@ -579,8 +457,6 @@ def probe_seconds(data: Any) -> float:
             seconds = flac_seconds(view)
         if seconds is not None:
             return seconds
-        from . import ffmpeg  # imported here: FFmpeg's path imports from this module
-
         if ffmpeg.route(data, "auto") == "ffmpeg":
             return ffmpeg.probe_seconds(data)
     info = probe(data)

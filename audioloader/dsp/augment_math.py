@@ -14,7 +14,7 @@ import numpy as np
 import soxr
 import torch
 
-from .audio import RESAMPLE_QUALITY
+from .clip import RESAMPLE_QUALITY
 
 
 def add_at_snr(wave: np.ndarray, noise: np.ndarray, snr_db: float) -> np.ndarray:

@@ -44,15 +44,15 @@ from typing import Any
 import numpy as np
 
 from ..errors import DecodeError
-from .audio import (
+from .clip import (
     AudioInfo,
     Timer,
-    _segment_for_window,
     crop_offset,
     fit,
     mixdown,
     resample,
     resampled_length,
+    segment_for_window,
 )
 from .spans import Span, span_frames
 
@@ -320,7 +320,7 @@ def _window(clip: _Clip, info: AudioInfo, target_rate: int, offset: int, clip_sa
         last = (pts, samples)
     if last is None or last[0] is None or last[0] + len(last[1]) != info.frames:
         raise _error(f"audio is truncated: the header announces {info.frames} frames but fewer decode (FFmpeg)")
-    segment = _segment_for_window(info, target_rate, offset, clip_samples)
+    segment = segment_for_window(info, target_rate, offset, clip_samples)
     parts, position = [], None
     for pts, samples in clip.frames(segment.start):
         if pts is None:

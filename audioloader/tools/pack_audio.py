@@ -31,14 +31,13 @@ import soundfile as sf
 import soxr
 
 from audioloader.dsp.audio import (
-    EXACT_SEEK_FORMATS,
-    EXACT_SEEK_SUBTYPES,
     decode_full,
     library_reason,
     mixdown,
     probe,
     probe_seconds,
 )
+from audioloader.dsp.clip import EXACT_SEEK_FORMATS, EXACT_SEEK_SUBTYPES
 from audioloader.dsp.spans import span_frames
 from audioloader.errors import DecodeError
 
