@@ -6,7 +6,8 @@ measurement in this process and in N decode processes, and the rate its model pr
 machine's cores), then bench_scaling's ``processes-N`` contender (AudioLoader, N processes, in a
 fresh process, the same 64 log-mels a batch). Reported: predicted, measured and their ratio
 (target: within 15 %), with the load average beside them: on a machine others use, the measured
-rate is lower than the model's (it assumes the cores are ours) and the ratio says nothing.
+rate is lower than the model's (it assumes the cores are ours), so the same model is also given
+the cores the other processes left during the contender's run (`others_cores`, from /proc/stat).
 
     python benchmarks/bench_doctor.py                    # N = 1, 2; FLAC and PCM16
     python benchmarks/bench_doctor.py --workers 2 --datasets pcm16
@@ -65,18 +66,28 @@ def main() -> int:
             result = run_contender(spec_n, timeout=args.seconds + 600, log=lambda *_: None)
             measured = result.get("samples_per_s") if result.get("ok") else None
             predicted = report["predicted_samples_per_s"]
+            # The same model on the cores the other processes left during the contender's run.
+            others = result.get("others_cores")
+            left = None if others is None else doctor.predicted_rate(
+                n, max(0.05, cores() - others), report["in_workers"]["worker_cpu_ms"],
+                report["in_workers"]["main_cpu_ms"])
             row = {"dataset": name, "workers": n, "predicted": predicted, "measured": measured,
-                   "ratio": measured / predicted if measured else None,
+                   "ratio": measured / predicted if measured else None, "others_cores": others,
+                   "predicted_on_cores_left": left,
+                   "ratio_on_cores_left": measured / left if measured and left else None,
                    "worker_cpu_ms": report["in_workers"]["worker_cpu_ms"],
                    "main_cpu_ms": report["in_workers"]["main_cpu_ms"],
                    "bench_cores_used": result.get("cores_used"), "loadavg": f"{before} -> {_loadavg()}"}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print(f"\n{'dataset':8s} {'N':>2s} {'predicted':>10s} {'measured':>10s} {'measured/predicted':>19s}  load average")
+    print(f"\n{'dataset':8s} {'N':>2s} {'predicted':>10s} {'measured':>10s} {'measured/predicted':>19s} "
+          f"{'others used':>11s} {'on cores left':>13s} {'ratio':>6s}  load average")
     for r in rows:
         ratio = f"{r['ratio']:.2f}" if r["ratio"] else "-"
-        print(f"{r['dataset']:8s} {r['workers']:2d} {r['predicted']:10.1f} {r['measured'] or 0:10.1f} {ratio:>19s}  "
-              f"{r['loadavg']}")
+        left = f"{r['predicted_on_cores_left']:.1f}" if r["predicted_on_cores_left"] else "-"
+        ratio_left = f"{r['ratio_on_cores_left']:.2f}" if r["ratio_on_cores_left"] else "-"
+        print(f"{r['dataset']:8s} {r['workers']:2d} {r['predicted']:10.1f} {r['measured'] or 0:10.1f} {ratio:>19s} "
+              f"{r['others_cores'] or 0:11.2f} {left:>13s} {ratio_left:>6s}  {r['loadavg']}")
     print(f"(target: within 15 %; {cores()} cores)")
     return 0
 

@@ -173,7 +173,7 @@ def measure_in_workers(source: str, features: Any, *, num_workers: int, batch_si
             next(stream)
         me = os.getpid()
         kids = _children(me)
-        main0, kids0 = _proc_cpu(me), {pid: _proc_cpu(pid) for pid in kids}
+        main0, kids0, busy0 = _proc_cpu(me), {pid: _proc_cpu(pid) for pid in kids}, _machine_busy_s()
         decoded0 = loader.stats()["counters"]["samples_decoded"]
         wall = time.perf_counter()
         done = 0
@@ -186,12 +186,27 @@ def measure_in_workers(source: str, features: Any, *, num_workers: int, batch_si
         decoded = loader.stats()["counters"]["samples_decoded"] - decoded0
         main_cpu = _proc_cpu(me) - main0
         worker_cpu = _workers_cpu(kids, kids0)
+        busy1 = _machine_busy_s()
     finally:
         loader.shutdown()
     return {"num_workers": num_workers, "samples": decoded, "samples_per_s": decoded / wall,
             "worker_cpu_ms": 1e3 * worker_cpu / decoded, "main_cpu_ms": 1e3 * main_cpu / decoded,
             # The cores the loader's processes got: fewer than the machine's when other processes use it too.
-            "cores_obtained": (worker_cpu + main_cpu) / wall}
+            "cores_obtained": (worker_cpu + main_cpu) / wall,
+            # ... because other processes used this many meanwhile (None where /proc/stat is missing).
+            "others_cores": None if busy0 is None or busy1 is None else
+            max(0.0, (busy1 - busy0 - worker_cpu - main_cpu) / wall)}
+
+
+def _machine_busy_s() -> float | None:
+    """Busy CPU seconds of the whole machine (every core, every process) from ``/proc/stat``; None without it."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = [int(x) for x in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def _workers_cpu(pids: list[int], start: dict[int, float]) -> float:
@@ -223,6 +238,10 @@ def diagnose(measured: dict[str, Any], workers: dict[str, Any] | None, *, cores:
         "in_workers": workers,
         "samples_per_s_per_core": 1e3 / worker_ms,
         "predicted_samples_per_s": predicted_rate(num_workers, cores, worker_ms, main_ms),
+        # The model on the cores other processes left during the measurement (a shared machine).
+        "predicted_samples_per_s_on_cores_left": predicted_rate(
+            num_workers, max(0.05, cores - workers["others_cores"]), worker_ms, main_ms)
+        if workers and workers.get("others_cores") is not None else None,
         "limit_samples_per_s": 1e3 / max(main_ms, 1e-6) if workers else None,
         "worker_overhead": worker_ms / measured["cpu_ms"] if workers and measured["cpu_ms"] else None,
         "features_share": features_share,
@@ -259,8 +278,11 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"in {workers['num_workers']} decode processes: {workers['worker_cpu_ms']:.2f} ms a sample in "
                      f"the workers ({report['worker_overhead']:.2f}x this process), {workers['main_cpu_ms']:.3f} ms in "
                      f"the consuming process; measured {workers['samples_per_s']:.0f} samples/s on the "
-                     f"{workers['cores_obtained']:.2f} cores the run got (fewer than {report['cores']} when other "
-                     "processes use the machine)")
+                     f"{workers['cores_obtained']:.2f} cores the run got")
+        if report["predicted_samples_per_s_on_cores_left"] is not None and workers["others_cores"] > 0.1:
+            lines.append(f"other processes used {workers['others_cores']:.2f} of the {report['cores']} cores "
+                         f"meanwhile; on what they left the model says "
+                         f"{report['predicted_samples_per_s_on_cores_left']:.0f} samples/s")
     lines.append(f"samples/s per core: {report['samples_per_s_per_core']:.1f}; with {report['num_workers']} workers on "
                  f"{report['cores']} cores: {report['predicted_samples_per_s']:.0f} samples/s")
     if report.get("limit_samples_per_s"):
