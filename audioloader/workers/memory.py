@@ -23,19 +23,25 @@ import sys
 TRIM_EVERY = int(os.environ.get("AUDIOLOADER_MALLOC_TRIM_EVERY", "256"))
 
 
-def _load_malloc_trim():
+def _load_libc_functions() -> tuple:
+    """glibc's ``(malloc_trim, mallopt)``, each None where absent (not Linux, not glibc).
+
+    Looked up once, at import: `find_library` runs ``ldconfig`` in a subprocess, which a worker process
+    (forked, or started by a fork server that imported this module) must not pay for at its start.
+    """
     if not sys.platform.startswith("linux"):
-        return None
+        return None, None
     name = ctypes.util.find_library("c")
     if name is None:
-        return None
+        return None, None
     try:
-        return ctypes.CDLL(name).malloc_trim  # absent from non-glibc C libraries
-    except (OSError, AttributeError):
-        return None
+        library = ctypes.CDLL(name)
+    except OSError:
+        return None, None
+    return getattr(library, "malloc_trim", None), getattr(library, "mallopt", None)
 
 
-_MALLOC_TRIM = _load_malloc_trim()
+_MALLOC_TRIM, _MALLOPT = _load_libc_functions()
 
 #: glibc's ``mallopt`` parameters (malloc.h) and the values `keep_heap_pages` sets.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -60,20 +66,9 @@ def keep_heap_pages() -> bool:
     Not for the consumer's process: there decode threads interleave temporaries with samples
     held for minutes (see the module docstring).
     """
-    mallopt = _load_libc_function("mallopt")
-    if mallopt is None:
+    if _MALLOPT is None:
         return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, HEAP_ALLOCATION_MAX)) and bool(mallopt(_M_TRIM_THRESHOLD, HEAP_TOP_KEEP))
-
-
-def _load_libc_function(name: str):
-    if not sys.platform.startswith("linux"):
-        return None
-    library = ctypes.util.find_library("c")
-    try:
-        return getattr(ctypes.CDLL(library), name) if library else None
-    except (OSError, AttributeError):
-        return None
+    return bool(_MALLOPT(_M_MMAP_THRESHOLD, HEAP_ALLOCATION_MAX)) and bool(_MALLOPT(_M_TRIM_THRESHOLD, HEAP_TOP_KEEP))
 _DECODES = itertools.count(1)  # next() on itertools.count is atomic under the GIL
 
 
