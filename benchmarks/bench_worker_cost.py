@@ -12,6 +12,7 @@ minor page faults and context switches per sample, of
 
     python benchmarks/bench_worker_cost.py                    # FLAC and PCM16, N = 1 and 2
     python benchmarks/bench_worker_cost.py --datasets pcm16 --workers 2 --batches 30
+    python benchmarks/bench_worker_cost.py --workers none --keep-heap     # the bare loop with a worker's heap
     AUDIOLOADER_PROFILE_WORKER=/tmp/prof python benchmarks/bench_worker_cost.py   # + cProfile in the workers
 
 With ``AUDIOLOADER_PROFILE_WORKER`` set, each worker writes a cProfile of its loop
@@ -125,7 +126,14 @@ def main() -> int:
     parser.add_argument("--clips", type=int, default=256)
     parser.add_argument("--cache-dir", default=".cache/bench")
     parser.add_argument("--output", default=None)
+    parser.add_argument("--keep-heap", action="store_true",
+                        help="the bare loop with a worker's heap settings (workers/memory.keep_heap_pages); "
+                             "give --workers none to run the bare loop alone")
     args = parser.parse_args()
+    if args.keep_heap:
+        from audioloader.workers import memory
+
+        memory.keep_heap_pages()
     spec = bench_dataset.DatasetSpec(clips=args.clips)
     sources = {"flac": lambda: bench_dataset.standard_dataset(spec, args.cache_dir),
                "pcm16": lambda: bench_dataset.packed_dataset(spec, 32000, "pcm16", args.cache_dir)}
@@ -134,7 +142,7 @@ def main() -> int:
         source = sources[name]()
         table[name] = {"bare": bare(source, args.samples)}
         print(name, "bare", json.dumps(table[name]["bare"]), flush=True)
-        for n in (int(x) for x in args.workers.split(",")):
+        for n in (int(x) for x in args.workers.split(",") if x != "none"):
             table[name][f"workers-{n}"] = workers(source, n, args.batches)
             print(name, f"workers-{n}", json.dumps({k: round(v, 3) for k, v in table[name][f"workers-{n}"].items()}),
                   flush=True)
