@@ -63,10 +63,17 @@ def test_diagnose_remote_requests_against_the_prefix_limit_and_the_cache_a_pass_
 
 
 def test_doctor_command_measures_real_shards_in_process_and_in_workers(shard_folder, capsys):
+    """Also where the workers are a fork server's children (a process with other threads running)."""
+    import threading
+
     folder = shard_folder([24, 24], seconds=1.0)
+    idle = threading.Event()
+    other = threading.Thread(target=idle.wait, daemon=True)  # a second Python thread: the fork server starts workers
+    other.start()
     status = cli.main(["doctor", str(folder), "--num-workers", "1", "--rows", "12", "--batches", "3",
                        "--batch-size", "4", "--sample-rate", "16000", "--clip-seconds", "0.5", "--n-mels", "40",
                        "--n-fft", "400", "--hop-length", "160", "--step-ms", "10", "--json"])
+    idle.set()
     assert status == 0
     report = json.loads(capsys.readouterr().out)
     stage = report["in_process"]["stage_ms"]

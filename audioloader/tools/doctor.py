@@ -105,13 +105,26 @@ def _proc_cpu(pid: int) -> float:
 
 def _children(pid: int) -> list[int]:
     kids: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # exited meanwhile
+        return kids
+    for task in tasks:
         try:
             with open(f"/proc/{pid}/task/{task}/children") as fh:
                 kids += [int(x) for x in fh.read().split()]
         except OSError:
             continue
     return kids
+
+
+def _descendants(pid: int) -> list[int]:
+    out, stack = [], _children(pid)
+    while stack:
+        child = stack.pop()
+        out.append(child)
+        stack += _children(child)
+    return out
 
 
 def measure_in_process(source: str, features: Any, *, rows: int, train: bool, seed: int,
@@ -172,7 +185,7 @@ def measure_in_workers(source: str, features: Any, *, num_workers: int, batch_si
         for _ in range(warmup):
             next(stream)
         me = os.getpid()
-        kids = _children(me)
+        kids = _descendants(me)  # the workers: children of this process, or of its fork server
         main0, kids0, busy0 = _proc_cpu(me), {pid: _proc_cpu(pid) for pid in kids}, _machine_busy_s()
         decoded0 = loader.stats()["counters"]["samples_decoded"]
         wall = time.perf_counter()
@@ -210,7 +223,13 @@ def _machine_busy_s() -> float | None:
 
 
 def _workers_cpu(pids: list[int], start: dict[int, float]) -> float:
-    return sum(_proc_cpu(pid) - start[pid] for pid in pids)
+    total = 0.0
+    for pid in pids:
+        try:
+            total += _proc_cpu(pid) - start[pid]
+        except OSError:  # exited meanwhile (a worker replaced): its CPU since the start is lost
+            continue
+    return total
 
 
 def predicted_rate(num_workers: int, cores: int, worker_ms: float, main_ms: float) -> float:
