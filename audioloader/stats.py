@@ -269,7 +269,8 @@ class LoaderStats:
         now = time.perf_counter()
         with self._lock:
             current = {"counters": dict(self.counters), "seconds": dict(self.seconds)}
-            workers = self.workers.get("num_workers")
+            # The workers getting chunks now (fewer than started while `Workers(num_workers="auto")` holds some back).
+            workers = self.workers.get("count", self.workers.get("num_workers"))
             workers = workers if isinstance(workers, int) and workers > 0 else 1
             started, before = self._window
             if self._verdict is not None and now - started < BOTTLENECK_WINDOW_SECONDS:
