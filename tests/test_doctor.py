@@ -94,3 +94,20 @@ def test_doctor_command_rejects_bad_arguments(shard_folder, capsys):
     assert "--rows 0: must be at least 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["doctor", str(shard_folder([4])), "--target", "-5/s"])
+
+
+def test_doctor_on_a_remote_source_counts_requests_and_the_cache_a_pass_needs(s3, tmp_path, capsys):
+    from tests.helpers import upload_shards
+
+    folder, prefix = upload_shards(s3, tmp_path / "shards", "bench/doctor", [12, 12])
+    status = cli.main(["doctor", s3.url(prefix), "--no-workers", "--rows", "8", "--sample-rate", "16000",
+                       "--clip-seconds", "0.3", "--n-mels", "40", "--n-fft", "400", "--hop-length", "160",
+                       "--target", "100/s", "--world-size", "4", "--prefix-limit", "10", "--json"])
+    assert status == 0
+    report = json.loads(capsys.readouterr().out)
+    remote = report["remote"]
+    assert remote["requests_per_sample"] > 0  # the rows came over the wire
+    assert remote["requests_per_s_all_machines"] == pytest.approx(4 * 100 * remote["requests_per_sample"])
+    assert remote["over_prefix_limit"] == (remote["requests_per_s_all_machines"] > 10)
+    size = sum(p.stat().st_size for p in folder.glob("*.arrow"))
+    assert remote["cache_bytes_per_pass_per_machine"] == -(-size // 4)
