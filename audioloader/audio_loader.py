@@ -37,7 +37,7 @@ from .loader import Loader, Stream, StreamIterator, batches_ahead_of_framework, 
 from .mix import Mix, Source
 from .options import Bucketing, OnError, Settings, Storage, Workers, fold_moved_keywords, resolve
 from .shards import IcebergTable
-from .stats import LoaderStats, feature_stage
+from .stats import LoaderStats, bottleneck_line, feature_stage
 
 STATE_FORMAT = checkpoint.STATE_FORMAT
 
@@ -129,6 +129,7 @@ class AudioLoader:
         source = arguments["source"] = _with_source_fields(arguments["source"], source_fields)
         resolved = resolve(**arguments)  # the arguments checked, the mode's presets filled in
         self.stats_counters = LoaderStats(feature_stage(resolved.features.batch_key))
+        self._bottleneck_every, self._bottleneck_to, self._batches_out = 0, None, 0  # see report_bottleneck
         # A mix's columns are its sources'; 0.2 recorded the flat ones (the fingerprint still holds them).
         mix_columns = (source_fields.get("audio_column", "audio"), source_fields.get("label_column", "label"))
         # The shards opened; no node yet.
@@ -214,6 +215,9 @@ class AudioLoader:
             raise
         self.stats_counters.add_seconds("wait", time.perf_counter() - start)
         self._warn_bad_rows()
+        self._batches_out += 1
+        if self._bottleneck_every and self._batches_out % self._bottleneck_every == 0:
+            self._bottleneck_to(bottleneck_line(self.stats_counters.bottleneck()))
         return batch
 
     def _warn_bad_rows(self) -> None:
@@ -234,6 +238,18 @@ class AudioLoader:
                 f"audioloader: pass {note['pass']} ended with {note['bad_rows']} row(s) skipped because their "
                 f"audio could not be decoded ({counters.counters['bad_rows']} in all so far); "
                 "loader.stats()['bad_rows'] names them", UserWarning, stacklevel=4)
+
+    def report_bottleneck(self, every: int = 100, to: Callable[[str], None] | None = None) -> None:
+        """Every ``every`` batches, hand one line saying what bounds the run now (``stats()["bottleneck"]``) to
+        ``to``: a progress bar's ``tqdm.write`` or ``set_postfix_str``, ``print``; default the ``audioloader``
+        logger at INFO. ``every=0`` stops it."""
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise ValueError(f"report_bottleneck(every={every!r}): must be an integer >= 0 (0 stops the reports)")
+        if to is None:
+            import logging
+
+            to = logging.getLogger("audioloader").info
+        self._bottleneck_every, self._bottleneck_to = every, to
 
     def _check_process(self) -> None:
         if os.getpid() != self._pid:

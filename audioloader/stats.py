@@ -22,6 +22,18 @@ COUNTERS = ("rows_read", "samples_decoded", "samples", "batches", "bad_rows", "s
 STAGES = ("read", "decode", "resample", "augment", "wait")
 #: Gauges always reported (0 until set).
 GAUGES = ("shuffle_buffer_fill",)
+#: The stages of `bottleneck`'s verdict: what bounds the run now.
+BOTTLENECKS = ("consumer", "decode_workers", "storage", "main_process")
+#: Stages whose seconds are the decode workers' busy time (summed over workers), besides the features' stage.
+_WORKER_STAGES = ("decode", "resample", "augment")
+#: The consumer waited less than this share of the wall time for batches: the loader keeps up, the step bounds.
+CONSUMER_BOUND_WAIT = 0.10
+#: Decode workers busy at least this share of their wall time (all of them together): they bound the run.
+WORKERS_BUSY = 0.80
+#: The reader busy (reads and the store's throttling) at least this share of the wall time: storage bounds the run.
+STORAGE_BUSY = 0.50
+#: Seconds a verdict's window lasts at least; a `stats()` call sooner reports the last verdict again.
+BOTTLENECK_WINDOW_SECONDS = 1.0
 
 
 def feature_stage(batch_key: str) -> str:
@@ -164,6 +176,59 @@ class HeldBytes:
         return out
 
 
+def bottleneck(before: dict[str, Any], after: dict[str, Any], seconds: float, num_workers: int) -> dict[str, Any]:
+    """Which stage bounds the run over a window of ``seconds`` wall seconds between two `LoaderStats.snapshot`s.
+
+    From counters the loader keeps anyway: ``seconds["wait"]`` (the consumer waiting in ``next()``), the decode
+    stages' seconds (the workers busy, summed over ``num_workers`` workers), ``seconds["read"]`` and
+    ``["throttle_wait"]`` (the reader). In this order: the consumer waited under `CONSUMER_BOUND_WAIT` of the
+    time: ``"consumer"`` (the training step; the loader is ahead); the workers were busy `WORKERS_BUSY` of
+    theirs: ``"decode_workers"``; the reader `STORAGE_BUSY` of the time: ``"storage"``; else the workers
+    idled while the consumer waited: ``"main_process"`` (the hand-off: reading, shuffling, collating and moving
+    results in the consuming process). Returns ``{"stage", "reason", "window_s", "samples_per_s",
+    "consumer_wait", "workers_busy", "storage_busy", "num_workers"}`` (shares in [0, 1]; ``stage`` None
+    before the first batch of the window).
+    """
+    def delta(kind: str, name: str) -> float:
+        return after[kind].get(name, 0) - before[kind].get(name, 0)
+
+    busy_stages = set(_WORKER_STAGES) | (set(after["seconds"]) - set(STAGES) - {"throttle_wait"})
+    workers_busy = sum(delta("seconds", name) for name in busy_stages) / (max(1, num_workers) * seconds)
+    storage_busy = (delta("seconds", "read") + delta("seconds", "throttle_wait")) / seconds
+    wait = delta("seconds", "wait") / seconds
+    samples = delta("counters", "samples")
+    out: dict[str, Any] = {"stage": None, "reason": "no batch in the window yet", "window_s": seconds,
+                           "samples_per_s": samples / seconds, "consumer_wait": min(1.0, wait),
+                           "workers_busy": min(1.0, workers_busy), "storage_busy": min(1.0, storage_busy),
+                           "num_workers": num_workers}
+    if delta("counters", "batches") <= 0:
+        return out
+    figures = (f"the consumer waited {wait:.0%} of the time for batches, the {num_workers} decode workers were "
+               f"busy {workers_busy:.0%}, the reader {storage_busy:.0%}")
+    if wait < CONSUMER_BOUND_WAIT:
+        out.update(stage="consumer", reason=f"the training step: {figures}; more loader speed would not help")
+    elif workers_busy >= WORKERS_BUSY:
+        out.update(stage="decode_workers", reason=f"decoding: {figures}; more workers (cores), lighter per-sample "
+                   "work or features on the GPU would lift it (`audioloader doctor` says by how much)")
+    elif storage_busy >= STORAGE_BUSY:
+        out.update(stage="storage", reason=f"storage: {figures}; read ahead more (Storage(...)), a closer or "
+                   "faster store, or a local cache")
+    else:
+        out.update(stage="main_process", reason=f"the main-process hand-off: {figures}; the workers idle while "
+                   "the consumer waits (the consuming process's Python is busy: a busy training loop's threads, "
+                   "or too small chunks)")
+    return out
+
+
+def bottleneck_line(verdict: dict[str, Any]) -> str:
+    """One line of a `bottleneck` verdict, for a progress bar or a log."""
+    if verdict["stage"] is None:
+        return "audioloader: bottleneck not known yet (no batch)"
+    return (f"audioloader: {verdict['samples_per_s']:.0f} samples/s, bound by {verdict['stage']} "
+            f"(consumer waiting {verdict['consumer_wait']:.0%}, workers busy {verdict['workers_busy']:.0%}, "
+            f"reader busy {verdict['storage_busy']:.0%})")
+
+
 class LoaderStats:
     """Thread-safe counters shared by the nodes of one chain.
 
@@ -196,6 +261,26 @@ class LoaderStats:
         self.workers: dict[str, Any] = {}
         self._bad_since_pass_end = 0  # bad rows since the last `end_pass`: the next pass summary's count
         self._pass_notes: list[dict[str, int]] = []  # summaries of passes that had bad rows, not yet taken
+        # (start, counters and seconds) of the bottleneck verdict's window: the first one starts here
+        self._window: tuple[float, dict[str, Any]] = (time.perf_counter(), {"counters": {}, "seconds": {}})
+        self._verdict: dict[str, Any] | None = None
+
+    def bottleneck(self) -> dict[str, Any]:
+        """What bounds the run now (`bottleneck`): over the time since the previous verdict (at least
+        `BOTTLENECK_WINDOW_SECONDS`; sooner, that verdict again), the first one since this object was made."""
+        now = time.perf_counter()
+        with self._lock:
+            current = {"counters": dict(self.counters), "seconds": dict(self.seconds)}
+            # The workers getting chunks now (fewer than started while `Workers(num_workers="auto")` holds some back).
+            workers = self.workers.get("count", self.workers.get("num_workers"))
+            workers = workers if isinstance(workers, int) and workers > 0 else 1
+            started, before = self._window
+            if self._verdict is not None and now - started < BOTTLENECK_WINDOW_SECONDS:
+                return dict(self._verdict)
+            verdict = bottleneck(before, current, max(now - started, 1e-9), workers)
+            if verdict["stage"] is not None:  # a window without a batch goes on growing
+                self._window, self._verdict = (now, current), verdict
+            return dict(verdict)
 
     def describe_workers(self, report: dict[str, Any]) -> None:
         """Who decodes: ``{"kind", "num_workers"}``, for processes also ``"start_method"`` and the reason for it."""
@@ -315,7 +400,7 @@ class LoaderStats:
 
     def snapshot(self) -> dict[str, Any]:
         """A plain-dict copy: ``{"counters", "seconds", "gauges", "bad_rows", "skipped_rows", "shuffle", "memory",
-        "workers"}``,
+        "workers", "bottleneck"}`` (``bottleneck``: `LoaderStats.bottleneck`),
         and ``"sources"`` for a mix: ``{name: {"weight", "share", "samples", "rows_read", "passes"}}``
         (``share``: the fraction of the batched samples that came from the source)."""
         with self._lock:
@@ -340,4 +425,5 @@ class LoaderStats:
                            "passes": counters["passes"]}
                     for name, weight, counters in zip(self.source_names, self.source_weights,
                                                       self.source_counters, strict=True)}
-            return out
+        out["bottleneck"] = self.bottleneck()
+        return out

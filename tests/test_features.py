@@ -64,6 +64,22 @@ def test_filterbank_equals_torchaudio(name):
     torch.testing.assert_close(mel_filterbank(config), ref.T, rtol=0, atol=1e-7)
 
 
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_power_spectrogram_is_bit_identical_to_torch_centred_stft(name):
+    """The reflection done by hand (issue 37) feeds the transform exactly what ``center=True`` would."""
+    from audioloader.dsp.features import power_spectrogram
+
+    config = CONFIGS[name]
+    x = torch.from_numpy(waveform(config))
+    spec = torch.stft(x, config.n_fft, hop_length=config.hop_length, win_length=config.n_fft,
+                      window=hann_window(config.n_fft), center=True, pad_mode="reflect", onesided=True,
+                      return_complex=True)
+    assert torch.equal(power_spectrogram(x, config), spec.real.square() + spec.imag.square())
+    short = x[:config.n_fft // 2]  # too short to reflect: torch's own error, as before
+    with pytest.raises(RuntimeError):
+        power_spectrogram(short, config)
+
+
 def test_default_shape_and_cache():
     config = MelSpectrogramConfig()
     out = log_mel(waveform(config), config)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
+import pytest
 import torch
 
 import audioloader as al
@@ -167,3 +172,43 @@ def test_process_batches_equal_thread_batches_when_rows_are_skipped(tmp_path):
         got = take(processes, 40)
         assert processes.stats()["counters"]["skipped_rows"] > 0
     assert_same_batches(got, expected)
+
+
+_HEAP_SCRIPT = """
+import resource, sys
+import numpy as np
+from audioloader.workers import memory
+
+def faults():
+    # One sample's temporaries, as a decode makes them: the decoded window, the resampled clip,
+    # the complex STFT, the power spectrogram, the log-mel.
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(20):
+        a, b = np.ones(230000, np.float32), np.ones(160000, np.float32)
+        c, d = np.ones(513 * 501 * 2, np.float32), np.ones(513 * 501, np.float32)
+        del a, c
+        e = np.ones(128 * 501, np.float32)
+        del b, d, e
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+if sys.argv[1] == "keep" and not memory.keep_heap_pages():
+    print("unsupported")
+    sys.exit()
+faults()  # the heap grows to one sample's size
+print(faults())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_a_worker_heap_keeps_its_pages_from_one_sample_to_the_next():
+    """Issue 37: with glibc's default thresholds every sample's temporaries land on fresh pages (a fault and a
+    zeroed page each); a decode worker fixes them (`memory.keep_heap_pages`) and faults no more."""
+    def run(mode: str) -> str:
+        return subprocess.run([sys.executable, "-c", _HEAP_SCRIPT, mode], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parent.parent).stdout.strip()
+
+    kept = run("keep")
+    if kept == "unsupported":
+        pytest.skip("not glibc")
+    assert int(run("plain")) > 5000  # ~1,000 faults a sample
+    assert int(kept) < 100

@@ -209,10 +209,19 @@ class RowReads:
                 provided = fetched.pop((file_id, unit), None)
                 batches = (self.read_unit(file_id, unit) if provided is None
                            else self.read_unit_from(file_id, unit, provided))
-            unit_start = self._unit_starts[file_id][unit]
+            # One conversion per record batch for the rows wanted from it, not one per row (issue 37: 110 us a row).
+            unit_start, shard_file = self._unit_starts[file_id][unit], self.files[file_id]
+            wanted: dict[int, list[tuple[int, int, int]]] = {}  # batch of the unit -> [(row in it, row, out)]
             for row, k in groups[(file_id, unit)]:
-                batch, at = _batch_at(batches, row - unit_start)
-                out[k] = self._row_from(batch.slice(at, 1), file_id, row)
+                at, b = row - unit_start, 0
+                while at >= batches[b].num_rows:
+                    at -= batches[b].num_rows
+                    b += 1
+                wanted.setdefault(b, []).append((at, row, k))
+            for b, picks in wanted.items():
+                cols = self.columns_of(batches[b], [at for at, _, _ in picks])
+                for j, (_, row, k) in enumerate(picks):
+                    out[k] = _row_of(cols, j, shard_file, row)
         return out  # type: ignore[return-value]
 
     def read_column(self, name: str, indices: Sequence[int]) -> list[Any]:
@@ -250,22 +259,14 @@ class RowReads:
             if handle is not None:
                 handle.close()
 
-    def _row_from(self, one_row: pa.RecordBatch, file_id: int, row: int) -> ShardRow:
-        cols = self.columns_of(one_row)
-        f = self.files[file_id]
-        return ShardRow(f.index_offset + row, f.path, row, cols.audio[0],
-                        cols.labels[0] if cols.labels is not None else None,
-                        {name: values[0] for name, values in cols.extras},
-                        cols.problems[0] if cols.problems is not None else None)
 
 
-def _batch_at(batches: Sequence[pa.RecordBatch], row: int) -> tuple[pa.RecordBatch, int]:
-    """The batch of a unit holding ``row`` (counted from the unit's start) and the row within it."""
-    for batch in batches:
-        if row < batch.num_rows:
-            return batch, row
-        row -= batch.num_rows
-    raise IndexError(f"row {row} past the end of the unit")
+def _row_of(cols: BatchColumns, j: int, f: Any, row: int) -> ShardRow:
+    """The `ShardRow` of the ``j``-th row of ``cols``, row ``row`` of shard file ``f``."""
+    return ShardRow(f.index_offset + row, f.path, row, cols.audio[j],
+                    cols.labels[j] if cols.labels is not None else None,
+                    {name: values[j] for name, values in cols.extras},
+                    cols.problems[j] if cols.problems is not None else None)
 
 
 def _slice_batches(batches: Sequence[pa.RecordBatch], unit_start: int, begin: int,

@@ -1,4 +1,4 @@
-"""The ``audioloader`` command line: ``pack``, ``inspect``, ``index``, ``demo``, ``bench``.
+"""The ``audioloader`` command line: ``pack``, ``inspect``, ``index``, ``demo``, ``bench``, ``doctor``.
 
 Also runs as ``python -m audioloader``. ``main(argv)`` returns the exit status:
 0 success, 1 an error in the input or arguments (one line on stderr, no
@@ -9,7 +9,7 @@ Nothing here imports torch: ``audioloader --help`` imports no command module, an
 torch at its top (a command imports torch in the function that needs it), so every
 ``--help`` answers at once. tests/test_cli.py checks it.
 
-``demo`` and ``bench`` live in their own modules, imported only when used. Their
+``demo``, ``bench`` and ``doctor`` live in their own modules, imported only when used. Their
 contract with this file: ``audioloader.tools.<name>`` defines ``main(args)``; if it
 also defines ``add_arguments(parser)``, the arguments are parsed with that parser
 and ``main`` gets the ``argparse.Namespace``, otherwise ``main`` gets the list of
@@ -33,6 +33,7 @@ __all__ = ["build_parser", "main"]
 LAZY_COMMANDS = {
     "demo": "run the end-to-end demo (audioloader.tools.demo)",
     "bench": "measure loading throughput (audioloader.tools.bench)",
+    "doctor": "what bounds a loading run and the cores it needs (audioloader.tools.doctor)",
 }
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import tblib
 
 from ..samples import Failure
-from . import cuda, wire
+from . import cuda, memory, wire
 
 #: Seconds between a worker's checks that its consumer process is still alive.
 PARENT_CHECK_SECONDS = 1.0
@@ -174,6 +174,7 @@ def worker_main(conn: Any, job_bytes: bytes, depth: int, consumer: int, what: st
     import torch
 
     torch.set_num_threads(1)
+    memory.keep_heap_pages()  # this process holds no results: the next sample's temporaries reuse the last one's pages
     control = wire.SharedSlot(reduction.recv_handle(conn), 8)
     slots = [wire.SharedSlot(reduction.recv_handle(conn), 0) for _ in range(depth)]
     ring = wire.SharedSlot(reduction.recv_handle(conn), ring_bytes) if ring_bytes else None
