@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -15,11 +16,14 @@ import torch
 
 import audioloader as al
 from audioloader.shards.cache import ObjectCache
+from audioloader.shards.manifest_source import write_folder_manifest
 from tests.helpers import SMALL, assert_same_batches, flip_audio_bytes, upload_shards
 
 ROOT = Path(__file__).parent.parent
 ROWS = [10, 10, 10, 10]
 OPTIONS = {"batch_size": 8, "features": SMALL, "train": False, "workers": al.Workers(num_workers=1, kind="thread")}
+#: Whether remote reads go through obstore (`audioloader.shards.direct`): one GET a read, no HEAD.
+DIRECT = importlib.util.find_spec("obstore") is not None and os.environ.get("AUDIOLOADER_DIRECT_READS") != "0"
 RETRY = al.Retry(attempts=3, initial_delay=0.01, max_delay=0.05, timeout=5.0)
 
 
@@ -151,6 +155,37 @@ def test_a_changed_remote_object_is_downloaded_again(s3, shards, tmp_path):
     assert_same_batches(got, expected)
     assert downloads(s3, prefix) == {"part-00002.arrow": 1}
     assert stats["counters"]["cache_misses"] == 1 and stats["counters"]["cache_hits"] == len(ROWS) - 1
+
+
+def requests_per_file(s3, prefix: str) -> dict[str, int]:
+    """``{"GET part-00000.arrow": n, "HEAD ...": n}``: the requests the proxy saw for each shard of ``prefix``."""
+    counts: dict[str, int] = {}
+    for request in s3.proxy.requests:
+        if f"/{prefix}/part-" in request.path:
+            kind = f"{request.method} {request.path.rsplit('/', 1)[-1]}"
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def test_a_first_read_into_the_cache_is_one_request_a_file(s3, shards, tmp_path):
+    # It was pyarrow's HEAD + GET for each download, and a HEAD + GET for each scan without a manifest: through obstore
+    # one GET says the object's size and ETag (checked before a byte is kept), as without the cache.
+    local, prefix = shards
+    expected, _ = batches(local)
+    names = [f"part-{i:05d}.arrow" for i in range(len(ROWS))]
+    s3.proxy.clear()
+    got, _ = batches(s3.url(prefix), tmp_path / "listed")  # no manifest: a GET of its tail, then the download
+    assert_same_batches(got, expected)
+    per_file = {f"GET {n}": 2 for n in names} if DIRECT else {**{f"HEAD {n}": 2 for n in names},
+                                                               **{f"GET {n}": 2 for n in names}}
+    assert requests_per_file(s3, prefix) == per_file
+    write_folder_manifest(s3.url(prefix, direct=True))
+    s3.proxy.clear()
+    got, stats = batches(s3.url(prefix), tmp_path / "manifest")  # the footers are read from the downloaded copies
+    assert_same_batches(got, expected)
+    methods = ("GET",) if DIRECT else ("HEAD", "GET")
+    assert requests_per_file(s3, prefix) == {f"{m} {n}": 1 for n in names for m in methods}
+    assert stats["counters"]["cache_misses"] == len(ROWS) and downloads(s3, prefix) == dict.fromkeys(names, 1)
 
 
 # Builds a loader, says so, and reads when told: its first download is then held at the proxy, and it is killed.
