@@ -380,8 +380,7 @@ def _scan_once(loc: _Location, remote: RemoteFiles, cache: Any = None, keep_whol
         finally:
             f.close()
     elif loc.size is not None and (cache is None or remote.reads_directly(loc)):  # one GET: the tail, its identity
-        # A small file whole (its units are then served from those bytes), unless a cache will download it whole.
-        n = loc.size if loc.size <= WHOLE_FILE_BYTES and cache is None else min(loc.size, TAIL_BYTES)
+        n = loc.size if loc.size <= WHOLE_FILE_BYTES else min(loc.size, TAIL_BYTES)
         tail, etag, size = remote.read_identified(loc, loc.size - n, n) if n else (None, None, loc.size)
         _check_size(loc, size)
         sparse = SparseFile(loc, loc.size, remote, [(loc.size - n, tail)] if n else [])
