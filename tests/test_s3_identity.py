@@ -10,7 +10,8 @@ import pytest
 
 import audioloader as al
 from audioloader.shards.identity import ETagCheck, etag_part_sizes, md5_etag
-from tests.helpers import SMALL, make_shards, take
+from audioloader.shards.manifest_source import write_folder_manifest
+from tests.helpers import SMALL, flip_audio_bytes, make_shards, take
 from tests.s3_server import S3Server
 
 PREFIX = "identity/shards"
@@ -95,3 +96,40 @@ def test_an_option_pyarrow_does_not_take_in_a_url_is_named_first_not_a_missing_p
     assert message.startswith(f"cannot open '{scheme}://bucket/speech': pyarrow's {scheme}:// filesystem refused the "
                               "URL: Unexpected query parameter"), message
     assert "session_token=..." in message and "install" not in message and "SECRETTOKEN" not in message
+
+
+# ----------------------------------------------------------------------------- a changed object, whatever the path
+
+def replacement(folder, change: str) -> bytes:
+    """The new content of `FILE` (written into a manifest as 12 rows): 64 bytes of audio flipped (same size and
+    footer: only the ETag tells), or the file written again with more or fewer rows."""
+    if change == "same size":
+        flip_audio_bytes(folder / FILE, row=3)
+        return (folder / FILE).read_bytes()
+    other = folder.parent / f"other-{change}"
+    make_shards(other, [12, 16 if change == "larger" else 8], "ipc_file", batch_rows=4, seconds=0.3)
+    return (other / FILE).read_bytes()
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["no cache", "cache"])
+@pytest.mark.parametrize("change", ["same size", "larger", "smaller"])
+def test_an_object_replaced_after_its_manifest_is_a_shard_changed_error_at_once(s3, tmp_path, change, cached):
+    # It was ShardChangedError in 2 of these 6 cases: with a cache, ShardReadError "changed after the loader was
+    # built"; without, a smaller object was a "short read" retried 5 times over 3 s before a ShardReadError.
+    prefix = f"identity/changed-{change.replace(' ', '-')}-{int(cached)}"
+    make_shards(tmp_path / "local", [12, 12], "ipc_file", batch_rows=4, seconds=0.3)
+    s3.upload(tmp_path / "local", prefix)
+    write_folder_manifest(s3.url(prefix, direct=True))
+    data = replacement(tmp_path / "local", change)
+    with s3.filesystem().open_output_stream(f"{prefix}/{FILE}") as out:
+        out.write(data)
+    s3.proxy.clear()
+    storage = al.Storage(split_rows=4, cache_dir=tmp_path / "cache" if cached else None,
+                         retry=al.Retry(attempts=5, initial_delay=0.5, max_delay=1.0, timeout=5.0))
+    with al.AudioLoader(s3.url(prefix), batch_size=4, features=SMALL, train=False, storage=storage,
+                        workers=al.Workers(num_workers=0)) as loader, \
+            pytest.raises(al.ShardChangedError, match=f"s3://{prefix}/{FILE}") as info:
+        list(loader)
+    assert "attempt" not in str(info.value), info.value  # a diagnosis, not a retried transient fault
+    requests = [r for r in s3.proxy.requests if r.path.endswith(f"{prefix}/{FILE}")]
+    assert len(requests) == 1, requests  # found by the first request of the object: no retry spent

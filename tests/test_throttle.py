@@ -7,12 +7,16 @@ with 503 SlowDown, as S3 does while a prefix scales. No timing is asserted: coun
 
 from __future__ import annotations
 
+import functools
+import http.server
+import threading
+
 import pytest
 
 import audioloader as al
 from audioloader.shards.retry import is_throttled, is_transient, with_retries
 from audioloader.shards.throttle import FLOOR, INCREASE, StoreRate, forget_rates, store_of, store_rate
-from tests.helpers import SMALL, upload_shards
+from tests.helpers import SMALL, make_shards, upload_shards
 from tests.s3_server import THROTTLED
 
 
@@ -203,3 +207,82 @@ def test_a_throttled_listing_teaches_the_stores_rate(monkeypatch):
     assert len(calls) >= 2  # refused, then tried again
     assert store_rate("s3://listed-bucket/other").rate is not None  # the bucket's rate is limited from now on
     forget_rates()
+
+
+# ----------------------------------------------------------------------------- HTTP(S) stores through fsspec
+
+class ThrottlingFiles(http.server.SimpleHTTPRequestHandler):
+    """Serves a folder's files (ranged GETs too), answering ``refuse`` requests in a row with ``status`` (429, or 503
+    with ``Retry-After``) when told to; records what it was asked (`requests`)."""
+
+    refuse, status, requests = 0, 429, []
+
+    def log_message(self, format, *args):  # quiet
+        pass
+
+    def refused(self) -> bool:
+        type(self).requests.append((self.command, self.headers.get("Range")))
+        if type(self).refuse <= 0:
+            return False
+        type(self).refuse -= 1
+        self.send_response(type(self).status)
+        self.send_header("Retry-After", "0")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        return True
+
+    def do_HEAD(self):
+        if not self.refused():
+            super().do_HEAD()
+
+    def do_GET(self):
+        if self.refused():
+            return
+        span = self.headers.get("Range")
+        if span is None:
+            return super().do_GET()
+        with open(self.translate_path(self.path), "rb") as f:
+            data = f.read()
+        first, last = (int(x) for x in span.split("=", 1)[1].split("-"))
+        last = min(last, len(data) - 1)
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
+        self.send_header("Content-Length", str(last - first + 1))
+        self.end_headers()
+        self.wfile.write(data[first:last + 1])
+
+
+@pytest.fixture
+def http_files(tmp_path):
+    pytest.importorskip("aiohttp")  # fsspec's http
+    # 300 KB: more than a scan reads whole (256 KiB), so its row groups are fetched when read
+    make_shards(tmp_path / "files", [16], "parquet", batch_rows=4, seconds=0.6)
+    handler = type("Handler", (ThrottlingFiles,), {"requests": []})
+    serve = functools.partial(handler, directory=str(tmp_path / "files"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), serve)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/part-00000.parquet", handler
+    server.shutdown()
+    thread.join()
+
+
+@pytest.mark.parametrize("status", [429, 503])
+@pytest.mark.parametrize("when", ["construction", "reading"])
+def test_an_http_store_throttling_is_retried_and_counted_not_a_missing_or_corrupt_file(http_files, when, status):
+    # fsspec's http turned a 429 into FileNotFoundError ("no such file or folder" at construction; at reading the
+    # file's open said missing) or a client error read as a "truncated or corrupt" file: never retried or counted.
+    url, server = http_files
+    server.status = status
+    server.refuse = 2 if when == "construction" else 0
+    loader = al.AudioLoader(url, batch_size=4, features=SMALL, train=False, workers=al.Workers(num_workers=0),
+                            storage=al.Storage(retry=al.Retry(attempts=5, initial_delay=0.01, max_delay=0.05)))
+    with loader:
+        if when == "reading":
+            server.refuse = 2
+        rows = sorted(i for batch in loader for i in batch["index"].tolist())
+        throttled = loader.stats()["counters"].get("throttled_requests", 0)
+    assert rows == list(range(16))  # every row of the file, once
+    assert server.refuse == 0, server.requests  # both refusals were answered ...
+    if when == "reading":  # ... and counted (at construction: a listing's, paced but not a loader's request yet)
+        assert throttled >= 1

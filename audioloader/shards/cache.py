@@ -42,8 +42,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import ShardReadError, redacted
-from .identity import object_identity
+from ..errors import ShardChangedError, ShardReadError, redacted
+from .direct import DirectStores, size_changed
+from .identity import identities_differ, object_identity
 from .retry import Retry, with_retries
 
 try:
@@ -102,6 +103,7 @@ class ObjectCache:
         self._stats: Any = None  # a loader's `LoaderStats`, counted into as well (`report_to`)
         self.held_bytes: int | None = None
         self._lock = threading.Lock()
+        self._direct = DirectStores()
         self._prepare()
 
     def report_to(self, stats: Any) -> None:
@@ -153,8 +155,9 @@ class ObjectCache:
 
     def open(self, loc: Any, size: int, identity: str) -> pa.MemoryMappedFile:
         """A memory map of the cached copy of the remote file ``loc`` (a `sources._Location`), downloading it
-        first when there is none (once across processes). Raises `ShardReadError` if the object's size or
-        identity is no longer ``size`` / ``identity`` (it changed after the loader was built)."""
+        first when there is none (once across processes). Raises `ShardChangedError` if the object's size or
+        identity is no longer ``size`` / ``identity`` (it changed after the loader was built),
+        found by the download's first request."""
         path = self.path_of(loc.path, size, identity)
         mapped = _map_if_complete(path, size)
         if mapped is not None:
@@ -206,18 +209,18 @@ class ObjectCache:
                 f"times that (every rank reads a few shards at once). Raise cache_limit, or leave cache_dir out")
 
     def _download(self, loc: Any, part: str, size: int, identity: str) -> None:
-        """Every byte of the object into ``part`` (created at its size), its identity checked; retried whole."""
+        """Every byte of the object into ``part`` (created at its size), its size and identity checked by the first
+        request, before any byte is kept; retried whole on a transient fault. Through obstore (`direct`) each chunk
+        is one GET (the first one says the size and ETag; the others are conditional on that ETag), else pyarrow's
+        stream (a HEAD, then GETs)."""
+        direct = self._direct.of(loc)
+
         def attempt() -> None:
-            with loc.fs.open_input_stream(loc.fs_path) as source, open(part, "r+b") as out:
-                now = object_identity(source)  # from the request that opened it, before any byte is read
-                if now is not None and now != identity:
-                    raise ShardReadError(f"shard {loc.path} changed after the loader was built (identity {identity} "
-                                         f"-> {now}); build the loader again to read the new content")
+            with open(part, "r+b") as out:
+                chunks = self._direct_chunks(direct, loc, size, identity) if direct is not None else \
+                    self._stream_chunks(loc, size, identity)
                 copied = 0
-                while True:
-                    chunk = source.read(DOWNLOAD_CHUNK)
-                    if not chunk:
-                        break
+                for chunk in chunks:
                     try:
                         out.write(chunk)
                     except OSError as error:
@@ -228,13 +231,39 @@ class ObjectCache:
                                              "Storage(cache_limit=...) below the disk's free space") from None
                     copied += len(chunk)
                 if copied != size:
-                    raise ShardReadError(f"shard {loc.path} changed after the loader was built: {copied:,} bytes "
-                                         f"downloaded, {size:,} when it was scanned; build the loader again")
+                    raise ShardChangedError(f"shard {loc.path} changed after the loader was built: {copied:,} bytes "
+                                            f"downloaded, {size:,} when it was scanned; build the loader again")
                 out.flush()
                 os.fsync(out.fileno())  # the rename must not publish a copy whose bytes a crash could lose
 
         with_retries(attempt, what=f"the download of shard {loc.path} into the cache {self.directory}",
                      retry=self.retry, store=loc.path, on_throttle=self._count_throttle)
+
+    def _direct_chunks(self, direct: Any, loc: Any, size: int, identity: str) -> Iterator[Any]:
+        """The object's bytes, `DOWNLOAD_CHUNK` a GET (obstore): the first response's size and ETag are checked
+        before its bytes are given; later GETs send ``If-Match`` with that ETag (a rewrite mid-download is refused)."""
+        if_match = None
+        for offset in range(0, size, DOWNLOAD_CHUNK):
+            length = min(DOWNLOAD_CHUNK, size - offset)
+            response = direct.read(loc.fs_path, offset, length, if_match)
+            if response.size is not None and response.size != size:
+                raise size_changed(loc, response.size)
+            _check_identity(loc, identity, response.identity)
+            if len(response.data) != length:  # a short read: the connection broke mid-body
+                raise EOFError(f"short read: {len(response.data)} of {length} bytes at offset {offset}")
+            if response.identity is not None and response.identity.startswith("ETag:"):
+                if_match = response.identity[len("ETag:"):]
+            yield response.data
+
+    def _stream_chunks(self, loc: Any, size: int, identity: str) -> Iterator[bytes]:
+        """The object's bytes through pyarrow's stream (its open is a HEAD, whose headers are checked first)."""
+        with loc.fs.open_input_stream(loc.fs_path) as source:
+            _check_identity(loc, identity, object_identity(source))  # before any byte is read
+            while True:
+                chunk = source.read(DOWNLOAD_CHUNK)
+                if not chunk:
+                    return
+                yield chunk
 
     def _count_throttle(self, refused: bool, seconds: float) -> None:
         if self._stats is not None:  # as `ArrowShardReader` counts a dataset's own requests
@@ -307,6 +336,13 @@ class ObjectCache:
             stats.set_gauge("cache_hit_rate", hits / (hits + misses) if hits + misses else 0.0)
             if self.held_bytes is not None:
                 stats.set_gauge("cache_bytes", self.held_bytes)
+
+
+def _check_identity(loc: Any, identity: str, now: str | None) -> None:
+    """`ShardChangedError` when the object's identity now (a response's) is not the one it was scanned with."""
+    if identities_differ(identity, now):
+        raise ShardChangedError(f"shard {loc.path} changed after the loader was built (identity {identity} -> "
+                                f"{now}); build the loader again to read the new content")
 
 
 def _map_if_complete(path: str, size: int) -> pa.MemoryMappedFile | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import os
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +81,34 @@ def store_for(fs: Any) -> Any:
         client["timeout"] = f"{timeout}s"
         client["connect_timeout"] = f"{timeout}s"
     return _Stores(config, client)
+
+
+class DirectStores:
+    """`store_for` of each filesystem seen, made once (thread-safe). A filesystem is kept with its stores, so its
+    ``id`` stays its own while it is asked about."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stores: dict[int, tuple[Any, Any]] = {}
+
+    def of(self, loc: Any) -> Any:
+        """The obstore stores reading the remote file ``loc`` (a `sources._Location`) without a HEAD, or None (a
+        local file, a size not known from a listing or manifest, or a filesystem `store_for` leaves to pyarrow)."""
+        if loc.fs is None or loc.size is None:  # its size unknown (not listed): pyarrow's open asks for it
+            return None
+        key = id(loc.fs)
+        with self._lock:
+            if key not in self._stores:
+                self._stores[key] = (loc.fs, store_for(loc.fs))
+            return self._stores[key][1]
+
+
+def size_changed(loc: Any, size: int) -> ShardChangedError:
+    """The error for a remote file the store now says has ``size`` bytes, not the ``loc.size`` its listing (or the
+    dataset's manifest) said."""
+    return ShardChangedError(f"shard {loc.path} has {size:,} bytes now, {loc.size:,} when it was listed (or written "
+                             "into the dataset's manifest): it changed; build the loader again (after `audioloader "
+                             "index FOLDER` where the folder has a manifest)")
 
 
 class _Stores:

@@ -14,7 +14,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import ShardChangedError, ShardReadError
+from ..errors import ShardReadError
+from .direct import size_changed
 from .identity import object_identity
 from .remote import RemoteFiles, SparseFile
 from .retry import DEFAULT_RETRY, Retry, with_retries
@@ -397,7 +398,7 @@ def _scan_once(loc: _Location, remote: RemoteFiles, cache: Any = None, keep_whol
             meta = _scan_opened(loc, f)
         finally:
             f.close()
-    elif cache is None and loc.size is not None:  # one request: the tail (a small file whole), its identity
+    elif loc.size is not None and (cache is None or remote.reads_directly(loc)):  # one GET: the tail, its identity
         n = loc.size if loc.size <= WHOLE_FILE_BYTES else min(loc.size, TAIL_BYTES)
         tail, etag, size = remote.read_identified(loc, loc.size - n, n) if n else (None, None, loc.size)
         _check_size(loc, size)
@@ -466,9 +467,7 @@ def _confirmed_tar(loc: _Location, expected: _FileMeta, remote: RemoteFiles) -> 
 def _check_size(loc: _Location, size: int | None) -> None:
     """`ShardChangedError` when the store reports another size than the listing (or manifest) said."""
     if loc.size is not None and size is not None and size != loc.size:
-        raise ShardChangedError(f"shard {loc.path} has {size:,} bytes now, {loc.size:,} when it was listed (or "
-                                "written into the dataset's manifest): it changed; build the loader again (after "
-                                "`audioloader index FOLDER` where the folder has a manifest)")
+        raise size_changed(loc, size)
 
 
 def cache_identity(meta: _FileMeta) -> str | None:

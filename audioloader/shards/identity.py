@@ -37,6 +37,16 @@ def object_identity(f: Any) -> str | None:
     return None
 
 
+def identities_differ(expected: str | None, found: str | None) -> bool:
+    """Whether two identities (`object_identity`'s ``"kind:value"``) name different objects: both known, of one kind
+    (an ETag against an ETag...), and different values (an ETag's quotes aside: clients differ in keeping them)."""
+    if expected is None or found is None:
+        return False
+    kind, _, value = expected.partition(":")
+    found_kind, _, found_value = found.partition(":")
+    return kind.lower() == found_kind.lower() and value.strip().strip('"') != found_value.strip().strip('"')
+
+
 # -- the same bytes under another ETag ----------------------------------------------------------------------------
 
 #: Part sizes tried for a multipart ETag are multiples of this (S3 clients pick MiB: pyarrow 10 MiB, boto3 and the

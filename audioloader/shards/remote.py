@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .direct import Response, store_for
+from .direct import DirectStores, Response, size_changed
 from .identity import object_identity
 from .retry import Retry, with_retries
 
@@ -84,7 +84,7 @@ class RemoteFiles:
         self._files: OrderedDict[tuple[int, str], Any] = OrderedDict()
         self._opening: dict[tuple[int, str], threading.Lock] = {}
         self._pool: ThreadPoolExecutor | None = None
-        self._stores: dict[int, tuple[Any, Any]] = {}  # id(filesystem) -> (it, its direct reads or None)
+        self._stores = DirectStores()  # per filesystem, its direct reads or None
         self._identities: OrderedDict[str, str] = OrderedDict()  # identities the first reads of files saw
         self.on_read: Callable[[int], Any] | None = None  # called with each request's bytes (stats)
         self.on_throttle: Callable[[bool, float], Any] | None = None  # (refused, seconds waited) (stats)
@@ -99,7 +99,10 @@ class RemoteFiles:
             return self._read_direct(direct, loc, offset, length).data
 
         def attempt() -> pa.Buffer:
-            data = self._file(loc).read_at(length, offset)
+            f = self._file(loc)
+            if loc.size is not None and f.size() != loc.size:  # its open's HEAD said: another object, not a fault
+                raise size_changed(loc, f.size())
+            data = f.read_at(length, offset)
             if len(data) != length:  # a short read: the connection broke mid-body
                 raise EOFError(f"short read: {len(data)} of {length} bytes at offset {offset}")
             return data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
@@ -135,13 +138,11 @@ class RemoteFiles:
 
     def _direct(self, loc: Any) -> Any:
         """The obstore stores reading ``loc``'s filesystem without a HEAD (`direct.store_for`), or None."""
-        if loc.size is None:  # its size unknown (not listed): pyarrow's open asks for it
-            return None
-        key = id(loc.fs)
-        with self._lock:
-            if key not in self._stores:
-                self._stores[key] = (loc.fs, store_for(loc.fs))  # the filesystem is kept: its id stays its own
-            return self._stores[key][1]
+        return self._stores.of(loc)
+
+    def reads_directly(self, loc: Any) -> bool:
+        """Whether reads of ``loc`` go through obstore: one GET, which says the object's identity and size."""
+        return self._direct(loc) is not None
 
     def _read_direct(self, direct: Any, loc: Any, offset: int, length: int, first: bool = False) -> Response:
         with self._lock:
@@ -150,6 +151,8 @@ class RemoteFiles:
 
         def attempt() -> Response:
             response = direct.read(loc.fs_path, offset, length, if_match)
+            if loc.size is not None and response.size is not None and response.size != loc.size:
+                raise size_changed(loc, response.size)  # another object (a short read, if smaller): never retried
             if len(response.data) != length:  # a short read: the connection broke mid-body
                 raise EOFError(f"short read: {len(response.data)} of {length} bytes at offset {offset}")
             return response

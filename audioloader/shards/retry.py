@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from .. import checks
 from ..errors import AccessDeniedError, ShardReadError, redacted
@@ -120,13 +121,42 @@ _THROTTLED = re.compile(r"\b(?:SlowDown|SLOW_DOWN|TooManyRequests|Too Many Reque
                         re.IGNORECASE)
 
 
+def _says_throttled(error: BaseException) -> bool:
+    status = getattr(error, "status", None)  # aiohttp's (its ``code`` is deprecated), then the others'
+    for attribute in ("status_code", "code"):
+        status = getattr(error, attribute, None) if status is None else status
+    return status in (429, 503) or bool(_THROTTLED.search(str(error)))
+
+
+def throttling(error: BaseException) -> BaseException | None:
+    """The error in ``error``'s chain (itself, its causes) that says the store refused a request for being asked
+    too fast, or None. fsspec's http filesystem raises ``FileNotFoundError(url)`` from aiohttp's ``429 Too Many
+    Requests``: the status is kept there, in the cause."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if _says_throttled(error):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def is_throttled(error: BaseException) -> bool:
     """Whether the store refused a request for being asked too fast (S3's ``503 SlowDown``, HTTP ``429``, a
-    throttling code): worth trying again, later, and worth slowing every request to that store down."""
-    for attribute in ("code", "status", "status_code"):
-        if getattr(error, attribute, None) in (429, 503):
-            return True
-    return bool(_THROTTLED.search(str(error)))
+    throttling code; in the error or its causes): worth trying again, later, and worth slowing every request to
+    that store down."""
+    return throttling(error) is not None
+
+
+def retry_after(error: BaseException) -> float | None:
+    """Seconds a throttled HTTP response asked to wait (its ``Retry-After`` header, in seconds), or None."""
+    cause = throttling(error)
+    headers = getattr(cause, "headers", None)
+    try:
+        value = headers.get("Retry-After") if headers is not None else None
+        return None if value is None else max(0.0, float(value))
+    except (AttributeError, TypeError, ValueError):  # an HTTP date, or headers of another shape: not used
+        return None
 
 
 def is_transient(error: BaseException) -> bool:
@@ -136,6 +166,8 @@ def is_transient(error: BaseException) -> bool:
     a shard that changed) are final; other I/O errors (HTTP 5xx, resets,
     timeouts) and short reads that break parsing are worth another try.
     """
+    if is_throttled(error) and not isinstance(error, ShardReadError):
+        return True  # also a "missing" file or a client error whose cause is a 429 / 503 (fsspec's http)
     if isinstance(error, (ShardReadError, FileNotFoundError)) or is_access_refused(error):
         return False
     text = str(error)
@@ -195,10 +227,13 @@ def with_retries(read: Callable[[], T], *, what: str, retry: Retry, on_failure: 
                         "this job sends; fewer ranks or Storage(max_requests=...) send fewer)" if throttled else "")
                 raise ShardReadError(
                     f"cannot read {redacted(what)}: {attempts} attempt{'s' if attempts > 1 else ''} failed over "
-                    f"{time.monotonic() - start:.1f} s{said}; last error: {redacted(str(error).strip())}. Check the "
+                    f"{time.monotonic() - start:.1f} s{said}; last error: {_last_error(error)}. Check the "
                     "storage endpoint and the network; Retry(attempts=..., timeout=...) sets how hard to try"
                 ) from error
             wait = retry.delay(attempts, full_jitter=slow_down)
+            asked = retry_after(error) if slow_down else None
+            if asked is not None:  # the store said how long: at least that, within the retry's cap
+                wait = max(wait, min(asked, retry.max_delay))
             if slow_down and on_throttle is not None:
                 on_throttle(True, wait)
             sleep(wait)
@@ -206,3 +241,45 @@ def with_retries(read: Callable[[], T], *, what: str, retry: Retry, on_failure: 
             if rate is not None:
                 rate.succeeded()
             return result
+
+
+def _last_error(error: BaseException) -> str:
+    """What the last attempt's error said, with the throttling status its client put in a cause (fsspec's http:
+    ``FileNotFoundError(url)`` from a 429), no secrets."""
+    cause = throttling(error)
+    said = str(error).strip()
+    if cause is not None and cause is not error:
+        said = f"{said} ({type(cause).__name__}: {str(cause).strip()})"
+    return redacted(said)
+
+
+class FSSpecHandler(pafs.FSSpecHandler):
+    """pyarrow's handler of an fsspec filesystem, except that a path fsspec calls missing because the store
+    throttled the request (fsspec's http raises ``FileNotFoundError`` from a ``429 Too Many Requests``) raises,
+    to be retried, instead of being reported missing."""
+
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        infos = []
+        for path in paths:
+            try:
+                info = self.fs.info(path)
+            except FileNotFoundError as error:
+                if is_throttled(error):
+                    raise
+                infos.append(pafs.FileInfo(path, pafs.FileType.NotFound))
+            else:
+                infos.append(self._create_file_info(path, info))
+        return infos
+
+    def open_input_file(self, path: str) -> pa.PythonFile:
+        self._check_file(path)
+        return pa.PythonFile(self.fs.open(path, mode="rb"), mode="r")
+
+    def open_input_stream(self, path: str) -> pa.PythonFile:
+        self._check_file(path)
+        return pa.PythonFile(self.fs.open(path, mode="rb"), mode="r")
+
+    def _check_file(self, path: str) -> None:
+        """pyarrow asks ``fs.isfile``, which says False for any error (a 429 too): ask for the info instead."""
+        if self.fs.info(path).get("type") != "file":
+            raise FileNotFoundError(path)

@@ -18,7 +18,7 @@ import pyarrow.fs as pafs
 
 from ..errors import ShardReadError, redacted
 from .pack_folders import PACK_JOURNAL, check_pack_folders
-from .retry import DEFAULT_RETRY, Retry, with_retries
+from .retry import DEFAULT_RETRY, FSSpecHandler, Retry, with_retries
 from .tar_format import is_audio_name
 
 SHARD_EXTENSIONS = (".arrow", ".ipc", ".feather", ".parquet", ".pq", ".orc", ".tar", ".tar.gz", ".tgz")
@@ -117,7 +117,7 @@ def _filesystem_for(url: str, retry: Retry = DEFAULT_RETRY) -> tuple[Any, str]:
             raise ValueError(f"cannot open {redacted(url)!r}: no filesystem for this scheme in pyarrow "
                              f"({arrow_error}) or fsspec ({fsspec_error}); install the scheme's "
                              "fsspec package or pass storage=al.Storage(filesystem=...)") from None
-        return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
+        return pafs.PyFileSystem(FSSpecHandler(fs)), path  # a throttled request raises (retried), never 'missing'
 
 
 def _refused_url_message(url: str, arrow_error: Exception) -> str:

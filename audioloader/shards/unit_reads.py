@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import ShardReadError
+from ..errors import ShardChangedError, ShardReadError
 from .formats import _cheapest_column, _open_local, cache_identity
 from .readers import _ConformedHandle, _IpcFileHandle, _IpcStreamHandle, _OrcHandle, _ParquetHandle
 from .remote import Parts, SparseFile
@@ -153,7 +153,7 @@ class UnitReads:
             f = copy if copy is not None else _open_local(loc, mapped=meta.format in ("ipc_file", "ipc_stream"))
             if f.size() != meta.size:
                 f.close()
-                raise ShardReadError(f"shard {loc.path} changed after the loader was built: it has {f.size()} "
+                raise ShardChangedError(f"shard {loc.path} changed after the loader was built: it has {f.size()} "
                                      f"bytes, {meta.size} when it was scanned. Do not rewrite shards while a loader "
                                      "reads them; build the loader again to read the new content")
         else:  # no request here: the footer is in memory, and unit bytes are fetched when read
