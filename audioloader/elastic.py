@@ -37,7 +37,8 @@ from .dsp.hashing import SALT_ELASTIC, permutation
 from .errors import CheckpointMismatchError
 from .nodes._torchdata_compat import rows_held as torchdata_rows_held
 from .nodes.arrow_shard_reader import ArrowShardReader
-from .nodes.duration_bucketer import plan as plan_buckets
+from .nodes.bucket_rules import bucket_limits
+from .nodes.bucket_rules import plan as plan_buckets
 from .nodes.held import RowsHeld
 from .nodes.read_order import ReaderPosition, Segment, order_at
 from .samples import Key
@@ -227,6 +228,9 @@ def planned_batches(settings: Any, sources: Any, start: Plan | None = None) -> i
         rows = ArrowShardReader(sources.datasets[0], plan=s.reads[0].for_rank(rank))
         if start is not None:
             rows.start_from(start.state_for(rows))
-        counts.append(len(plan_buckets((sources.seconds_of(r) for r in rows), s.buckets.boundaries,
-                                       s.batching.max_duration, s.batching.max_batch_size, s.drop_last)))
+        limits = bucket_limits(s, None, False)
+        rows = list(rows) if limits.token_column is not None else rows
+        tokens = [float(r.extras.get(limits.token_column) or 0) for r in rows] if limits.token_column else None
+        counts.append(len(plan_buckets((sources.seconds_of(r) for r in rows), drop_last=s.drop_last, limits=limits,
+                                       tokens=tokens)))
     return max(counts)
