@@ -255,8 +255,10 @@ def tune_batch_sizes(source: Any, bucketing: Any, step: Any, *, columns: Sequenc
 
     The buckets are those a loader with ``bucketing`` settles on (``source`` and ``loader_options``: the
     `AudioLoader` arguments of the training run: ``features=``, ``length=``, ``storage=``, ...). For each bucket,
-    probe batches of ``n`` rows are made from that bucket's most expensive sampled rows (cycled when it has fewer
-    than ``n``: a batch's memory follows its longest row and transcript) through the loader's own decode and
+    probe batches of ``n`` rows are made from that bucket's longest row, its longest transcript, then its other
+    rows most expensive first (cycled when it has fewer than ``n``: a batch's memory follows its longest row and
+    transcript; every row is looked at when the shards have a duration column, else the ``estimate_rows``
+    sample) through the loader's own decode and
     batcher, so they hold the same keys as real batches, the ``columns`` included. ``step(batch)`` is the user's
     training step (forward, backward, optimizer step, gradients zeroed); a run that raises an out-of-memory error
     (``torch.OutOfMemoryError`` / ``torch.cuda.OutOfMemoryError`` or ``MemoryError``) does not fit. Sizes double
@@ -290,10 +292,16 @@ def tune_batch_sizes(source: Any, bucketing: Any, step: Any, *, columns: Sequenc
     with AudioLoader(source, batching=wanted, columns=columns, **options) as loader:
         settings, sources = loader.settings, loader.sources
         limits, fetch = settings.bucket_limits, sources.fetch()
+        if sources.duration_column is not None:  # a column to read: every row, so each bucket's worst is found
+            every = dataclasses.replace(settings.batching, estimate_rows=len(sources.datasets[0].kept_indices()))
+            settings = dataclasses.replace(settings, batching=every)
         indices, seconds, tokens = bucket_sample(settings, sources)
         by_bucket: list[list[int]] = [[] for _ in range(limits.count)]
         for k in sorted(range(len(indices)), key=lambda k: (-limits.cost(seconds[k]), -tokens[k], indices[k])):
-            by_bucket[limits.bucket_of(seconds[k], tokens[k])].append(indices[k])
+            by_bucket[limits.bucket_of(seconds[k], tokens[k])].append(k)
+        # Each bucket's probe rows: its longest, its densest transcript, then the rest most expensive first.
+        by_bucket = [[indices[k] for k in dict.fromkeys([*rows[:1], *sorted(rows, key=lambda k: -tokens[k])[:1],
+                                                          *rows])] for rows in by_bucket]
 
         def fits(rows: list[int], n: int) -> bool:
             decoded = loader.decoder.decode_many(fetch([Key(rows[i % len(rows)], 0) for i in range(n)]))
