@@ -29,7 +29,7 @@ from . import checkpoint
 from .budget import lane_bytes
 from .checkpoint import Resume
 from .dsp.config import LengthPolicy, Segments
-from .elastic import planned_batches
+from .elastic import planned_batches, steps_in_step
 from .errors import CheckpointMismatchError
 from .mix import Mix, Source, check_columns, check_lengths, source_seed
 from .nodes.arrow_shard_reader import ArrowShardReader
@@ -182,6 +182,10 @@ def _node_groups(settings: Settings, sources: Sources) -> Settings:
     buckets = None
     if s.batching is not None:
         buckets = bucket_limits(s, shuffle.bucketer_max_bytes, shuffle.one_pass)
+    if buckets is not None and buckets.schedule is not None and s.train and not s.infinite:
+        # A pass of ranks in step: every rank yields as many batches as the rank that makes the most.
+        settings = dataclasses.replace(settings, buffer_limits=buffer, bucket_limits=buckets)
+        settings = dataclasses.replace(settings, num_batches=steps_in_step(settings, sources))
     layout, arena_bytes = batch_layout(settings, sources)
     return dataclasses.replace(settings, buffer_limits=buffer, bucket_limits=buckets, batch_layout=layout,
                                arena_bytes=arena_bytes)

@@ -12,7 +12,8 @@ rows whose longest is ``L`` s and longest transcript ``T`` tokens costs and hold
 memory budget is ``--budget`` (1,000) of those units, and a step also pays ``--overhead`` (50) units, so full
 batches pay off. A row's useful work is ``d·(1 + d/30) + 0.3·t``. Over one pass on ``--ranks`` (8) ranks:
 
-- efficiency = useful work / (ranks × the sum over steps of the slowest rank's step cost), 1.0 at best;
+- efficiency = useful work (each utterance once) / (ranks × the sum over steps of the slowest rank's step cost), 1.0
+  at best (a rank without a batch at a step waits for the others);
 - steps per pass (the most any rank takes), padding (real seconds / padded seconds), batches over the budget.
 
 Each contender's ``max_duration`` is tuned as a user does by trial and error: the largest value (bisection to
@@ -22,9 +23,10 @@ Each contender's ``max_duration`` is tuned as a user does by trial and error: th
   num_buckets=30, world_size=8, rank=r, sync_buckets=False/True[, quadratic_duration=30])`` (NeMo's options);
 - ``al-0.3``: ``Bucketing(max_duration=tuned, sync_buckets=False)``, 0.3's bucketing;
 - ``al-q30``: ``Bucketing(max_duration=tuned, quadratic_duration=30)`` (ranks in step, the default on 8 ranks);
-- ``al-tuned``, ``al-tuned-apart``: ``al.tune_batch_sizes`` over 2-D buckets (``--al-buckets`` duration ×
-  ``--token-buckets`` tokens-per-second buckets, ``token_column="tokens"``) with a step that raises ``MemoryError``
-  above the budget (the CPU stand-in for a GPU's out-of-memory error), margin 0.05; in step / not in step.
+- ``al-tuned``, ``al-tuned-apart``: ``al.tune_batch_sizes`` over 2-D buckets with ``Bucketing``'s defaults
+  (``Bucketing(max_duration=al-0.3's, token_column="tokens")``: duration buckets fitted to a rank's pass, at most 8
+  with 4 tokens-per-second buckets each; ``--al-buckets`` / ``--token-buckets`` set them) with a step that raises
+  ``MemoryError`` above the budget (the CPU stand-in for a GPU's out-of-memory error), margin 0.05; in step / not.
 
 Targets (issue 34, this run): ``al-tuned`` efficiency >= 1.25 × the best Lhotse contender, 0 batches over budget, and
 >= 25 % fewer steps per pass than ``al-0.3``.
@@ -90,7 +92,8 @@ class Cost:
                    for s in range(steps))
         rows = [i for batches in ranks for b in batches for i in b]
         padded = sum(len(b) * float(self.seconds[b].max()) for batches in ranks for b in batches)
-        return {"efficiency": self.useful(rows) / (len(ranks) * paid), "steps": steps,
+        # Useful work counts each utterance once: a copy a sampler adds to even out ranks is paid, not useful.
+        return {"efficiency": self.useful(sorted(set(rows))) / (len(ranks) * paid), "steps": steps,
                 "padding": float(self.seconds[rows].sum()) / padded, "over_budget": self.over(ranks),
                 "rows": len(rows), "distinct_rows": len(set(rows)), "batches": sum(len(b) for b in ranks),
                 "mean_batch_cost": float(np.mean([self.batch(b) for batches in ranks for b in batches]))}
@@ -205,40 +208,49 @@ def fitting_sizes(folder: Path, tuned, cost: Cost) -> list[int]:
 
 
 def lhotse_child(spec: dict) -> dict:
-    """In Lhotse's venv: each rank's batches (indices) of one pass, for each ``max_duration`` asked."""
+    """In Lhotse's venv: ``max_duration`` tuned (`tune_max_duration`) and each rank's batches (indices) of that
+    pass."""
     from lhotse import CutSet
     from lhotse.dataset import DynamicBucketingSampler
     from lhotse.testing.dummies import dummy_cut
 
     cuts = CutSet.from_cuts(dummy_cut(i, duration=d, recording_duration=d) for i, d in enumerate(spec["seconds"]))
     index = {cut.id: i for i, cut in enumerate(cuts)}
-    out = []
-    for max_duration in spec["max_durations"]:
+    cost = Cost(np.asarray(spec["seconds"]), np.asarray(spec["tokens"]), spec["budget"], spec["overhead"])
+
+    def run(max_duration: float) -> list[list[list[int]]]:
         ranks = []
         for rank in range(spec["ranks"]):
             sampler = DynamicBucketingSampler(cuts, max_duration=max_duration, shuffle=True, drop_last=False,
                                               num_buckets=30, world_size=spec["ranks"], rank=rank, seed=0,
                                               sync_buckets=spec["sync"], quadratic_duration=spec["quadratic"])
             sampler.set_epoch(0)
-            ranks.append([[index[c.id] for c in batch] for batch in sampler])
-        out.append(ranks)
-    return {"passes": out}
+            # With world_size, Lhotse evens out the ranks' batch counts with copies of cuts ("<id>_dup<k>").
+            ranks.append([[index[c.id.split("_dup")[0]] for c in batch] for batch in sampler])
+        return ranks
+
+    tuned, ranks = tune_max_duration(run, cost, spec["low"], spec["high"], spec["resolution"])
+    return {"max_duration": tuned, "ranks": ranks}
 
 
-def run_lhotse(python: str, seconds: np.ndarray, ranks: int, sync: bool, quadratic: float | None):
-    def run(max_duration: float) -> list[list[list[int]]]:
-        spec = {"seconds": seconds.tolist(), "ranks": ranks, "sync": sync, "quadratic": quadratic,
-                "max_durations": [max_duration]}
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-            json.dump(spec, f)
-        try:
-            done = subprocess.run([python, os.path.abspath(__file__), "--lhotse-child", f.name], check=True,
-                                  capture_output=True, text=True)
-        finally:
-            os.unlink(f.name)
-        return json.loads(done.stdout.strip().splitlines()[-1])["passes"][0]
-
-    return run
+def run_lhotse(python: str, cost: Cost, ranks: int, sync: bool, quadratic: float | None, low: float, high: float,
+               resolution: float) -> tuple[float, list]:
+    """Lhotse's tuned ``max_duration`` and its pass, from a child process in its venv."""
+    spec = {"seconds": cost.seconds.tolist(), "tokens": cost.tokens.tolist(), "budget": cost.budget,
+            "overhead": cost.overhead, "ranks": ranks, "sync": sync, "quadratic": quadratic, "low": low,
+            "high": high, "resolution": resolution}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec, f)
+    try:
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        done = subprocess.run([python, os.path.abspath(__file__), "--lhotse-child", f.name], capture_output=True,
+                              text=True, env=env)
+    finally:
+        os.unlink(f.name)
+    if done.returncode:
+        raise RuntimeError(f"Lhotse's child failed:\n{done.stderr[-3000:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    return out["max_duration"], out["ranks"]
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -250,9 +262,12 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--budget", type=float, default=1000.0)
     parser.add_argument("--overhead", type=float, default=50.0)
-    parser.add_argument("--resolution", type=float, default=1.0, help="max_duration tuning resolution, s")
-    parser.add_argument("--al-buckets", type=int, default=8, help="duration buckets of the tuned 2-D grid")
-    parser.add_argument("--token-buckets", type=int, default=2, help="tokens-per-second buckets per duration bucket")
+    parser.add_argument("--resolution", type=float, default=2.0, help="max_duration tuning resolution, s")
+    parser.add_argument("--high", type=float, default=600.0, help="the largest max_duration tried, s")
+    parser.add_argument("--al-buckets", type=int, default=None,
+                        help="duration buckets of the tuned 2-D grid (default: fitted, as Bucketing does)")
+    parser.add_argument("--token-buckets", type=int, default=None,
+                        help="tokens-per-second buckets per duration bucket (default: Bucketing's, 4)")
     parser.add_argument("--contenders", nargs="+", default=None)
     parser.add_argument("--cache-dir", default=".cache/bench")
     parser.add_argument("--output", default=None)
@@ -274,7 +289,7 @@ def main() -> None:
     write_shard(folder, seconds, tokens)
     print(f"{args.utterances} utterances, {seconds.sum() / 3600:.1f} h, {seconds.min():.1f}-{seconds.max():.1f} s, "
           f"{args.ranks} ranks, budget {args.budget:g}, overhead {args.overhead:g} a step", flush=True)
-    low, high = float(seconds.max()), 2000.0
+    low, high = float(seconds.max()), args.high
     contenders = {
         "lhotse": ("lhotse", False, None), "lhotse-sync": ("lhotse", True, None),
         "lhotse-sync-q30": ("lhotse", True, 30.0),
@@ -289,8 +304,7 @@ def main() -> None:
         kind, sync, quadratic = contenders[name]
         start = time.perf_counter()
         if kind == "lhotse":
-            tuned_max, ranks = tune_max_duration(run_lhotse(python, seconds, args.ranks, sync, quadratic), cost,
-                                                 low, high, args.resolution)
+            tuned_max, ranks = run_lhotse(python, cost, args.ranks, sync, quadratic, low, high, args.resolution)
             setting = {"max_duration": round(tuned_max, 2)}
         elif kind == "al":
             def run(max_duration, sync=sync, quadratic=quadratic):

@@ -244,13 +244,19 @@ def test_the_schedule_is_a_pure_function_of_seed_round_and_step_weighted_by_what
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_a_pass_of_ranks_in_step_delivers_every_row_once(corpus, world_size):
-    seen = []
+def test_a_pass_of_ranks_in_step_delivers_every_row_once_with_equal_batch_counts(corpus, world_size):
+    seen, counts = [], []
     for rank in range(world_size):
         with loader(corpus, batching=TOKEN_BUCKETING, infinite=False,
                     storage=al.Storage(rank=rank, world_size=world_size)) as it:
-            seen += [i for b in it for i in rows_of(b)]
+            batches = list(it)
+            assert len(batches) == len(it)
+        counts.append(len(batches))
+        seen += [i for b in batches for i in rows_of(b)]
+        padding = [b for b in batches if not b["valid"].any()]
+        assert all(len(b["valid"]) == 1 for b in padding)  # a rank that runs out pads with one-entry batches
     assert sorted(seen) == list(range(N))
+    assert len(set(counts)) == 1, counts  # a pass ends on the same step on every rank: no DDP hang
 
 
 def test_evaluation_with_ranks_in_step_asked_stays_exactly_once_with_equal_counts(corpus):
