@@ -306,7 +306,7 @@ def tune_batch_sizes(source: Any, bucketing: Any, step: Any, *, columns: Sequenc
         def fits(rows: list[int], n: int) -> bool:
             decoded = loader.decoder.decode_many(fetch([Key(rows[i % len(rows)], 0) for i in range(n)]))
             samples = [s for s in decoded if isinstance(s, Sample)]  # a bad row is left out, as in a real batch
-            batch = loader._chain.batcher.collate(samples)  # the loader's own batcher: the keys of its batches
+            batch = loader.batcher.collate(samples)  # the loader's own batcher: the keys of its batches
             try:
                 step(batch)
                 return True
