@@ -181,6 +181,8 @@ class Bucketing:
         for name in _NEWER_FIELDS:
             if fields[name] is None:
                 del fields[name]
+        if fields.get("sync_buckets") is False:  # not in step, as 0.3 was: a 0.3 checkpoint records nothing either
+            del fields["sync_buckets"]
         for name in ("token_boundaries", "batch_sizes"):
             if name in fields:
                 fields[name] = [list(row) for row in fields[name]] if name == "token_boundaries" else list(fields[name])

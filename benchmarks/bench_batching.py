@@ -155,8 +155,9 @@ def run_audioloader(folder: Path, bucketing, ranks: int, full: bool = False) -> 
     for rank in range(ranks):
         with al.AudioLoader(al.Source(folder, label_column=None), batching=bucketing,
                             **loader_options(rank, ranks)) as loader:
-            if full:
-                out.append([batch["index"].tolist() for batch in loader])
+            if full:  # the rank's own batches (a rank that runs out pads with one-entry batches, valid False)
+                out.append([batch["index"][batch["valid"]].tolist() if "valid" in batch else batch["index"].tolist()
+                            for batch in loader if "valid" not in batch or batch["valid"].any()])
                 continue
             bucketer, batches, current = loader._chain.bucketer, [], []
             bucketer.reset(None)

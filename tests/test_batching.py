@@ -355,3 +355,17 @@ def test_elastic_resume_4_to_2_in_step_delivers_the_rest_once_and_exactly(corpus
         runs.append(resumed[0])
     counts = Counter(before + after)
     assert sorted(counts) == list(range(N)) and set(counts.values()) == {1}
+
+
+def test_a_checkpoint_of_several_ranks_from_before_ranks_in_step_resumes_as_it_was_taken(corpus):
+    # 0.3 had no sync_buckets: its fingerprint has no such field, and its ranks were not in step.
+    storage, apart = al.Storage(rank=1, world_size=2), al.Bucketing(max_duration=6.0, num_buckets=3, sync_buckets=False)
+    with loader(corpus, batching=apart, storage=storage) as run:
+        reference = take(iter(run), 6)
+    with loader(corpus, batching=apart, storage=storage) as first:
+        head = take(iter(first), 2)
+        state = roundtrip(first.state_dict())
+    assert "sync_buckets" not in state["fingerprint"]["batching"]  # out of step is recorded as 0.3 recorded it
+    with loader(corpus, batching=al.Bucketing(max_duration=6.0, num_buckets=3), storage=storage) as resumed:
+        resumed.load_state_dict(state)
+        assert_same_batches(head + take(iter(resumed), 4), reference)
