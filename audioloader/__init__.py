@@ -60,11 +60,12 @@ _LAZY_NAMES: dict[str, str] = {
     "WaveformConfig": ".dsp.config",
     "Workers": ".options",
     "mixup_targets": ".dsp.augment_math",
+    "tune_batch_sizes": ".budget",
 }
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time the names come from __getattr__
     from .audio_loader import AudioLoader
-    from .budget import Shuffle
+    from .budget import Shuffle, tune_batch_sizes
     from .dsp.augment import AddNoise, Gain, Mixup, Reverb, SpecAugment, SpeedPerturb
     from .dsp.augment_math import mixup_targets
     from .dsp.config import FbankConfig, LengthPolicy, MelSpectrogramConfig, Segments, WaveformConfig
@@ -142,6 +143,7 @@ __all__ = [
     "Workers",
     "__version__",
     "mixup_targets",
+    "tune_batch_sizes",
 ]
 
 

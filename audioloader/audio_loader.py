@@ -173,6 +173,7 @@ class AudioLoader:
     rows = property(lambda self: self._chain.rows)
     source_names = property(lambda self: self.sources.names)
     decoder = property(lambda self: self._chain.decoder)
+    batcher = property(lambda self: self._chain.batcher)
     num_batches = property(lambda self: self.settings.num_batches)
     _duration_column = property(lambda self: self.sources.duration_column)
 

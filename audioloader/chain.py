@@ -29,28 +29,23 @@ from . import checkpoint
 from .budget import lane_bytes
 from .checkpoint import Resume
 from .dsp.config import LengthPolicy, Segments
-from .elastic import planned_batches
+from .elastic import planned_batches, steps_in_step
 from .errors import CheckpointMismatchError
 from .mix import Mix, Source, check_columns, check_lengths, source_seed
 from .nodes.arrow_shard_reader import ArrowShardReader
 from .nodes.batch_augment import BatchAugment
 from .nodes.batch_features import BatchFeatures
 from .nodes.batcher import Batcher, BatchLayout
+from .nodes.bucket_rules import bucket_limits, buckets_out_of_step, duration_buckets, in_step_ignored
 from .nodes.catch_failures import CatchFailures
 from .nodes.decode_spectrogram import DecodeSpectrogram
-from .nodes.duration_bucketer import (
-    BucketLimits,
-    DurationBucketer,
-    estimate_boundaries,
-    fit_bucket_count,
-    row_seconds,
-)
+from .nodes.duration_bucketer import DurationBucketer, row_seconds
 from .nodes.prefetcher import Prefetcher
 from .nodes.read_order import ReadPlan
 from .nodes.rows import fetch_mixed, fetch_rows
 from .nodes.shuffle_buffer import BufferLimits, ShuffleBuffer
 from .nodes.weighted_mix import WeightedMix
-from .options import DEFAULT_NUM_BUCKETS, FULL_BATCHES_PER_BUCKET, Buckets, Settings
+from .options import Settings
 from .samples import BadRow, Key, RawSample, Sample
 from .shards import IcebergTable, ShardDataset
 from .shards.formats import FORMATS
@@ -153,6 +148,9 @@ def settle_for_checkpoint(settings: Settings, sources: Sources, resume: Resume,
     if (batching is not None and batching.num_buckets is None and batching.boundaries is None
             and isinstance(taken, int) and taken != settings.buckets.count):
         changes["batching"], changes["buckets"] = dataclasses.replace(batching, num_buckets=taken), None
+    if not resume.elastic and buckets_out_of_step(settings, theirs):  # 0.3's, before ranks in step: as it was
+        changes["batching"] = dataclasses.replace(changes.get("batching", batching), sync_buckets=False)
+        changes["buckets"] = None
     if "memory" not in theirs and not settings.shuffle.legacy:
         changes["shuffle"] = settings.shuffle.as_legacy(theirs)
     resumed = _planned(dataclasses.replace(settings, **changes), sources) if changes else settings
@@ -161,6 +159,8 @@ def settle_for_checkpoint(settings: Settings, sources: Sources, resume: Resume,
                 dict(zip(sources.names, sources.datasets, strict=True)))
     # With batching rows are buffered raw, whatever an older loader reported.
     ignore = (*resume.ignore, "shuffle_before_decode") if settings.batching is not None else resume.ignore
+    if resume.elastic:  # in step or not follows the world size, unless given
+        ours, theirs = in_step_ignored(settings, ours), in_step_ignored(settings, theirs)
     checkpoint.check_fingerprint(ours, theirs, datasets, ignore)
     return _node_groups(resumed, sources) if changes else settings
 
@@ -182,8 +182,11 @@ def _node_groups(settings: Settings, sources: Sources) -> Settings:
                           shuffle.one_pass)
     buckets = None
     if s.batching is not None:
-        buckets = BucketLimits(s.batching.max_duration, tuple(s.buckets.boundaries), s.batching.max_batch_size,
-                               shuffle.bucketer_max_bytes, shuffle.one_pass)
+        buckets = bucket_limits(s, shuffle.bucketer_max_bytes, shuffle.one_pass)
+    if buckets is not None and buckets.schedule is not None and s.train and not s.infinite:
+        # A pass of ranks in step: every rank yields as many batches as the rank that makes the most.
+        settings = dataclasses.replace(settings, buffer_limits=buffer, bucket_limits=buckets)
+        settings = dataclasses.replace(settings, num_batches=steps_in_step(settings, sources))
     layout, arena_bytes = batch_layout(settings, sources)
     return dataclasses.replace(settings, buffer_limits=buffer, bucket_limits=buckets, batch_layout=layout,
                                arena_bytes=arena_bytes)
@@ -375,7 +378,22 @@ def _with_duration_column(dataset: ShardDataset, settings: Settings,
     duration_column = wanted if wanted is not None and (wanted in columns or wanted in dataset.schema.names) else None
     if duration_column is not None and duration_column not in columns:
         columns.append(duration_column)
+    tokens = settings.batching.token_column if settings.batching is not None else None
+    if tokens is not None and tokens not in columns:
+        _check_token_column(dataset.schema, tokens)
+        columns.append(tokens)
     return duration_column, dataset if columns == list(settings.columns) else dataset.with_columns(columns)
+
+
+def _check_token_column(schema: pa.Schema, name: str) -> None:
+    """The shards have an integer column of tokens per row (``Bucketing(token_column=...)``)."""
+    if name not in schema.names:
+        raise ValueError(f"Bucketing(token_column={name!r}): the shards have no column {name!r} (columns: "
+                         f"{', '.join(schema.names)}); write each row's token count with `audioloader pack "
+                         "--tokenizer MODULE:FUNCTION` (docs/speech.md, the token budget)")
+    if not pa.types.is_integer(schema.field(name).type):
+        raise ValueError(f"Bucketing(token_column={name!r}): column {name!r} has type {schema.field(name).type}; "
+                         "it must hold integer token counts")
 
 
 def _check_segment_columns(schema: pa.Schema, segments: Segments) -> None:
@@ -507,32 +525,6 @@ def _restore_decoded(fetch: Callable[[Sequence[Key]], list[RawSample]], decoder:
 
 
 # -- eval planning ------------------------------------------------------------------------------------------
-
-
-def duration_buckets(settings: Settings, sources: Sources) -> Buckets:
-    """The bucketing's `Buckets`: the edges given, or estimated from rows spread evenly over the source (the same
-    on every rank) into ``Bucketing.num_buckets`` buckets, or, when that is None, as many as fit the data
-    (`fit_bucket_count`: each bucket holds a few full batches of a rank's pass)."""
-    batching = settings.batching
-    if batching.boundaries is not None:
-        return Buckets(batching.buckets, list(batching.boundaries))
-    dataset = sources.datasets[0]
-    kept = dataset.kept_indices()
-    n = len(kept)
-    picks = kept[np.unique(np.linspace(0, n - 1, min(n, batching.estimate_rows)).round().astype(np.int64))]
-    seconds: list[Any] = [None] * len(picks)
-    if sources.duration_column is not None and sources.segments is None:  # no audio read before the first batch
-        seconds = dataset.read_column(sources.duration_column, picks.tolist())
-    missing = [k for k, value in enumerate(seconds) if value is None]
-    for k, row in zip(missing, fetch_rows(dataset, [Key(int(picks[k]), 0) for k in missing]), strict=True):
-        seconds[k] = sources.seconds_of(row)
-    durations = [float(x) for x in seconds]
-    pass_seconds = float(np.mean(durations)) * n / settings.storage.world_size if durations else 0.0
-    count, fitted = batching.num_buckets, batching.num_buckets is None
-    if fitted:
-        count = fit_bucket_count(durations, pass_seconds, batching.max_duration, batching.max_batch_size,
-                                 most=DEFAULT_NUM_BUCKETS, full_batches=FULL_BATCHES_PER_BUCKET)
-    return Buckets(count, estimate_boundaries(durations, count), fitted, pass_seconds)
 
 
 def count_batches(settings: Settings, sources: Sources) -> int:

@@ -64,7 +64,7 @@ def _newer_fields(settings: Any, sources: Any) -> dict[str, Any]:
     if s.batching is not None:
         # The count used (given, fitted to the data, or a checkpoint's): a resume must bucket as the run did.
         extra["batching"] = {**s.batching.to_dict(), "num_buckets": s.buckets.count, "boundaries": s.buckets.boundaries,
-                             "duration_column": sources.duration_column}
+                             "duration_column": sources.duration_column, **s.buckets.fingerprint()}
     if sources.segments is not None:
         extra["segments"] = sources.segments.to_dict()
     if any(decoder != "auto" for decoder in sources.decoders):  # a backend is part of the data's identity

@@ -37,7 +37,8 @@ from .dsp.hashing import SALT_ELASTIC, permutation
 from .errors import CheckpointMismatchError
 from .nodes._torchdata_compat import rows_held as torchdata_rows_held
 from .nodes.arrow_shard_reader import ArrowShardReader
-from .nodes.duration_bucketer import plan as plan_buckets
+from .nodes.bucket_rules import bucket_limits
+from .nodes.bucket_rules import plan as plan_buckets
 from .nodes.held import RowsHeld
 from .nodes.read_order import ReaderPosition, Segment, order_at
 from .samples import Key
@@ -215,7 +216,37 @@ def batches_left(settings: Any, sources: Any, start: Plan) -> int:
     if settings.batching is None:
         rows = start.rows_per_rank
         return min(rows) // settings.batch_size if settings.drop_last else math.ceil(max(rows) / settings.batch_size)
+    if settings.train:  # a pass of ranks in step (the only training with a planned count)
+        return steps_in_step(settings, sources, start)
     return planned_batches(settings, sources, start)
+
+
+def steps_in_step(settings: Any, sources: Any, start: Plan | None = None) -> int:
+    """A training pass of ranks in step (``Bucketing(sync_buckets=True)``, ``infinite=False``): the most batches a
+    rank's bucketer makes of its rows, each rank's reader, shuffle buffer and bucketer built as `chain.build_chain`
+    builds them (from the pass's start or, after an elastic resume, ``start``'s carry) and run on the raw rows (no
+    decoding). Every rank yields that many (those that run out, one-entry batches whose ``valid`` is False), so a
+    pass ends on the same step everywhere: a DDP collective never waits for a rank that has stopped."""
+    import functools
+
+    from .nodes.duration_bucketer import DurationBucketer, row_seconds
+    from .nodes.shuffle_buffer import ShuffleBuffer
+    from .samples import BatchEnd
+    from .stats import LoaderStats
+
+    s, fetch, counts = settings, sources.fetch(), []
+    seconds = functools.partial(row_seconds, duration_column=sources.duration_column, segments=sources.segments)
+    for rank in range(s.storage.world_size):
+        rows = ArrowShardReader(sources.datasets[0], plan=s.reads[0].for_rank(rank))
+        if start is not None:
+            rows.start_from(start.state_for(rows))
+        stats = LoaderStats()  # the buffer and the bucketer share its byte budget, as in the chain
+        buffer = ShuffleBuffer(rows, limits=s.buffer_limits, seed=s.seed, rank=rank, restore=fetch, stats=stats)
+        bucketer = DurationBucketer(buffer, limits=s.bucket_limits, drop_last=s.drop_last, restore=fetch,
+                                    stats=stats, duration_fn=seconds)
+        bucketer.reset(None)
+        counts.append(sum(isinstance(item, BatchEnd) for item in bucketer))
+    return max(counts)
 
 
 def planned_batches(settings: Any, sources: Any, start: Plan | None = None) -> int:
@@ -227,6 +258,9 @@ def planned_batches(settings: Any, sources: Any, start: Plan | None = None) -> i
         rows = ArrowShardReader(sources.datasets[0], plan=s.reads[0].for_rank(rank))
         if start is not None:
             rows.start_from(start.state_for(rows))
-        counts.append(len(plan_buckets((sources.seconds_of(r) for r in rows), s.buckets.boundaries,
-                                       s.batching.max_duration, s.batching.max_batch_size, s.drop_last)))
+        limits = bucket_limits(s, None, False)
+        rows = list(rows) if limits.token_column is not None else rows
+        tokens = [float(r.extras.get(limits.token_column) or 0) for r in rows] if limits.token_column else None
+        counts.append(len(plan_buckets((sources.seconds_of(r) for r in rows), drop_last=s.drop_last, limits=limits,
+                                       tokens=tokens)))
     return max(counts)

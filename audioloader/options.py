@@ -8,6 +8,7 @@ Each group is a small frozen dataclass; ``None`` fields take the mode's preset
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import pickle
@@ -21,26 +22,20 @@ from . import checks
 from .budget import Shuffle, ShuffleSettings
 from .budget import resolve as resolve_shuffle
 from .errors import ON_ERROR_ACTIONS, DeprecatedKeywordWarning, OnError
+from .nodes.bucket_rules import DEFAULT_NUM_BUCKETS, FULL_BATCHES_PER_BUCKET, Buckets  # noqa: F401 (their old home)
 from .shards.splits import resolve_rank
 from .shards.storage import Storage  # the group lives with the shards it reads; its old home still names it
 from .workers import AUTO_WORKERS, Workers
 
-#: The most duration buckets `Bucketing` uses when ``num_buckets`` is None (fewer on small data, see
-#: `FULL_BATCHES_PER_BUCKET`). Measured: on 1-20 s utterances, batches of 200 s pad 0.959 of their frames with
-#: 32 buckets against 0.926 with 16 (docs/benchmarks.md, speech).
-DEFAULT_NUM_BUCKETS = 32
-#: With ``num_buckets`` None, the buckets are as many as let each get this many full batches of one rank's pass
-#: (at most `DEFAULT_NUM_BUCKETS`, at least 1). 32 buckets over 112 s of audio got 3.5 s each, and gave batches of
-#: one or two utterances where ``max_duration=200`` asked for 200 s. Measured (1-20 s utterances, 200 s batches,
-#: train, one pass in the buffer): on 595 s, 32 buckets filled batches to 0.09 of 200 s, 2 (this rule) to 0.81, 4
-#: to 0.74; on 6,237 s, 32 buckets filled them to 0.89 and 0.955 of their frames were audio, 31 (this rule) 0.84
-#: and 0.953, where 4 batches a bucket (7 buckets) would give only 0.862. One batch a bucket keeps large data at 32.
-FULL_BATCHES_PER_BUCKET = 1
+#: The tokens-per-second buckets per duration bucket with ``Bucketing(token_column=...)`` and no ``token_buckets``.
+DEFAULT_TOKEN_BUCKETS = 4
+#: ``Bucketing(first=...)``: the batch a fresh run starts with.
+FIRST_BATCHES = ("largest",)
 
 
 @dataclass(frozen=True)
 class Bucketing:
-    """Batches by total duration, from buckets of rows of similar duration (`DurationBucketer`).
+    """Batches within budgets, from buckets of rows of similar duration (`DurationBucketer`).
 
     For whole utterances (``LengthPolicy(crop=None)``): instead of ``batch_size``
     samples, a batch holds up to ``max_duration`` seconds of audio, taken from
@@ -49,7 +44,8 @@ class Bucketing:
     and resumable exactly.
 
     Attributes:
-        max_duration: seconds of audio per batch (the sum of its rows' durations).
+        max_duration: seconds of audio per batch (the sum of its rows' durations; with ``quadratic_duration``
+            their costs). None: no duration budget (then ``max_tokens`` or ``batch_sizes`` bounds a batch).
         max_batch_size: most rows per batch (None: no limit).
         num_buckets: duration buckets; their edges split the rows' durations into
             parts of equal total duration. None: fitted to the data, as many as let each
@@ -58,23 +54,55 @@ class Bucketing:
             cut small); ``stats()["bucketing"]`` says how many and why. A checkpoint taken
             with another count and no ``num_buckets`` given (0.2: 16, 0.3: 32) resumes with its own.
         boundaries: explicit bucket edges in seconds (ascending), instead of estimating them.
-        estimate_rows: rows, evenly spread over the source, whose durations estimate the edges.
+        estimate_rows: rows, evenly spread over the source, whose durations (and tokens) estimate the edges.
         duration_column: a float column of durations in seconds used where the
             shards have it (``audioloader pack`` writes ``duration``); otherwise
             each row's duration comes from its audio header (no decoding).
+        quadratic_duration: Q, in seconds: a row of ``d`` seconds counts ``d + d²/Q`` against ``max_duration``
+            (Lhotse's option: attention costs grow with the square of the length; NeMo uses Q of 15-30 s for
+            its attention encoders). None: ``d``.
+        max_tokens: tokens per batch at most (the sum of the rows' ``token_column``), beside ``max_duration``.
+        token_column: an integer column of each row's tokens (its transcript's length in the model's
+            tokenizer: ``audioloader pack --tokenizer MODULE:FUNCTION`` writes ``tokens``). With it, buckets are
+            2-D: each duration bucket is split by tokens per second into ``token_buckets`` buckets of equal rows
+            (estimated from the same sample), so a dense transcript does not pad a batch of sparse ones.
+        token_buckets: tokens-per-second buckets per duration bucket (None: `DEFAULT_TOKEN_BUCKETS`, 4).
+        token_boundaries: explicit tokens-per-second edges, one ascending tuple per duration bucket (with
+            ``boundaries``), instead of estimating them.
+        batch_sizes: a batch size per bucket (with explicit ``boundaries``, and ``token_boundaries`` with a
+            token column; 2-D buckets are numbered duration-major): a batch of bucket ``b`` holds at most
+            ``batch_sizes[b]`` rows, beside any budget given. `tune_batch_sizes` finds them on a GPU.
+        sync_buckets: ranks in step: at step ``i`` every rank takes its batch from the same bucket, drawn as a
+            pure function of (seed, round, step) weighted by the batches each bucket has left to give in the
+            round (estimated from the sample, so every rank knows them), and every rank yields one batch a step.
+            None: True in training on more than one rank. Evaluation buckets each rank's rows on their own
+            (every utterance once, equal batch counts).
+        first: ``"largest"``: a fresh training run's first batch is the most expensive batch a bucket can make
+            (its batch size of its most expensive sampled rows), so an out-of-memory error shows at step 0, not
+            hours in; the batches after it are unchanged. None: no such batch.
     """
 
-    max_duration: float
+    max_duration: float | None = None
     max_batch_size: int | None = None
     num_buckets: int | None = None
     boundaries: tuple[float, ...] | None = None
     estimate_rows: int = 2000
     duration_column: str | None = "duration"
+    quadratic_duration: float | None = None
+    max_tokens: int | None = None
+    token_column: str | None = None
+    token_buckets: int | None = None
+    token_boundaries: tuple[tuple[float, ...], ...] | None = None
+    batch_sizes: tuple[int, ...] | None = None
+    sync_buckets: bool | None = None
+    first: str | None = None
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.max_duration, (int, float)) and math.isfinite(self.max_duration)
+        if self.max_duration is not None and not (
+                isinstance(self.max_duration, (int, float)) and math.isfinite(self.max_duration)
                 and self.max_duration > 0):
-            raise checks.field_error(self, "max_duration", "must be a positive number of seconds")
+            raise checks.field_error(self, "max_duration", "must be a positive number of seconds (or None with "
+                                     "max_tokens= or batch_sizes=)")
         checks.field_count(self, "max_batch_size", allow_none=True)
         checks.field_count(self, "num_buckets", allow_none=True)
         if self.boundaries is not None:
@@ -83,6 +111,48 @@ class Bucketing:
                 raise checks.field_error(self, "boundaries", "must be ascending positive seconds")
             object.__setattr__(self, "boundaries", tuple(float(e) for e in edges))
         checks.field_count(self, "estimate_rows", allow_none=True)
+        self._check_newer_fields()
+
+    def _check_newer_fields(self) -> None:
+        """The fields added after 0.3: costs, tokens, 2-D edges, batch sizes, ranks in step, the first batch."""
+        if self.quadratic_duration is not None:
+            checks.positive_number("Bucketing.quadratic_duration", self.quadratic_duration, unit="seconds")
+            if self.max_duration is None:
+                raise checks.field_error(self, "quadratic_duration", "weighs rows against max_duration: give "
+                                         "max_duration too")
+        checks.field_count(self, "max_tokens", allow_none=True)
+        checks.field_count(self, "token_buckets", allow_none=True)
+        if self.token_column is None and (self.max_tokens is not None or self.token_buckets is not None
+                                          or self.token_boundaries is not None):
+            raise checks.field_error(self, "token_column", "max_tokens=, token_buckets= and token_boundaries= "
+                                     "read each row's tokens: name the column (e.g. token_column='tokens')")
+        if self.token_boundaries is not None:
+            if self.boundaries is None:
+                raise checks.field_error(self, "token_boundaries", "edges within each duration bucket: give "
+                                         "boundaries= too")
+            grid = tuple(tuple(float(e) for e in row) for row in self.token_boundaries)
+            if len(grid) != len(self.boundaries) + 1 or len({len(row) for row in grid}) != 1 \
+                    or any(list(row) != sorted(row) for row in grid):
+                raise checks.field_error(self, "token_boundaries", f"one ascending tuple of tokens-per-second "
+                                         f"edges per duration bucket ({len(self.boundaries) + 1}), all of one length")
+            object.__setattr__(self, "token_boundaries", grid)
+        if self.batch_sizes is not None:
+            sizes = tuple(self.batch_sizes)
+            if not sizes or any(not checks.is_integer(n) or n < 1 for n in sizes):
+                raise checks.field_error(self, "batch_sizes", "must be integers >= 1, one per bucket")
+            if self.boundaries is None or (self.token_column is not None and self.token_boundaries is None):
+                raise checks.field_error(self, "batch_sizes", "a size per bucket needs the buckets fixed: give "
+                                         "boundaries= (and token_boundaries= with token_column=), e.g. from "
+                                         "al.tune_batch_sizes(...) or Bucketing.load(path)")
+            if len(sizes) != self.bucket_count:
+                raise checks.field_error(self, "batch_sizes", f"{len(sizes)} sizes for {self.bucket_count} buckets")
+            object.__setattr__(self, "batch_sizes", tuple(int(n) for n in sizes))
+        if self.max_duration is None and self.max_tokens is None and self.batch_sizes is None:
+            raise ValueError("Bucketing needs a budget: max_duration= (seconds a batch), max_tokens= (with "
+                             "token_column=) or batch_sizes= (with boundaries=)")
+        if self.sync_buckets is not None and not isinstance(self.sync_buckets, bool):
+            raise checks.field_error(self, "sync_buckets", "must be True, False or None (True on several ranks)")
+        checks.one_of("Bucketing.first", self.first, FIRST_BATCHES, allow_none=True)
 
     @property
     def buckets(self) -> int:
@@ -90,42 +160,62 @@ class Bucketing:
         count recorded with explicit ``boundaries`` (the count a loader uses is `Buckets.count`)."""
         return DEFAULT_NUM_BUCKETS if self.num_buckets is None else self.num_buckets
 
+    @property
+    def per_duration(self) -> int:
+        """Tokens-per-second buckets per duration bucket (1 without a token column)."""
+        if self.token_column is None:
+            return 1
+        if self.token_boundaries is not None:
+            return len(self.token_boundaries[0]) + 1
+        return DEFAULT_TOKEN_BUCKETS if self.token_buckets is None else self.token_buckets
+
+    @property
+    def bucket_count(self) -> int:
+        """Buckets in all with explicit edges (duration buckets × tokens-per-second buckets)."""
+        return (len(self.boundaries or ()) + 1) * self.per_duration
+
     def to_dict(self) -> dict[str, Any]:
-        """The fields, with ``num_buckets`` as `buckets` (a checkpoint records the count used, not "None")."""
-        return {**dataclasses.asdict(self), "num_buckets": self.buckets}
+        """The fields, with ``num_buckets`` as `buckets` (a checkpoint records the count used, not "None"); the
+        fields added after 0.3 only when set, so a 0.3 checkpoint's fingerprint still matches."""
+        fields = dataclasses.asdict(self)
+        for name in _NEWER_FIELDS:
+            if fields[name] is None:
+                del fields[name]
+        if fields.get("sync_buckets") is False:  # not in step, as 0.3 was: a 0.3 checkpoint records nothing either
+            del fields["sync_buckets"]
+        for name in ("token_boundaries", "batch_sizes"):
+            if name in fields:
+                fields[name] = [list(row) for row in fields[name]] if name == "token_boundaries" else list(fields[name])
+        return {**fields, "num_buckets": self.buckets}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write these settings to ``path`` as JSON (e.g. the batch sizes `tune_batch_sizes` found), for `load`."""
+        text = json.dumps({"audioloader.Bucketing": 1, **dataclasses.asdict(self)}, indent=1)
+        with open(path, "w") as f:
+            f.write(text + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Bucketing:
+        """The `Bucketing` `save` wrote to ``path`` (checked as if built by hand)."""
+        with open(path) as f:
+            data = json.load(f)
+        if data.pop("audioloader.Bucketing", None) != 1:
+            raise ValueError(f"{os.fspath(path)}: not a Bucketing saved by Bucketing.save (no "
+                             "'audioloader.Bucketing': 1 in it)")
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"{os.fspath(path)}: unknown Bucketing field(s) {unknown}: saved by a newer audioloader?")
+        for name in ("boundaries", "batch_sizes"):
+            if data.get(name) is not None:
+                data[name] = tuple(data[name])
+        if data.get("token_boundaries") is not None:
+            data["token_boundaries"] = tuple(tuple(row) for row in data["token_boundaries"])
+        return cls(**data)
 
 
-@dataclass(frozen=True)
-class Buckets:
-    """The duration buckets of a loader with bucketing (`chain.duration_buckets`).
-
-    ``count``: buckets asked for (the edges may be fewer: equal durations merge); ``boundaries``: their
-    edges in seconds; ``fitted``: the count was fitted to the data (``Bucketing(num_buckets=None)``);
-    ``pass_seconds``: the estimated seconds of audio in one pass of a rank (None when the edges were given).
-    """
-
-    count: int
-    boundaries: list[float]
-    fitted: bool = False
-    pass_seconds: float | None = None
-
-    def report(self, max_duration: float) -> dict[str, Any]:
-        """``stats()["bucketing"]``: the count, the edges, and, when fitted, why that many."""
-        out: dict[str, Any] = {"num_buckets": self.count, "boundaries": list(self.boundaries),
-                               "fitted": self.fitted, "pass_seconds": self.pass_seconds}
-        if self.pass_seconds is None:
-            return out
-        if self.fitted and self.count < DEFAULT_NUM_BUCKETS:
-            out["why"] = (f"{self.count} bucket(s), not {DEFAULT_NUM_BUCKETS}: a pass of this rank holds about "
-                          f"{self.pass_seconds:.0f} s of audio, and each bucket should get at least "
-                          f"{FULL_BATCHES_PER_BUCKET} batch(es) of {max_duration:g} s of it; more buckets would cut "
-                          "batches small (Bucketing(num_buckets=...) sets the count)")
-        elif self.pass_seconds / self.count < max_duration:
-            out["why"] = (f"each of the {self.count} buckets gets about {self.pass_seconds / self.count:.1f} s of a "
-                          f"pass of this rank, less than a batch of {max_duration:g} s: batches leave smaller. Fewer "
-                          "buckets make them fuller (a count given, or a checkpoint's: on a new run, "
-                          "Bucketing(num_buckets=None) fits the count to the data)")
-        return out
+#: `Bucketing`'s fields added after 0.3, left out of its fingerprint while None.
+_NEWER_FIELDS = ("quadratic_duration", "max_tokens", "token_column", "token_buckets", "token_boundaries",
+                 "batch_sizes", "sync_buckets", "first")
 
 
 #: 0.2's flat keywords of `AudioLoader` that moved into a group: name -> (argument, field). Accepted for one

@@ -37,6 +37,7 @@ SALT_MIXUP = 0x4D495855  # "MIXU": the mixup weight
 SALT_MIXUP_PAIR = 0x4D585052  # "MXPR": the mixup partner
 SALT_ELASTIC = 0x454C4153  # "ELAS"
 SALT_INTERLEAVE = 0x494C5645  # "ILVE": the order of an interleaving reader's lanes in each round
+SALT_SYNC = 0x53594E43  # "SYNC": the order of the buckets ranks in step take their batches from, each round
 
 
 def splitmix64(x: int) -> int:

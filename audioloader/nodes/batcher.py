@@ -221,6 +221,11 @@ class Batcher(BaseNode[dict]):
             samples.append(item)
         return samples, False
 
+    def collate(self, samples: Sequence[Sample]) -> dict[str, Any]:
+        """The batch this batcher makes of ``samples`` (outside its stream: no state, no stats; e.g. a probe batch
+        of `audioloader.tune_batch_sizes`)."""
+        return self._collate(samples, pad=0)
+
     def _collate(self, samples: Sequence[Sample], pad: int) -> dict[str, Any]:
         """Stack ``samples`` and append ``pad`` padding entries."""
         batch: dict[str, Any] = {}

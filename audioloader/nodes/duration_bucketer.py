@@ -1,23 +1,26 @@
-"""DurationBucketer: batches of rows of similar duration, up to a total duration, resumable by keys."""
+"""DurationBucketer: batches of rows of similar duration (and tokens), within budgets, resumable by keys."""
 
 from __future__ import annotations
 
-import bisect
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 from torchdata.nodes import BaseNode
 
-from .. import checks
 from ..dsp.audio import probe_seconds, span_seconds
 from ..dsp.config import Segments
 from ..dsp.hashing import item_checksum
 from ..errors import DecodeError
 from ..samples import BatchEnd, Key, RawSample, held_bytes, item_key
 from ..stats import HeldBytes, LoaderStats
+from .bucket_rules import (  # noqa: F401  (the rules' names, re-exported where they were)
+    BucketLimits,
+    BucketSchedule,
+    estimate_boundaries,
+    fit_bucket_count,
+    plan,
+)
 from .held import RowsHeld, as_keys
 from .shuffle_buffer import verify_checksums
 
@@ -47,140 +50,76 @@ def row_seconds(raw: RawSample, duration_column: str | None = None, segments: Se
         return 0.0
 
 
-def estimate_boundaries(durations: Iterable[float], num_buckets: int) -> list[float]:
-    """``num_buckets - 1`` duration boundaries that split ``durations`` into buckets of equal total duration.
-
-    Deterministic (sorted durations, cumulative sums); every rank computes the
-    same from the same rows. Duplicate boundaries (many equal durations) are merged.
-    """
-    values = np.sort(np.asarray(list(durations), dtype=np.float64))
-    if len(values) == 0 or num_buckets <= 1:
-        return []
-    cumulative = np.cumsum(values)
-    targets = cumulative[-1] * np.arange(1, num_buckets) / num_buckets
-    cuts = values[np.searchsorted(cumulative, targets, side="left").clip(0, len(values) - 1)]
-    return sorted({float(c) for c in cuts})
-
-
-def fit_bucket_count(durations: Sequence[float], pass_seconds: float, max_duration: float,
-                     max_batch_size: int | None, most: int, full_batches: int) -> int:
-    """The number of duration buckets that lets each hold ``full_batches`` full batches of one pass, at most ``most``.
-
-    ``durations``: a sample of the rows' durations (s); ``pass_seconds``: the audio in one pass of a rank (s). A
-    full batch holds ``max_duration`` seconds, or ``max_batch_size`` rows of the mean duration when fewer. With
-    more buckets than that, a bucket gets less than a batch per pass, and batches leave small: at the end of an
-    evaluation pass, or when a row comes back for the next pass (``distinct``). At least 1.
-    """
-    if len(durations) == 0 or pass_seconds <= 0:
-        return 1
-    mean = float(np.mean(durations))
-    batch_seconds = max_duration if max_batch_size is None else min(max_duration, max_batch_size * mean)
-    if batch_seconds <= 0:
-        return 1
-    return max(1, min(most, int(pass_seconds // (full_batches * batch_seconds))))
-
-
 class _Buckets:
-    """The rows held per bucket: the items, their durations, their bytes and (for ``distinct``) their indices."""
+    """The rows held per bucket: the open batch (items, durations, tokens, its cost and tokens summed, the
+    indices for ``distinct``), the closed batches waiting for their turn (ranks in step), and the bytes of both."""
 
     def __init__(self, count: int) -> None:
         self.items: list[list[Any]] = [[] for _ in range(count)]
         self.seconds: list[list[float]] = [[] for _ in range(count)]
-        self.totals = [0.0] * count
+        self.tokens: list[list[float]] = [[] for _ in range(count)]
+        self.costs = [0.0] * count
+        self.token_totals = [0.0] * count
         self.bytes = [0] * count
         self.indices: list[set[int]] = [set() for _ in range(count)]
+        # Closed batches of each bucket, oldest first: (items, seconds, tokens) each.
+        self.queued: list[deque[tuple[list[Any], list[float], list[float]]]] = [deque() for _ in range(count)]
 
-    def add(self, bucket: int, item: Any, seconds: float, size: int, index: int) -> None:
+    def add(self, bucket: int, item: Any, seconds: float, tokens: float, cost: float, size: int, index: int) -> None:
         self.items[bucket].append(item)
         self.seconds[bucket].append(seconds)
-        self.totals[bucket] += seconds
+        self.tokens[bucket].append(tokens)
+        self.costs[bucket] += cost
+        self.token_totals[bucket] += tokens
         self.bytes[bucket] += size
         self.indices[bucket].add(index)
 
-    def take(self, bucket: int) -> list[Any]:
-        items = self.items[bucket]
-        self.items[bucket], self.seconds[bucket], self.totals[bucket] = [], [], 0.0
-        self.bytes[bucket], self.indices[bucket] = 0, set()
-        return items
-
-
-def plan(durations: Iterable[float], boundaries: Sequence[float], max_duration: float,
-         max_batch_size: int | None, drop_last: bool = False) -> list[int]:
-    """Batch sizes `DurationBucketer` forms from rows of these durations, in this order, to the end.
-
-    The same rules as the node, without audio: used to know in advance how
-    many batches each rank's evaluation pass has.
-    """
-    sizes: list[int] = []
-    counts = [0] * (len(boundaries) + 1)
-    totals = [0.0] * (len(boundaries) + 1)
-    for seconds in durations:
-        b = bisect.bisect_right(boundaries, seconds)
-        if counts[b] and totals[b] + seconds > max_duration:
-            sizes.append(counts[b])
-            counts[b], totals[b] = 0, 0.0
-        counts[b] += 1
-        totals[b] += seconds
-        if max_batch_size is not None and counts[b] >= max_batch_size:
-            sizes.append(counts[b])
-            counts[b], totals[b] = 0, 0.0
-    if not drop_last:
-        sizes.extend(c for c in counts if c)
-    return sizes
-
-
-@dataclass(frozen=True)
-class BucketLimits:
-    """A `DurationBucketer`'s settings, checked once, here: ``max_duration`` seconds of audio a batch (> 0);
-    ``boundaries`` the bucket edges in seconds, ascending; ``max_batch_size`` rows a batch at most (None: no
-    limit); ``max_bytes`` of rows held in buckets (None: no byte bound); ``distinct``: no batch holds an index
-    twice (see `DurationBucketer`)."""
-
-    max_duration: float
-    boundaries: tuple[float, ...] = ()
-    max_batch_size: int | None = None
-    max_bytes: int | None = None
-    distinct: bool = False
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.max_duration, (int, float)) and self.max_duration > 0):
-            raise ValueError(f"max_duration={self.max_duration!r}: must be a positive number of seconds")
-        checks.count("max_batch_size", self.max_batch_size, allow_none=True)
-        edges = tuple(float(b) for b in self.boundaries)
-        if list(edges) != sorted(edges):
-            raise ValueError(f"boundaries={list(self.boundaries)!r}: must be ascending")
-        checks.count("max_bytes", self.max_bytes, allow_none=True)
-        object.__setattr__(self, "max_duration", float(self.max_duration))
-        object.__setattr__(self, "boundaries", edges)
-        object.__setattr__(self, "distinct", bool(self.distinct))
+    def close(self, bucket: int) -> tuple[list[Any], list[float], list[float]]:
+        """The open batch of ``bucket``, emptied (its bytes stay counted until `release`)."""
+        batch = (self.items[bucket], self.seconds[bucket], self.tokens[bucket])
+        self.items[bucket], self.seconds[bucket], self.tokens[bucket] = [], [], []
+        self.costs[bucket], self.token_totals[bucket], self.indices[bucket] = 0.0, 0.0, set()
+        return batch
 
 
 class DurationBucketer(BaseNode):
-    """Groups rows into batches of similar duration, as Lhotse's DynamicBucketingSampler does.
+    """Groups rows into batches of similar duration (and tokens per second), as Lhotse's DynamicBucketingSampler
+    and NeMo's 2-D bucketing do.
 
-    Each incoming row goes to the bucket of its duration (``boundaries``: the
-    upper edges, see `estimate_boundaries`). A bucket becomes a batch when the
-    next row would take its total duration past ``max_duration`` seconds (the
-    bucket is emitted first and the row starts the next batch) or when it holds
-    ``max_batch_size`` rows. A batch leaves as its rows, in arrival order, then a
-    `BatchEnd` marker, which the decode stage passes through and the `Batcher`
-    closes the batch at. When the source ends (an evaluation pass), the partly
-    filled buckets leave too, in bucket order (``drop_last`` drops them).
+    Each incoming row goes to a bucket (`BucketLimits.bucket_of`: ``boundaries``, the upper duration edges, see
+    `estimate_boundaries`; with ``token_boundaries``, also by its tokens per second). A bucket becomes a batch when
+    the next row would take it past a budget (``max_duration`` seconds, each row counting ``d + d²/Q`` with
+    ``quadratic_duration``; ``max_tokens``; the bucket is closed first and the row starts the next batch) or when
+    it holds its batch size (``batch_sizes[b]``, else ``max_batch_size``). A batch leaves as its rows, in arrival
+    order, then a `BatchEnd` marker, which the decode stage passes through and the `Batcher` closes the batch at.
+
+    Without a ``schedule`` a batch leaves as soon as it is closed; when the source ends (an evaluation pass), the
+    partly filled buckets leave too, in bucket order (``drop_last`` drops them). With a ``schedule`` (ranks in
+    step, `BucketSchedule`) step ``i``'s batch comes from the bucket ``schedule.bucket_at(i)``, the same on every
+    rank: the node reads rows until that bucket has a closed batch (closed batches of other buckets wait for
+    their turn), or, at the end of the source, takes its open one. When it has neither (the source ended, or
+    reading on would hold more than ``max_bytes``), it takes the bucket with the most batches waiting instead
+    (counted in ``stats()["memory"]["bucketer"]["off_schedule"]``); the rows then waiting drain at their
+    buckets' turns. Each step yields exactly one batch, on every rank.
 
     Two more rules bound what it holds, both functions of the rows only:
-    ``max_bytes``: when the rows held take more bytes than this (``size_fn``), the
+    ``max_bytes``: without a schedule, when the rows held take more bytes than this (``size_fn``), the
     bucket holding the most bytes leaves at once, as a smaller batch (counted in
     ``stats()["memory"]["bucketer"]["early_batches"]``); ``distinct``: a row whose
-    index its bucket already holds (the same utterance from another pass) closes
-    that bucket first, so no batch holds an utterance twice.
+    index its bucket's open batch already holds (the same utterance from another pass) closes
+    that batch first, so no batch holds an utterance twice.
+
+    ``probe`` (``Bucketing(first="largest")``): a fresh run's first batch is these rows (read through
+    ``restore``), the most expensive batch a bucket can make, so that an out-of-memory error shows at step 0;
+    the batches after it are those without it.
 
     Batches are a pure function of the input order: put a seeded `ShuffleBuffer`
     before this node for random batches in training. Rows from similar-duration
     buckets pad little: with 16 buckets more than 90 % of a padded batch is audio
     (tested; see docs/benchmarks.md).
 
-    State: the keys and durations of the rows held in buckets and of the batch
-    being handed out, their audio checksums (taken when each row was read), and the
+    State: the keys, durations (and tokens) of the rows held in buckets and of the batch
+    being handed out, their audio checksums (taken when each row was read), the schedule's step, and the
     source's state; ``reset(state)`` reads the rows back through ``restore(keys)``
     (e.g. ``reader.fetch``) and checks their checksums. A few kilobytes.
 
@@ -190,7 +129,7 @@ class DurationBucketer(BaseNode):
         boundaries: bucket edges in seconds, ascending.
         max_batch_size: most rows per batch (None: no limit).
         duration_fn: ``item -> seconds`` (default: `row_seconds`).
-        restore: ``keys -> items`` for resuming; required to resume.
+        restore: ``keys -> items`` for resuming (and for ``probe``); required to resume.
         drop_last: drop the partly filled batches at the end of the source.
         key_fn: ``item -> Key`` (default ``item.key``).
         stats: optional `LoaderStats`: counts ``bucketed_batches``; what is held goes to
@@ -199,8 +138,9 @@ class DurationBucketer(BaseNode):
         distinct: close a bucket before it would hold an index twice (see above).
         size_fn: ``item -> bytes`` it keeps alive (default `held_bytes`).
         held: the `HeldBytes` to record into (shared with a `ShuffleBuffer` before this node).
-        limits: ``max_duration``, ``boundaries``, ``max_batch_size``, ``max_bytes`` and ``distinct`` as one checked
-            group (`BucketLimits`; `AudioLoader` settles its own before the chain is built), instead of one by one.
+        limits: every setting above (``max_duration`` to ``distinct``) and the newer ones (costs, tokens, 2-D
+            edges, batch sizes, schedule, probe) as one checked group (`BucketLimits`; `AudioLoader` settles its
+            own before the chain is built), instead of one by one.
     """
 
     HOLDER = "bucketer"
@@ -219,10 +159,14 @@ class DurationBucketer(BaseNode):
         elif (max_duration, tuple(boundaries), max_batch_size, max_bytes, distinct) != (None, (), None, None, False):
             raise ValueError("DurationBucketer(limits=..., max_duration=/boundaries=/max_batch_size=/max_bytes=/"
                              "distinct=...): give each once, in BucketLimits(...)")
+        if limits.probe and restore is None:
+            raise ValueError("BucketLimits(probe=...) reads its rows by key: build the bucketer with restore= "
+                             "(e.g. reader.fetch)")
         self.source = source
         self.limits = limits
         self.max_duration, self.boundaries = limits.max_duration, list(limits.boundaries)
         self.max_batch_size, self.max_bytes, self.distinct = limits.max_batch_size, limits.max_bytes, limits.distinct
+        self.schedule = limits.schedule
         self.duration_fn = duration_fn
         self.restore = restore
         self.drop_last = bool(drop_last)
@@ -234,13 +178,17 @@ class DurationBucketer(BaseNode):
         self._holding = held.holding(self.HOLDER)
         # The limits in the report (``stats()["memory"]["bucketer"]``), fixed for the node's life.
         self._holding.info.update(early_batches=0, max_bytes=self.max_bytes, distinct=self.distinct)
+        if self.schedule is not None:
+            self._holding.info.update(off_schedule=0, steps_per_round=self.schedule.steps_per_round)
         self._clear()
 
     def _clear(self) -> None:
         self._holding.clear()
-        self._buckets = _Buckets(len(self.boundaries) + 1)
+        self._buckets = _Buckets(self.limits.count)
         self._ready: deque[Any] = deque()  # rows and BatchEnd markers being handed out
         self._batches = 0
+        self._step = 0  # with a schedule: the steps taken (batches handed out, the probe batch aside)
+        self._probe_left = 0  # rows of the probe batch at the head of ``_ready``
         self._exhausted = False
 
     # ------------------------------------------------------------------ BaseNode
@@ -250,12 +198,17 @@ class DurationBucketer(BaseNode):
         self._clear()
         if initial_state is None:
             self.source.reset(None)
+            self._start_with_probe()
             return
         self._restore(initial_state)
         self.source.reset(initial_state[self.SOURCE_KEY])
 
     def next(self) -> Any:
         while not self._ready:
+            if self.schedule is not None:
+                if not self._take_step():
+                    raise StopIteration
+                continue
             if self._exhausted:
                 if not self._flush_one():
                     raise StopIteration
@@ -269,55 +222,95 @@ class DurationBucketer(BaseNode):
         item = self._ready.popleft()
         if not isinstance(item, BatchEnd):
             self._holding.add(-int(self.size_fn(item)), -1)
+            self._probe_left = max(0, self._probe_left - 1)
         return item
 
     def get_state(self) -> dict[str, Any]:
-        held = [item for bucket in self._buckets.items for item in bucket]
+        b = self._buckets
+        held, seconds, tokens, queued = [], [], [], []
+        for k in range(len(b.items)):
+            for items, secs, toks in b.queued[k]:
+                held += items
+                seconds += secs
+                tokens += toks
+            held += b.items[k]
+            seconds += b.seconds[k]
+            tokens += b.tokens[k]
+            queued.append([len(batch[0]) for batch in b.queued[k]])
         keys = [self.key_fn(item) for item in held]
         ready = [None if isinstance(item, BatchEnd) else self.key_fn(item) for item in self._ready]
-        return {
+        state = {
             self.SOURCE_KEY: self.source.state_dict(),
-            "bucket_sizes": [len(bucket) for bucket in self._buckets.items],
+            "bucket_sizes": [len(bucket) for bucket in b.items],
             "indices": [k.index for k in keys], "passes": [k.pass_index for k in keys],
-            "seconds": [s for bucket in self._buckets.seconds for s in bucket],
+            "seconds": seconds,
             "ready": [None if k is None else [k.index, k.pass_index] for k in ready],
             # Each row's checksum was taken when it was read (`item_checksum` only fetches it).
             "checksums": [item_checksum(item) for item in held]
                          + [item_checksum(item) for item in self._ready if not isinstance(item, BatchEnd)],
             "batches": self._batches, "exhausted": self._exhausted,
         }
+        # Newer fields only where used: a state of 0.3's options is as 0.3 wrote it.
+        if self.limits.token_column is not None:
+            state["tokens"] = tokens
+        if self.schedule is not None:
+            state.update(step=self._step, queued=queued)
+        if self._probe_left:
+            state["probe_left"] = self._probe_left
+        return state
 
     def rows_held(self, state: dict[str, Any]) -> RowsHeld:
-        """The rows in its buckets, then those of the batch it is handing out (see `audioloader.nodes.held`)."""
+        """The rows in its buckets, then those of the batch it is handing out, less the probe batch's (a copy of
+        rows read for it, not rows of the pass: see `audioloader.nodes.held`)."""
         held = as_keys(zip(state["indices"], state["passes"], strict=True))
-        held += as_keys([k for k in state["ready"] if k is not None])
+        ready = [k for k in state["ready"] if k is not None]
+        held += as_keys(ready[state.get("probe_left", 0):])
         return RowsHeld(self.source, state[self.SOURCE_KEY], held)
 
     # ------------------------------------------------------------------ batching
 
+    def _tokens(self, item: Any) -> float:
+        column = self.limits.token_column
+        if column is None:
+            return 0.0
+        value = item.extras.get(column)
+        return 0.0 if value is None else float(value)
+
     def _add(self, item: Any) -> None:
-        seconds = float(self.duration_fn(item))
-        b = bisect.bisect_right(self.boundaries, seconds)
+        seconds, tokens = float(self.duration_fn(item)), self._tokens(item)
+        limits, buckets = self.limits, self._buckets
+        b = limits.bucket_of(seconds, tokens)
+        cost = limits.cost(seconds)
         index = int(self.key_fn(item)[0])
-        if self.distinct and index in self._buckets.indices[b]:
-            self._emit(b)  # the same utterance of another pass: not twice in one batch
-        if self._buckets.items[b] and self._buckets.totals[b] + seconds > self.max_duration:
-            self._emit(b)
-        self._hold(b, item, seconds)
-        if self.max_batch_size is not None and len(self._buckets.items[b]) >= self.max_batch_size:
-            self._emit(b)
-        while self.max_bytes is not None and sum(self._buckets.bytes) > self.max_bytes:
-            fullest = max(range(len(self._buckets.bytes)), key=lambda k: (self._buckets.bytes[k], -k))
-            self._emit(fullest)
+        if self.distinct and index in buckets.indices[b]:
+            self._close(b)  # the same utterance of another pass: not twice in one batch
+        if limits.overflows(len(buckets.items[b]), buckets.costs[b], buckets.token_totals[b], cost, tokens):
+            self._close(b)
+        self._hold(b, item, seconds, tokens)
+        limit = limits.size_limit(b)
+        if limit is not None and len(buckets.items[b]) >= limit:
+            self._close(b)
+        while self.schedule is None and self.max_bytes is not None and sum(buckets.bytes) > self.max_bytes:
+            fullest = max(range(len(buckets.bytes)), key=lambda k: (buckets.bytes[k], -k))
+            self._close(fullest)
             self._holding.info["early_batches"] += 1
 
-    def _hold(self, bucket: int, item: Any, seconds: float) -> None:
+    def _hold(self, bucket: int, item: Any, seconds: float, tokens: float) -> None:
         size = int(self.size_fn(item))
-        self._buckets.add(bucket, item, seconds, size, int(self.key_fn(item)[0]))
+        self._buckets.add(bucket, item, seconds, tokens, self.limits.cost(seconds), size, int(self.key_fn(item)[0]))
         self._holding.add(size)
 
-    def _emit(self, bucket: int) -> None:
-        self._ready.extend(self._buckets.take(bucket))
+    def _close(self, bucket: int) -> None:
+        """The open batch of ``bucket`` is complete: it leaves now, or, ranks in step, waits for its turn."""
+        batch = self._buckets.close(bucket)
+        if self.schedule is not None:
+            self._buckets.queued[bucket].append(batch)
+        else:
+            self._hand_out(bucket, batch[0])
+
+    def _hand_out(self, bucket: int, items: list[Any]) -> None:
+        self._buckets.bytes[bucket] -= sum(int(self.size_fn(item)) for item in items)
+        self._ready.extend(items)
         self._ready.append(BatchEnd(self._batches))
         self._batches += 1
         if self.stats is not None:
@@ -328,11 +321,68 @@ class DurationBucketer(BaseNode):
         for b, items in enumerate(self._buckets.items):
             if items:
                 if self.drop_last:
-                    self._buckets.take(b)
+                    self._buckets.bytes[b] = 0
+                    self._holding.add(-sum(int(self.size_fn(item)) for item in items), -len(items))
+                    self._buckets.close(b)
                 else:
-                    self._emit(b)
+                    self._close(b)
                 return True
         return False
+
+    def _take_step(self) -> bool:
+        """Ranks in step: hand out step ``_step``'s batch (see the class doc); False when nothing is left."""
+        buckets = self._buckets
+        b = self.schedule.bucket_at(self._step)
+        while not buckets.queued[b] and not self._exhausted and not self._over_budget():
+            try:
+                item = next(self.source)
+            except StopIteration:
+                self._exhausted = True
+                break
+            self._add(item)
+        if not buckets.queued[b] and not (self._exhausted and buckets.items[b]):
+            b = self._instead()
+            if b is None:
+                return False
+            self._holding.info["off_schedule"] += 1
+        if buckets.queued[b]:
+            items = buckets.queued[b].popleft()[0]
+        elif self.drop_last and self._exhausted:  # what is left at the end: partly filled batches
+            for k, rows in enumerate(buckets.items):
+                self._holding.add(-sum(int(self.size_fn(item)) for item in rows), -len(rows))
+                buckets.bytes[k] = 0
+                buckets.close(k)
+            return False
+        else:
+            items = buckets.close(b)[0]
+        self._step += 1
+        self._hand_out(b, items)
+        return True
+
+    def _over_budget(self) -> bool:
+        return self.max_bytes is not None and sum(self._buckets.bytes) > self.max_bytes
+
+    def _instead(self) -> int | None:
+        """The bucket a step takes when its own has no batch: the one with the most closed batches waiting, else
+        (the source ended, or the byte budget is reached) the open batch holding the most bytes; None: empty."""
+        buckets = self._buckets
+        waiting = max(range(len(buckets.queued)), key=lambda k: (len(buckets.queued[k]), -k))
+        if buckets.queued[waiting]:
+            return waiting
+        fullest = max(range(len(buckets.items)), key=lambda k: (buckets.bytes[k], len(buckets.items[k]), -k))
+        return fullest if buckets.items[fullest] else None
+
+    def _start_with_probe(self) -> None:
+        """A fresh run with ``probe`` rows: they are its first batch."""
+        if not self.limits.probe:
+            return
+        rows = list(self.restore([Key(int(i), 0) for i in self.limits.probe]))
+        for row in rows:
+            self._holding.add(int(self.size_fn(row)))
+        self._ready.extend(rows)
+        self._ready.append(BatchEnd(self._batches))
+        self._batches += 1
+        self._probe_left = len(rows)
 
     def _restore(self, state: dict[str, Any]) -> None:
         held = [Key(i, p) for i, p in zip(state["indices"], state["passes"], strict=True)]
@@ -348,9 +398,14 @@ class DurationBucketer(BaseNode):
         verify_checksums(items, state.get("checksums"), item_checksum, "duration bucketer")
         rows = iter(items)
         seconds = iter(state["seconds"])
-        for b, size in enumerate(state["bucket_sizes"]):
-            for _ in range(size):
-                self._hold(b, next(rows), next(seconds))
+        tokens = iter(state.get("tokens") or [0.0] * len(held))
+        queued = state.get("queued") or [[] for _ in state["bucket_sizes"]]
+        for b, (waiting, size) in enumerate(zip(queued, state["bucket_sizes"], strict=True)):
+            for length in [*waiting, None]:
+                for _ in range(size if length is None else length):
+                    self._hold(b, next(rows), next(seconds), next(tokens))
+                if length is not None:
+                    self._buckets.queued[b].append(self._buckets.close(b))
         marker = state["batches"] - sum(k is None for k in ready)
         for k in ready:
             if k is None:
@@ -362,3 +417,5 @@ class DurationBucketer(BaseNode):
                 self._holding.add(int(self.size_fn(row)))
         self._batches = state["batches"]
         self._exhausted = state["exhausted"]
+        self._step = state.get("step", 0)
+        self._probe_left = state.get("probe_left", 0)
