@@ -359,9 +359,35 @@ def remote_latency_data(results: dict[str, Any], command: str, date: str) -> dic
                        "protocol and latency, not its capacity)", "rows": rows}
 
 
+def draw_batching(plt: Any, data: dict[str, Any]) -> Any:
+    """Two panels: each contender's efficiency (useful work / the 8 ranks' budgeted work) with its steps a pass,
+    and the batch size `tune_batch_sizes` chose for each bucket beside the largest that fits."""
+    rows, buckets = data["rows"], data["buckets"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [1.1, 1]})
+    names = [r["contender"] for r in rows]
+    bars = left.barh(range(len(rows)), [r["efficiency"] for r in rows],
+                     color=[OURS if r["ours"] else PEER for r in rows])
+    _bar_labels(left, bars, [f"{r['efficiency']:.3f}, {r['steps']} steps" for r in rows])
+    left.set_yticks(range(len(rows)), names, fontsize=8)
+    left.set_xlabel("efficiency: useful work / (8 × the slowest rank's cost), higher is better", fontsize=8)
+    left.margins(x=0.3)
+    tuned, fits = buckets["tuned"], buckets["largest_that_fits"]
+    xs = range(len(tuned))
+    right.bar([x - 0.2 for x in xs], fits, 0.4, color=CEILING, label="largest batch that fits")
+    right.bar([x + 0.2 for x in xs], tuned, 0.4, color=OURS, label="tune_batch_sizes (margin 0.05)")
+    right.set_xlabel(f"bucket ({buckets['duration_buckets']} duration × {buckets['token_buckets']} tokens-per-second, "
+                     "shortest first)", fontsize=8)
+    right.set_ylabel("rows a batch", fontsize=8)
+    right.legend(fontsize=8, frameon=False)
+    fig.suptitle(data["title"], fontsize=11)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    _footnote(fig, data)
+    return fig
+
+
 DRAW: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "peers": draw_peers, "scaling": draw_scaling, "speech_lhotse": draw_speech_lhotse, "remote": draw_remote,
-    "remote_latency": draw_remote_latency, "end_to_end": draw_end_to_end}
+    "remote_latency": draw_remote_latency, "end_to_end": draw_end_to_end, "batching": draw_batching}
 
 
 def draw(name: str, data_dir: Path = DATA, out_dir: Path = OUT) -> Path:
