@@ -298,7 +298,8 @@ def test_index_command_writes_the_manifest(tmp_path, capsys):
     make_shards(tmp_path, [5, 6], "parquet", batch_rows=2)
     plain = al.ShardDataset(tmp_path)
     assert main(["index", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.strip() == str(tmp_path / "_audioloader_manifest.arrow")
+    # the manifest's path with what it lists (issue 39: `index` printed the path alone)
+    assert capsys.readouterr().out.strip() == f"{tmp_path / '_audioloader_manifest.arrow'}: 2 shard file(s), 11 rows"
     manifest = Manifest(str(tmp_path / "_audioloader_manifest.arrow"), "test")
     assert manifest.names() == ["part-00000.parquet", "part-00001.parquet"]
     assert [manifest.unit_rows(i) for i in range(2)] == [(2, 2, 1), (2, 2, 2)]
