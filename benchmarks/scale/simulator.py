@@ -199,12 +199,15 @@ def plug_simultaneous_start() -> None:
 def plug_direct_reads(fs: Any, store: SimStore) -> bool:
     """Where this audioloader reads S3 without pyarrow's HEAD (obstore: `audioloader.shards.direct`), read the
     simulated store that way too (`scale_store.SimDirect`); False for a version without it (0.3)."""
-    from audioloader.shards import remote
+    from audioloader.shards import direct, remote
 
-    if not hasattr(remote, "store_for"):
+    # Where the stores are made: `direct.store_for` since the cache downloads read without a HEAD too (both the
+    # reads and the cache go through `direct.DirectStores`); `remote.store_for` in the versions before.
+    module = direct if hasattr(direct, "DirectStores") else remote
+    if not hasattr(module, "store_for"):
         return False
-    real = remote.store_for
-    remote.store_for = lambda candidate: SimDirect(store) if candidate is fs else real(candidate)
+    real = module.store_for
+    module.store_for = lambda candidate: SimDirect(store) if candidate is fs else real(candidate)
     return True
 
 
