@@ -60,6 +60,7 @@ from .clip import (
     AudioInfo,
     Timer,
     crop_offset,
+    cut_window,
     fit,
     mixdown,
     resample,
@@ -345,16 +346,7 @@ def _decode_window(handle: sf.SoundFile, info: AudioInfo, target_rate: int, offs
     start = timed(timer, "decode", start)
     part = resample(mono, info.sample_rate, target_rate)
     timed(timer, "resample", start)
-    window = part[segment.skip:segment.skip + clip_samples]
-    if len(window) != clip_samples:
-        return None
-    if segment.stop == info.frames:
-        # The segment holds the real end: its output length must agree with the
-        # length the offset was drawn from, else the arithmetic and soxr disagree.
-        expected = resampled_length(info.frames, info.sample_rate, target_rate) - (offset - segment.skip)
-        if len(part) != expected:
-            return None
-    return window  # a view of `part`, which nothing else holds: no copy needed
+    return cut_window(part, segment, info, target_rate, offset, clip_samples)  # a view of `part`: nothing else holds it
 
 
 def _load_pcm16_at_rate(pcm: np.ndarray, clip_samples: int, *, train: bool,

@@ -148,3 +148,19 @@ def timed(timer: Timer | None, stage: str, start: float) -> float:
     if timer is not None:
         timer(stage, now - start)
     return now
+
+
+def cut_window(part: np.ndarray, segment: Segment, info: AudioInfo, target_rate: int, offset: int,
+               clip_samples: int) -> np.ndarray | None:
+    """The crop window ``[offset, offset + clip_samples)`` of ``part``, the resampled float32 mono output of the
+    source frames ``segment`` (`segment_for_window`), or None when ``part`` cannot give it exactly (too short, or,
+    where the segment holds the real end, an output length other than the one the offset was drawn from: the
+    arithmetic and soxr disagree) and the caller decodes everything instead. A view of ``part``."""
+    window = part[segment.skip:segment.skip + clip_samples]
+    if len(window) != clip_samples:
+        return None
+    if segment.stop == info.frames:
+        expected = resampled_length(info.frames, info.sample_rate, target_rate) - (offset - segment.skip)
+        if len(part) != expected:
+            return None
+    return window

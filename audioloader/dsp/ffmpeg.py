@@ -48,6 +48,7 @@ from .clip import (
     AudioInfo,
     Timer,
     crop_offset,
+    cut_window,
     fit,
     mixdown,
     resample,
@@ -341,14 +342,8 @@ def _window(clip: _Clip, info: AudioInfo, target_rate: int, offset: int, clip_sa
     first = position - len(frames)
     frames = _to_float(frames[segment.start - first:segment.stop - first])
     part = resample(mixdown(frames), info.sample_rate, target_rate)
-    window = part[segment.skip:segment.skip + clip_samples]
-    if len(window) != clip_samples:
-        return None
-    if segment.stop == info.frames:
-        expected = resampled_length(info.frames, info.sample_rate, target_rate) - (offset - segment.skip)
-        if len(part) != expected:
-            return None
-    return np.ascontiguousarray(window)
+    window = cut_window(part, segment, info, target_rate, offset, clip_samples)
+    return None if window is None else np.ascontiguousarray(window)
 
 
 def load_clip(data: Any, target_rate: int, clip_samples: int | None, *, train: bool,
