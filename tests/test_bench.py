@@ -70,6 +70,7 @@ def check_structure(out: dict, text: str, expect: set[str]) -> None:
     assert "targets:" in text and "samples/s" in text
 
 
+@pytest.mark.slow  # 40 s; test_bench_json_flag_prints_json runs bench end to end by default
 def test_bench_tiny(tmp_path, capsys):
     status, out, text = run_bench(tmp_path, capsys, "--skip", "soxr,packed")
     assert status == 0
@@ -120,6 +121,7 @@ def test_bench_json_flag_prints_json(tmp_path, capsys):
     assert out["ratios"]["audioloader-train-w2 / baseline-torchaudio"] is None  # no baseline: no ratio
 
 
+@pytest.mark.slow  # 25 s: a wheel built and installed
 def test_bench_runs_from_an_installed_package_outside_a_checkout(tmp_path):
     # From another folder the checkout's benchmarks/ is not importable: the command must not need it.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -73,6 +73,7 @@ def test_demo_quick_trains_resumes_and_evaluates(quick_run):
     assert "FutureWarning" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow  # 28 s; test_demo_quick_trains_resumes_and_evaluates covers the demo by default
 def test_demo_reuses_a_complete_dataset_and_trains_on_user_data(quick_run, on_quick_data):
     cache, _ = quick_run
     # --data with train/ and eval/ sub-folders (the cache's layout), a few steps

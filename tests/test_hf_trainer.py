@@ -43,6 +43,7 @@ def report(path: Path, rank: int = 0) -> dict:
     return json.loads(Path(f"{path}.rank{rank}.json").read_text())
 
 
+@pytest.mark.slow  # 30 s; test_examples' Whisper Trainer example resumes exactly by default
 def test_killed_after_a_checkpoint_and_resumed_in_a_fresh_process_trains_on_the_same_batches(ipc_shards, tmp_path):
     # 8 steps of 2 accumulated batches, a checkpoint every 2 steps, an evaluation every 3: the killed run dies
     # (SIGKILL) right after checkpoint-4, the resumed one starts from it in a new process.

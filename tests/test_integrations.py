@@ -146,6 +146,7 @@ def run(command: list[str]) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow  # 13 s; test_lightning_fit_checkpoint_resume_trains_on_the_same_batches by default
 def test_lightning_example_resumes_exactly():
     out = run([sys.executable, "examples/lightning_train.py", "--quick"])
     assert re.search(r"uninterrupted: 8 steps; validation: \d+ clips", out), out
@@ -162,6 +163,7 @@ def test_accelerate_example_on_two_processes():
     assert "accelerator.prepare(loader) hands it back unwrapped: True" in out, out
 
 
+@pytest.mark.slow  # 9 s; test_accelerate_example_on_two_processes by default
 def test_accelerate_example_with_cpu_launch_checks_nothing_about_ranks():
     # `accelerate launch --cpu` starts one process whatever --num_processes says: the example must not claim that
     # "1 processes read disjoint rows", it says that it checked nothing and how to start two.

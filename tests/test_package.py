@@ -80,6 +80,7 @@ def test_every_public_name_resolves_to_its_module():
         al.NoSuchName  # noqa: B018
 
 
+@pytest.mark.slow  # 15 s: a fresh interpreter a module; test_public_names_are_importable by default
 def test_each_public_module_imports_first():
     # Lazy names change the order modules are imported in: each must import as the first one (an import cycle
     # the eager __init__ hid, mix.py <-> nodes/weighted_mix.py, broke `al.Mix` as a script's first use).

@@ -153,7 +153,7 @@ def eval_indices(s3, retry):
     return indices, stats
 
 
-@pytest.mark.parametrize("status", [503, 429])
+@pytest.mark.parametrize("status", [pytest.param(503, marks=pytest.mark.slow), 429])  # 12 s each: one by default
 def test_a_store_that_refuses_requests_above_a_rate_is_read_exactly(s3, status):
     patient = al.Retry(attempts=12, initial_delay=0.02, max_delay=0.5, timeout=5.0)
     s3.proxy.configure(latency=0.0, bandwidth=None)
