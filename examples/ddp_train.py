@@ -14,6 +14,7 @@ Each rank saves its own loader state: a rank's state only loads on that rank.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import tempfile
 import time
@@ -118,6 +119,10 @@ def main(argv: list[str] | None = None) -> None:
         dist.barrier()  # rank 0 must not delete the shared scratch folder while others read it
     if dist.get_rank() == 0:
         print(f"eval accuracy {accuracy:.1%} over {dist.get_world_size()} ranks", flush=True)
+    # DDP keeps its process group in a reference cycle: free it before the group is destroyed, not during
+    # interpreter shutdown (where gloo's last work can abort a finished job: "terminate called without ...").
+    del model
+    gc.collect()
     dist.destroy_process_group()
 
 

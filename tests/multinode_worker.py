@@ -20,6 +20,7 @@ the model's parameters at the end.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -82,6 +83,11 @@ def main() -> None:
     if dist.get_rank() == 0:
         with open(os.path.join(workdir, f"{action}.json"), "w") as f:
             json.dump(report, f)
+    # DDP's module sits in a reference cycle that holds the gloo process group (its reducer, with the last
+    # all-reduce's work and tensors): freed now, while the interpreter is whole, not by the collector during
+    # interpreter shutdown, where releasing those tensors aborts the process after all its work is done.
+    del model, optimizer
+    gc.collect()
     dist.destroy_process_group()
 
 
