@@ -77,6 +77,10 @@ class ShardDataset:
             function of the files' schemas, which their identity digests cover: not fingerprinted apart.
         label_names: class names from schema metadata, or ``None``.
         table: for an `IcebergTable`, the `TableSnapshot` read (table, snapshot id, schema); else None.
+        units: the `UnitReads` that reads the files a unit at a time (it owns their locations and metadata, and
+            each thread's handles); the unit-reading methods below delegate to it.
+        rows: the `RowReads` that reads rows through ``units`` (it owns the rows a filter keeps); the row-reading
+            methods below delegate to it.
 
     Raises:
         SourceNotFoundError: nothing matches the source (a ``ShardReadError`` and ``FileNotFoundError``).
