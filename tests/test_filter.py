@@ -97,8 +97,8 @@ def test_units_without_kept_rows_are_never_read(shards, monkeypatch):
     with loader_for(al.Source(shards, filter=SHORT), train=False) as loader:
         dataset = loader.reader.dataset
         read = []
-        original = dataset.read_unit
-        monkeypatch.setattr(dataset, "read_unit", lambda f, u: read.append((f, u)) or original(f, u))
+        original = dataset.units.read_unit
+        monkeypatch.setattr(dataset.units, "read_unit", lambda f, u: read.append((f, u)) or original(f, u))
         list(loader)
     assert sorted(read) == [(0, 0), (1, 0), (2, 0)]  # batches of 4: rows 0-3 of each file only
 

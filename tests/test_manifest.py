@@ -117,7 +117,7 @@ def test_a_local_manifest_gives_the_same_files_and_rows_as_a_scan(tmp_path, fmt)
     scanned = al.ShardDataset(tmp_path, split_rows=4)
     write_folder_manifest(tmp_path)
     listed = al.ShardDataset(tmp_path, split_rows=4)
-    assert listed.manifest.origin == "local" and not any(m.located for m in listed._metas)
+    assert listed.manifest.origin == "local" and not any(m.located for m in listed.units.metas)
     assert listed.files == scanned.files and listed.splits == scanned.splits
     paths = listed.files.paths  # made all at once when iterated, one by one when indexed: the same
     assert list(paths) == [paths[i] for i in range(len(paths))] == list(scanned.files.paths)

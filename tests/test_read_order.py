@@ -25,8 +25,8 @@ def dataset(request, tmp_path_factory) -> ShardDataset:
 def units_read(dataset: ShardDataset, monkeypatch) -> list[tuple[int, int]]:
     """The units ``dataset`` reads from now on, appended as they are read."""
     read: list[tuple[int, int]] = []
-    original = dataset.read_unit
-    monkeypatch.setattr(dataset, "read_unit", lambda f, u: read.append((f, u)) or original(f, u))
+    original = dataset.units.read_unit
+    monkeypatch.setattr(dataset.units, "read_unit", lambda f, u: read.append((f, u)) or original(f, u))
     return read
 
 

@@ -224,8 +224,8 @@ def test_resume_seeks_without_reading_skipped_batches(tmp_path, monkeypatch):
     write_ipc_file(tmp_path / "a.arrow", audio_table(0, 40, **SHORT), batch_rows=4)
     ds = ShardDataset(tmp_path, columns=["uid"], split_rows=40)
     read_units = []
-    original = ds.read_unit
-    monkeypatch.setattr(ds, "read_unit", lambda f, u: read_units.append(u) or original(f, u))
+    original = ds.units.read_unit
+    monkeypatch.setattr(ds.units, "read_unit", lambda f, u: read_units.append(u) or original(f, u))
     reader = ArrowShardReader(ds, shuffle=False)
     reader.reset({"pass": 0, "split_pos": 0, "row": 29})
     assert next(reader).extras["uid"] == 29 and read_units == [7]

@@ -85,10 +85,8 @@ def test_local_ipc_audio_is_a_zero_copy_view(tmp_path):
     path = write_ipc_file(tmp_path / "a.arrow", audio_table(0, 4, **SHORT))
     ds = ShardDataset(path)
     audio = ds.columns_of(next(ds.read_split(ds.splits[0]))).audio[1]
-    mapped = ds._handle(0)._file  # the memory map the dataset opened in this thread
-    mapped.seek(0)
-    start = mapped.read_buffer(1).address
-    assert isinstance(audio, pa.Buffer) and start <= audio.address < start + mapped.size()
+    start, size = ds.units.handle(0).mapped_range  # the memory map the dataset opened in this thread
+    assert isinstance(audio, pa.Buffer) and start <= audio.address < start + size
     assert bytes(audio) == clip_bytes(1, **SHORT)
 
 
@@ -207,8 +205,8 @@ def test_read_split_from_a_row_skips_earlier_batches(tmp_path, fmt, monkeypatch)
     make_shards(tmp_path, [20], fmt=fmt, batch_rows=4, **SHORT)
     ds = ShardDataset(tmp_path, columns=["uid"], split_rows=20)
     read_units = []
-    original = ds.read_unit
-    monkeypatch.setattr(ds, "read_unit", lambda f, u: read_units.append(u) or original(f, u))
+    original = ds.units.read_unit
+    monkeypatch.setattr(ds.units, "read_unit", lambda f, u: read_units.append(u) or original(f, u))
     batches = list(ds.read_split(ds.splits[0], start_row=9))
     assert [uid for b in batches for uid in b.column("uid").to_pylist()] == list(range(9, 20))
     assert read_units == [2, 3, 4]
@@ -295,6 +293,18 @@ def test_dataset_pickles_without_open_handles(tmp_path):
     ds.read_rows([1])
     clone = pickle.loads(pickle.dumps(ds))
     assert [r.extras["uid"] for r in clone.read_rows([3, 2])] == [3, 2]
+    assert clone.rows.units is clone.units  # a copy's rows are read through its own units: one set of handles
+
+
+def test_with_columns_reads_its_columns_and_leaves_the_original_as_it_was(tmp_path):
+    make_shards(tmp_path, [4], **SHORT)
+    ds = ShardDataset(tmp_path, columns=["uid"])
+    assert ds.read_rows([1])[0].extras == {"uid": 1}  # this thread's handle of file 0 reads audio, label, uid
+    narrow = ds.with_columns([])
+    assert narrow.units is not ds.units and narrow.rows.units is narrow.units
+    assert narrow.read_rows([2])[0].extras == {} and narrow.columns_of(next(narrow.read_split(narrow.splits[0]))
+                                                                        ).extras == []
+    assert ds.read_rows([2])[0].extras == {"uid": 2}
 
 
 # ----------------------------------------------------------------------------- errors

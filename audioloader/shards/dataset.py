@@ -1,18 +1,14 @@
-"""ShardDataset: the shard files of a source, with their metadata, splits, schema checks and filter; its reads are
-in `audioloader.shards.row_reads` (rows) and `audioloader.shards.unit_reads` (units)."""
+"""ShardDataset: the shard files of a source, with their metadata, splits, schema checks and filter. It holds the
+objects that read them: a `UnitReads` (`audioloader.shards.unit_reads`: the files' locations and metadata, each
+thread's handles, one unit at a time) and a `RowReads` (`audioloader.shards.row_reads`: rows, through the units)."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import gc
-import operator
 import sys
-import threading
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -20,33 +16,24 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from .. import checks
-from ..errors import ShardChangedError
 from . import index
 from .cache import ObjectCache, parse_bytes
-from .changes import check_local
-from .file_table import AllKept, ManifestMetas, SplitTable, file_table_of, plan_splits, remote_mask, unit_starts_of
+from .file_table import AllKept, ManifestMetas, SplitTable, file_table_of, plan_splits, remote_mask
 from .file_table import ShardFile as ShardFile  # where it was defined before
 from .filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
-from .formats import _SCAN_THREADS_REMOTE, FORMATS, _FileMeta, _scan_all, _scan_file, cache_identity, listed_meta
-from .identity import ETagCheck, md5_etag, object_identity
-from .manifest import mismatch
+from .formats import FORMATS, _FileMeta, _scan_all, listed_meta
 from .manifest_source import FromManifest, open_manifest
-from .remote import PART_BYTES, RemoteFiles
+from .remote import Parts, RemoteFiles
 from .retry import DEFAULT_RETRY, Retry
-from .row_reads import RowReads
+from .row_reads import BatchColumns, RowReads, ShardRow
 from .schema import _check_schema, _label_names, check_columns, unify
 from .sources import IcebergTable, TableSnapshot, resolve_iceberg, resolve_source
 from .splits import Split
 from .storage import DEFAULT_REMOTE_READS, RemoteReads, Storage
-from .unit_reads import UnitReads
-
-#: Bytes of small remote files a dataset keeps after their first read fetched them whole with their footer (files
-#: known from a manifest), so that their units cost no second request: 64 files of 256 KiB, what the read-ahead
-#: locates at once.
-WHOLE_FILES_BYTES = 16 * 1024 * 1024
+from .unit_reads import UnitReader, UnitReads
 
 
-class ShardDataset(RowReads, UnitReads):
+class ShardDataset:
     """The shard files of a source: metadata, splits, schema checks and reads.
 
     Args:
@@ -90,6 +77,10 @@ class ShardDataset(RowReads, UnitReads):
             function of the files' schemas, which their identity digests cover: not fingerprinted apart.
         label_names: class names from schema metadata, or ``None``.
         table: for an `IcebergTable`, the `TableSnapshot` read (table, snapshot id, schema); else None.
+        units: the `UnitReads` that reads the files a unit at a time (it owns their locations and metadata, and
+            each thread's handles); the unit-reading methods below delegate to it.
+        rows: the `RowReads` that reads rows through ``units`` (it owns the rows a filter keeps); the row-reading
+            methods below delegate to it.
 
     Raises:
         SourceNotFoundError: nothing matches the source (a ``ShardReadError`` and ``FileNotFoundError``).
@@ -120,42 +111,38 @@ class ShardDataset(RowReads, UnitReads):
         self._index_locations: list[Any] = []  # metadata indexes the listing showed (`audioloader.shards.index`)
         self.index_stats: dict[str, int] | None = None
         self.manifest: FromManifest | None = None  # the folder's manifest, when it was read through one
-        self._locating: dict[int, threading.Lock] = {}
-        self._locating_lock = threading.Lock()
-        self._whole: OrderedDict[int, pa.Buffer] = OrderedDict()  # small files fetched whole with their footer
-        self._whole_bytes, self._whole_lock = 0, threading.Lock()
         self.cache = None
         with _gc_paused():  # a million files make millions of objects: no collections while they are made
             if isinstance(source, IcebergTable):
-                self.table, self._locations = resolve_iceberg(source, filesystem, self.retry,
-                                                              guarantees=filter is not None)
+                self.table, locations = resolve_iceberg(source, filesystem, self.retry, guarantees=filter is not None)
             else:
                 if self.remote_reads.index == "auto":
                     self.manifest = open_manifest(source, filesystem, self.retry,
                                                   lambda: self._listed_and_scanned(source, filesystem))
-                self._locations = (self.manifest.locations if self.manifest is not None else
-                                   resolve_source(source, filesystem, self.retry, self._index_locations))
-            self._pruned = self._pruned_by_table(filter)
-            self.cache = self.cache or self._open_cache()
-            metas = self.manifest.metas if self.manifest is not None else self._scan()
-            self._metas = metas
+                locations = (self.manifest.locations if self.manifest is not None else
+                             resolve_source(source, filesystem, self.retry, self._index_locations))
+            self._pruned = self._pruned_by_table(locations, filter)
+            self.cache = self.cache or self._open_cache(locations)
+            metas = self.manifest.metas if self.manifest is not None else self._scan(locations)
             # Columns, not an object a file: a million files cost tens of MB (`audioloader.shards.file_table`).
-            self.files = file_table_of(self._locations, metas)
-            self._check_cache_holds()
+            self.files = file_table_of(locations, metas)
+            if self.cache is not None:
+                self._check_cache_holds(remote_mask(locations))
             self._unified = self._unify_schemas(metas)
             self.num_rows = self.files.num_rows
             if self.num_rows == 0:
                 raise ValueError(f"the source has no rows: {len(self.files)} file(s), all empty "
                                  f"(first: {self.files[0].path}); write rows into the shards or pass another source")
-            self._unit_starts = unit_starts_of(self.files)
             self.splits: Sequence[Split] = plan_splits(self.files, split_rows)
         self.schema = self._unified.schema
         self.label_names = _label_names(self.schema, label_column)
-        self._tls = threading.local()
-        self._kept: Any = AllKept()  # file rows a filter keeps (None: all), by file
+        where = self.manifest.manifest.where if self.manifest is not None else "the manifest"
+        self.units = UnitReads(locations, metas, self.files, self.schema, self.used_columns, self.remote, self.cache,
+                               where)
         self.filter, self.filter_stats, self.num_kept_rows = filter, None, self.num_rows
-        if filter is not None:
-            self._apply_filter(filter)
+        kept = AllKept() if filter is None else self._apply_filter(filter)
+        self.rows = RowReads(self.units, self.files, kept, audio_column, label_column, self.columns)
+        self.splits = self.rows.counted(self.splits)
 
     # ----------------------------------------------------------------- construction helpers
 
@@ -183,152 +170,56 @@ class ShardDataset(RowReads, UnitReads):
                             "wrap an fsspec filesystem with pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs))")
         return extras
 
-    def _pruned_by_table(self, expression: Any) -> set[int]:
+    def _pruned_by_table(self, locations: Sequence[Any], expression: Any) -> set[int]:
         """The files a table's metadata rules out for ``expression`` (`filters.files_that_may_match`)."""
         if self.table is None or expression is None:
             return set()
-        may_match = files_that_may_match([loc.listed.guarantee for loc in self._locations], self.table.schema,
-                                         expression)
-        pruned = set() if may_match is None else set(range(len(self._locations))) - may_match
-        if len(pruned) == len(self._locations):
+        may_match = files_that_may_match([loc.listed.guarantee for loc in locations], self.table.schema, expression)
+        pruned = set() if may_match is None else set(range(len(locations))) - may_match
+        if len(pruned) == len(locations):
             raise ValueError(f"filter={expression} keeps none of the {len(pruned)} data files of Iceberg table "
                              f"{self.table.table!r} (snapshot {self.table.snapshot_id}): their partition values and "
                              "column bounds rule it out; loosen it or read another table")
         return pruned
 
-    def _open_cache(self) -> ObjectCache | None:
+    def _open_cache(self, locations: Sequence[Any]) -> ObjectCache | None:
         """The local cache of remote files, when ``cache_dir`` is set and some file is remote."""
-        if self.cache_dir is None or all(loc.fs is None for loc in self._locations):
+        if self.cache_dir is None or all(loc.fs is None for loc in locations):
             return None
         return ObjectCache(self.cache_dir, self.cache_limit, self.retry)
 
-    def _scan(self) -> list[_FileMeta]:
+    def _scan(self, locations: Sequence[Any]) -> list[_FileMeta]:
         """Every file's metadata: from the metadata index where it matches the listing, else scanned (a remote
         file with a copy in the cache: from the copy); what its table says for a file a filter pruned (never
         opened)."""
-        listed = [i for i, loc in enumerate(self._locations)
+        listed = [i for i, loc in enumerate(locations)
                   if i not in self._pruned and loc.fs is not None and loc.size is not None]
         known: dict[int, _FileMeta] = {}
         if listed and self.remote_reads.index == "auto":
-            found, self.index_stats = index.indexed([self._locations[i] for i in listed], self._index_locations,
+            found, self.index_stats = index.indexed([locations[i] for i in listed], self._index_locations,
                                                     self.remote)
             known = {listed[position]: meta for position, meta in found.items()}
-        scanned = iter(_scan_all([loc for i, loc in enumerate(self._locations)
+        scanned = iter(_scan_all([loc for i, loc in enumerate(locations)
                                   if i not in self._pruned and i not in known], self.retry, self.remote, self.cache))
         metas = [listed_meta(loc.listed) if i in self._pruned else known[i] if i in known else next(scanned)
-                 for i, loc in enumerate(self._locations)]
+                 for i, loc in enumerate(locations)]
         if listed and self.remote_reads.index == "auto" and len(known) < len(listed):
-            index.remember([self._locations[i] for i in listed], [metas[i] for i in listed])
+            index.remember([locations[i] for i in listed], [metas[i] for i in listed])
         return metas
 
     def _listed_and_scanned(self, source: Any, filesystem: Any) -> tuple[list[Any], list[_FileMeta]]:
         """``(locations, metas)`` of a folder without a manifest, listed and scanned (`open_manifest`'s ``build``)."""
-        self._locations = resolve_source(source, filesystem, self.retry, self._index_locations)
+        locations = resolve_source(source, filesystem, self.retry, self._index_locations)
         self._pruned = set()
-        self.cache = self._open_cache()
-        return self._locations, self._scan()
+        self.cache = self._open_cache(locations)
+        return locations, self._scan(locations)
 
-    def located(self, file_id: int) -> _FileMeta:
-        """A file's `_FileMeta` with its footer read: a file known from a manifest has its footer read now (one
-        request for a remote file's tail, and pyarrow's HEAD) and checked against the manifest.
-
-        Raises:
-            ShardChangedError: the file is not what the manifest says (size, ETag, footer), naming both.
-        """
-        meta = self._metas[file_id]
-        if meta.located:
-            return meta
-        with self._locating_lock:
-            lock = self._locating.setdefault(file_id, threading.Lock())
-        with lock:  # one read of a footer, however many threads want it
-            meta = self._metas[file_id]
-            if not meta.located:
-                self._metas[file_id] = meta = self._checked(file_id, self._first_scan(file_id))
-        return meta
-
-    def _first_scan(self, file_id: int) -> _FileMeta:
-        """The first scan of a file known from a manifest. With a cache, the file goes into the cache (once a
-        machine; its identity: the manifest's ETag, else pyarrow's HEAD) and its footer is read from the copy: its
-        bytes are fetched once, not its tail and then the whole file again."""
-        loc, expected = self._locations[file_id], self._metas[file_id]
-        if self.cache is None or loc.fs is None:  # (a remote tar's units are known: only its identity is read)
-            return _scan_file(loc, self.remote, self.cache, keep_whole=True, known=expected)
-        etag = expected.etag or object_identity(self.remote.opened(loc))
-        identity = cache_identity(dataclasses.replace(expected, etag=etag))
-        if identity is None:  # nothing tells a copy from a changed object: not cached
-            return _scan_file(loc, self.remote, self.cache, keep_whole=True)
-        self.cache.open(loc, expected.size, identity).close()
-        copy = self.cache.path_of(loc.path, expected.size, identity)
-        found = _scan_file(dataclasses.replace(loc, fs=None, fs_path=copy, size=None, mtime_ns=None), self.remote)
-        found.mtime_ns, found.etag = None, etag  # the copy's mtime is not the object's: the manifest's is kept
-        return found
-
-    def unlocated(self, file_ids: Sequence[int]) -> list[int]:
-        """Those of ``file_ids`` whose footers are not read yet (files known from a manifest), each once, sorted."""
-        return sorted({i for i in file_ids if not self._metas[i].located})
-
-    def locate_files(self, file_ids: Sequence[int]) -> int:
-        """Read the footers of files known from a manifest, concurrently (`located` for each; no-op for the rest);
-        returns how many were read."""
-        wanted = sorted({i for i in file_ids if not self._metas[i].located})
-        if len(wanted) < 2:
-            for file_id in wanted:
-                self.located(file_id)
-            return len(wanted)
-        if self.cache is not None:  # into the cache and scanned there (`_first_scan`), many at once
-            with ThreadPoolExecutor(min(len(wanted), _SCAN_THREADS_REMOTE)) as pool:
-                found = list(pool.map(self._first_scan, wanted))
-        else:
-            found = _scan_all([self._locations[i] for i in wanted], self.retry, self.remote, keep_whole=True,
-                              known=[self._metas[i] for i in wanted])
-        for file_id, meta in zip(wanted, found, strict=True):
-            with self._locating_lock:
-                if not self._metas[file_id].located:
-                    self._metas[file_id] = self._checked(file_id, meta)
-        return len(wanted)
-
-    def _checked(self, file_id: int, found: _FileMeta) -> _FileMeta:
-        """``found`` (a file's scan) when it is what the manifest says, with what the manifest knows and the scan
-        does not (ETag, modification time); else `ShardChangedError`."""
-        expected = self._metas[file_id]
-        problem = mismatch(expected, found)
-        if problem is not None:
-            where = self.manifest.manifest.where if self.manifest is not None else "the manifest"
-            raise ShardChangedError(f"shard {self._locations[file_id].path} is not what {where} says: {problem}. It "
-                                    "changed after the manifest was written; write the manifest again (`audioloader "
-                                    "index FOLDER`) or restore the file, then build the loader again")
-        found.etag = found.etag or expected.etag
-        found.mtime_ns = found.mtime_ns if found.mtime_ns is not None else expected.mtime_ns
-        if found.whole is not None:  # the footer came with the whole file: its first data is served from it
-            self._keep_whole(file_id, found.whole)
-            found.whole = None
-        return found
-
-    def _keep_whole(self, file_id: int, data: pa.Buffer) -> None:
-        """Keep a small file's bytes, fetched whole by its first read, for its units (at most `WHOLE_FILES_BYTES`
-        a dataset, least recently kept dropped first: a dropped file's units are fetched again)."""
-        with self._whole_lock:
-            self._whole[file_id] = data
-            self._whole_bytes += data.size
-            while self._whole_bytes > WHOLE_FILES_BYTES and len(self._whole) > 1:
-                self._whole_bytes -= self._whole.popitem(last=False)[1].size
-
-    def _whole_file(self, file_id: int) -> pa.Buffer | None:
-        """The bytes of a file its first read fetched whole, while kept (see `_keep_whole`)."""
-        with self._whole_lock:
-            return self._whole.get(file_id)
-
-    def _check_cache_holds(self) -> None:
-        """The cache's limit holds the largest remote file (`ObjectCache.check_holds`)."""
-        remote = self.remote_files() if self.cache is not None else None
-        if remote is not None and remote.any():
+    def _check_cache_holds(self, remote: np.ndarray) -> None:
+        """The cache's limit holds the largest remote file (``remote``: which files are; `ObjectCache.check_holds`)."""
+        if remote.any():
             largest = int(self.files.sizes[remote].max())
             self.cache.check_holds([(largest, self.files.paths[i])
                                     for i in np.flatnonzero(remote & (self.files.sizes == largest)).tolist()])
-
-    def remote_files(self) -> np.ndarray:
-        """Whether each file is remote (bool a file; `is_remote`), without making the files' locations."""
-        return remote_mask(self._locations)
 
     def largest_unit_bytes(self) -> int:
         """The largest ``size // units`` of the files whose units are read into memory (all but local IPC files,
@@ -336,15 +227,15 @@ class ShardDataset(RowReads, UnitReads):
         ipc = np.isin(self.files.format_codes, [FORMATS.index("ipc_file"), FORMATS.index("ipc_stream")])
         return self.files.largest_unit_bytes(self.remote_files() | ~ipc)
 
-    def _schema_paths(self) -> Sequence[str]:
+    def _schema_paths(self, metas: Sequence[_FileMeta]) -> Sequence[str]:
         """The paths of the files that have a schema (all but a table's files a filter pruned), for messages."""
-        if isinstance(self._metas, ManifestMetas):
+        if isinstance(metas, ManifestMetas):
             return self.files.paths
-        return [self.files.paths[i] for i, meta in enumerate(self._metas) if meta.schema is not None]
+        return [self.files.paths[i] for i, meta in enumerate(metas) if meta.schema is not None]
 
     def _unify_schemas(self, metas: Sequence[_FileMeta]) -> Any:
         """The scanned files' `schema.Unified` schema, after checking each file's audio and label types."""
-        paths = self._schema_paths()
+        paths = self._schema_paths(metas)
         distinct: dict[int, tuple[str, pa.Schema]] = {}  # files from a manifest share their schema objects
         if isinstance(metas, ManifestMetas):
             distinct = {i: (self.files.paths[f], schema) for i, (f, schema) in enumerate(metas.distinct_schemas())}
@@ -360,78 +251,46 @@ class ShardDataset(RowReads, UnitReads):
 
     def with_columns(self, columns: Sequence[str]) -> ShardDataset:
         """This dataset with other extra ``columns`` (checked against the schema; no file is read again)."""
-        other = copy.copy(self)  # through __getstate__/__setstate__: its own handles (they read the old columns)
+        other = copy.copy(self)
         other.columns = self._check_arguments(self.audio_column, self.label_column, columns, self.split_rows, None)
-        check_columns(self._unified, self._schema_paths(), self.audio_column, self.label_column, other.columns)
+        check_columns(self._unified, self._schema_paths(self.units.metas), self.audio_column, self.label_column,
+                      other.columns)
+        other.units = self.units.reading(other.used_columns)  # its own handles: this one's read the old columns
+        other.rows = self.rows.reading(other.units, other.columns)
         return other
 
     # ----------------------------------------------------------------- filter
 
-    def _apply_filter(self, expression: Any) -> None:
-        """Which rows the filter keeps, per file, from the filter's columns only (see `audioloader.shards.filters`)."""
+    def _apply_filter(self, expression: Any) -> list[np.ndarray]:
+        """The file rows the filter keeps (int64, ascending), by file, from the filter's columns only (see
+        `audioloader.shards.filters`); sets ``filter_stats`` and ``num_kept_rows``."""
         columns = filter_columns(expression, self.schema, self.audio_column)
         self._unified.check_used(columns)
-        self.locate_files([i for i in range(len(self.files)) if i not in self._pruned])
+        self.units.locate_files([i for i in range(len(self.files)) if i not in self._pruned])
         results = [self._keep_of_file(file_id, expression, columns) for file_id in range(len(self.files))]
-        self._kept = [kept for kept, _, _ in results]
-        self.num_kept_rows = sum(len(kept) for kept in self._kept)
+        self.num_kept_rows = sum(len(kept) for kept, _, _ in results)
         self.filter_stats = {"files_pruned": len(self._pruned), "row_groups_pruned": sum(p for _, p, _ in results),
                              "units_filtered": sum(u for _, _, u in results), "rows_kept": self.num_kept_rows}
         if self.num_kept_rows == 0:
             raise ValueError(f"filter={expression} keeps none of the {self.num_rows} rows of {len(self.files)} "
                              "file(s); loosen it or pass another source")
-        self.splits = self.counted(self.splits)
+        return [kept for kept, _, _ in results]
 
     def _keep_of_file(self, file_id: int, expression: Any, columns: list[str]) -> tuple[np.ndarray, int, int]:
         """``(kept file rows, row groups pruned by statistics, units whose filter columns were read)``."""
         if file_id in self._pruned:  # ruled out by its table's metadata: never opened
             return np.zeros(0, dtype=np.int64), 0, 0
-        meta = self.located(file_id)
+        meta = self.units.located(file_id)
         units = list(range(len(meta.unit_rows)))
         if meta.format == "parquet" and units:  # the footer parsed at the scan: no I/O
             units = sorted(parquet_row_groups_that_may_match(meta.parquet_metadata, expression, self.schema))
         pruned = len(meta.unit_rows) - len(units)
-        kept = []
-        handle = None
-        try:
-            for unit in units:
-                def read(unit: int = unit) -> list[pa.RecordBatch]:
-                    nonlocal handle
-                    if handle is None:  # not downloaded into a cache for this: a filter may keep few of its rows
-                        handle = self._open_handle(file_id, columns, download=False)
-                    return handle.unit(unit)
-
-                def forget() -> None:
-                    nonlocal handle
-                    if handle is not None:
-                        handle.close()
-                    handle = None
-
-                batches = self._remote_or_local(file_id, f"the filter columns of batch/row group {unit}", read, forget)
-                kept.append(kept_positions(batches, expression) + self._unit_starts[file_id][unit])
-        finally:
-            if handle is not None:
-                handle.close()
+        starts = self.files.unit_starts(file_id)
+        # Not downloaded into a cache for this: a filter may keep few of a file's rows.
+        kept = [kept_positions(batches, expression) + starts[unit] for unit, batches in
+                self.units.read_columns(file_id, columns, units, "the filter columns", download=False)]
         rows = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
         return rows.astype(np.int64), pruned, len(units)
-
-    def counted(self, splits: Sequence[Split]) -> Sequence[Split]:
-        """``splits`` (in (file, row) order) with their kept rows counted and those keeping none dropped, renumbered
-        (as given without a filter)."""
-        if self.filter is None:
-            return splits
-        table = SplitTable.of(splits)
-        kept = np.fromiter((self.kept_count(int(f), int(a), int(b))
-                            for f, a, b in zip(table.file_ids, table.starts, table.stops, strict=True)),
-                           dtype=np.int64, count=len(table))
-        return table.with_kept(kept)
-
-    def kept_indices(self) -> np.ndarray:
-        """Global indices (int64, ascending) of the rows the filter keeps (every row without one)."""
-        if self.filter is None:
-            return np.arange(self.num_rows, dtype=np.int64)
-        return np.concatenate([kept + offset for kept, offset in zip(self._kept, self.files.row_offsets.tolist(),
-                                                                        strict=False)])
 
     # ----------------------------------------------------------------- identity
 
@@ -487,83 +346,136 @@ class ShardDataset(RowReads, UnitReads):
 
         objects = self.files.nbytes() + (self.splits.nbytes() if isinstance(self.splits, SplitTable)
                                          else scaled(self.splits))
-        if isinstance(self._metas, ManifestMetas):
-            objects += scaled(list(self._metas.located_metas()))
+        metas = self.units.metas
+        if isinstance(metas, ManifestMetas):
+            objects += scaled(list(metas.located_metas()))
         else:
-            objects += scaled(self._locations) + scaled(self._metas) + scaled(self.files.paths)
+            objects += scaled(self.units.locations) + scaled(metas) + scaled(self.files.paths)
         mapped = self.manifest.manifest.nbytes if self.manifest is not None else 0
         return {"metadata_bytes": objects, "manifest_mapped_bytes": mapped}
 
-    def holds_etag_content(self, file_id: int, etag: str) -> bool:
-        """Whether a remote file's bytes now are the content an earlier ETag of it (``etag``, an identity as in
-        `identity`) was computed from: the same bytes uploaded another way (one PUT, or another part size) have
-        another ETag. Reads the whole file once (`identity.ETagCheck`); False where ``etag`` is no MD5-based
-        ETag (a version id, an encrypted object's ETag: nothing to compare the bytes with)."""
-        loc, size = self._locations[file_id], self._metas[file_id].size
-        if loc.fs is None or md5_etag(etag) is None:
-            return False
-        check = ETagCheck(etag, size)
-        for offset in range(0, size, PART_BYTES):
-            check.update(self.remote.read(loc, offset, min(PART_BYTES, size - offset)))
-        return check.matches()
-
-    def is_remote(self, file_id: int) -> bool:
-        """Whether a file is read through a remote filesystem (its rows are copies, not memory-map views)."""
-        fs = getattr(self._locations, "fs", 0)  # one filesystem for all: a manifest's files
-        return (self._locations[file_id].fs if fs == 0 else fs) is not None
-
-    def is_memory_mapped(self, file_id: int) -> bool:
-        """Whether a file's audio values are views of a memory map (a local Arrow IPC file or stream), which
-        cost page cache, not process memory; a Parquet or ORC unit is decompressed into process memory."""
-        return self.files.format(file_id) in ("ipc_file", "ipc_stream") and not self.is_remote(file_id)
-
-    def check_unchanged(self, file_id: int) -> None:
-        """Raise `ShardReadError` naming the file if a local shard's size or modification time changed.
-
-        Called before each record batch / row group of a local file is read: a
-        memory-mapped file truncated under the reader would otherwise kill the
-        process with SIGBUS when the missing pages are touched.
-        """
-        loc, meta = self._locations[file_id], self._metas[file_id]
-        if loc.fs is None:
-            check_local(loc.path, meta.size, meta.mtime_ns)
-
     def _column(self, name: str) -> list[Any]:
         """Every file's ``digest``, ``mtime_ns`` or ``etag``, from a manifest's columns or the listed files' metas."""
-        metas = self._metas
+        metas = self.units.metas
         return metas.column(name) if isinstance(metas, ManifestMetas) else [getattr(m, name) for m in metas]
 
+    # ----------------------------------------------------------------- reads of units and files (`UnitReads`)
+
+    def located(self, file_id: int) -> _FileMeta:
+        """A file's metadata with its footer read (checked against the manifest) (`UnitReads.located`)."""
+        return self.units.located(file_id)
+
+    def unlocated(self, file_ids: Sequence[int]) -> list[int]:
+        """Those of ``file_ids`` whose footers are not read yet (`UnitReads.unlocated`)."""
+        return self.units.unlocated(file_ids)
+
+    def locate_files(self, file_ids: Sequence[int]) -> int:
+        """Read the footers of files known from a manifest, concurrently: how many (`UnitReads.locate_files`)."""
+        return self.units.locate_files(file_ids)
+
+    def remote_files(self) -> np.ndarray:
+        """Whether each file is remote (bool a file) (`UnitReads.remote_files`)."""
+        return self.units.remote_files()
+
+    def is_remote(self, file_id: int) -> bool:
+        """Whether a file is read through a remote filesystem (`UnitReads.is_remote`)."""
+        return self.units.is_remote(file_id)
+
+    def is_memory_mapped(self, file_id: int) -> bool:
+        """Whether a file's audio values are views of a memory map (`UnitReads.is_memory_mapped`)."""
+        return self.units.is_memory_mapped(file_id)
+
     def mapped_state(self, file_id: int) -> tuple[int, int | None] | None:
-        """A memory-mapped file's ``(size, mtime_ns)`` as known here (`RawSample.mapped`); None for other files."""
-        meta = self._metas[file_id]
-        return (int(meta.size), meta.mtime_ns) if self.is_memory_mapped(file_id) else None
+        """A memory-mapped file's ``(size, mtime_ns)`` (`RawSample.mapped`) (`UnitReads.mapped_state`)."""
+        return self.units.mapped_state(file_id)
+
+    def check_unchanged(self, file_id: int) -> None:
+        """`ShardReadError` if a local file's size or modification time changed (`UnitReads.check_unchanged`)."""
+        return self.units.check_unchanged(file_id)
+
+    def holds_etag_content(self, file_id: int, etag: str) -> bool:
+        """Whether a remote file's bytes are what an earlier ETag was made from (`UnitReads.holds_etag_content`)."""
+        return self.units.holds_etag_content(file_id, etag)
+
+    def unit_ranges(self, file_id: int, unit: int) -> list[tuple[int, int]] | None:
+        """The byte ranges a read of a remote file's unit needs (`UnitReads.unit_ranges`)."""
+        return self.units.unit_ranges(file_id, unit)
+
+    def fetch(self, file_id: int, offset: int, length: int) -> Parts:
+        """Bytes ``[offset, offset + length)`` of a remote file (`UnitReads.fetch`)."""
+        return self.units.fetch(file_id, offset, length)
+
+    def fetch_units(self, units: Sequence[tuple[int, int]]) -> dict[tuple[int, int], list[tuple[int, pa.Buffer]]]:
+        """The bytes of remote units, fetched concurrently (`UnitReads.fetch_units`)."""
+        return self.units.fetch_units(units)
+
+    def read_unit(self, file_id: int, unit: int) -> list[pa.RecordBatch]:
+        """One record batch / row group / stripe (a `UnitReader`) (`UnitReads.read_unit`)."""
+        return self.units.read_unit(file_id, unit)
+
+    def read_unit_from(self, file_id: int, unit: int, provided: list[tuple[int, pa.Buffer]]) -> list[pa.RecordBatch]:
+        """A remote unit read from bytes already fetched (`UnitReads.read_unit_from`)."""
+        return self.units.read_unit_from(file_id, unit, provided)
+
+    def release_mapped_pages(self, file_id: int | None = None) -> None:
+        """Unmap the pages this thread's reads of memory-mapped files left mapped (`UnitReads.release_mapped_pages`)."""
+        return self.units.release_mapped_pages(file_id)
+
+    # ----------------------------------------------------------------- reads of rows (`RowReads`)
 
     def locate(self, index: int) -> tuple[int, int]:
-        """``(file_id, row in file)`` of a global row index; IndexError when out of range."""
-        try:
-            index = operator.index(index)
-        except TypeError:
-            raise TypeError(f"a row index must be an int, got {type(index).__name__} {index!r}") from None
-        if not 0 <= index < self.num_rows:
-            raise IndexError(f"row index {index!r} is out of range: the source has {self.num_rows} rows "
-                             f"(indices 0..{self.num_rows - 1}) in {len(self.files)} file(s)")
-        file_id = self.files.file_of_row(index)
-        return file_id, index - int(self.files.row_offsets[file_id])
+        """``(file_id, row in file)`` of a global row index (`RowReads.locate`)."""
+        return self.rows.locate(index)
 
-    # ----------------------------------------------------------------- pickling
+    def counted(self, splits: Sequence[Split]) -> Sequence[Split]:
+        """``splits`` with their kept rows counted, those keeping none dropped (`RowReads.counted`)."""
+        return self.rows.counted(splits)
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["_tls"]  # open handles stay with the process that opened them
-        for name in ("_locating", "_locating_lock", "_whole", "_whole_bytes", "_whole_lock"):
-            del state[name]
-        return state  # a manifest travels as its bytes (`Manifest.__reduce__`)
+    def kept_indices(self) -> np.ndarray:
+        """Global indices (int64, ascending) of the rows the filter keeps (`RowReads.kept_indices`)."""
+        return self.rows.kept_indices()
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._tls = threading.local()
-        self._locating, self._locating_lock = {}, threading.Lock()
-        self._whole, self._whole_bytes, self._whole_lock = OrderedDict(), 0, threading.Lock()
+    def kept_count(self, file_id: int, start: int, stop: int) -> int:
+        """Rows of ``[start, stop)`` of a file that the filter keeps (`RowReads.kept_count`)."""
+        return self.rows.kept_count(file_id, start, stop)
+
+    def kept_start(self, file_id: int, start: int, stop: int, skip: int) -> int:
+        """Where the kept rows of ``[start, stop)``, less the first ``skip``, begin (`RowReads.kept_start`)."""
+        return self.rows.kept_start(file_id, start, stop, skip)
+
+    def read_split(self, split: Split, start_row: int = 0,
+                   read_unit: UnitReader | None = None) -> Iterator[pa.RecordBatch]:
+        """Record batches of rows ``[split.start + start_row, split.stop)`` (`RowReads.read_split`)."""
+        return self.rows.read_split(split, start_row, read_unit)
+
+    def read_kept(self, file_id: int, start: int, stop: int, skip: int = 0,
+                  read_unit: UnitReader | None = None) -> Iterator[tuple[pa.RecordBatch, list[int], list[int] | None]]:
+        """``(batch, file rows, picks)``: kept rows of ``[start, stop)`` after ``skip`` (`RowReads.read_kept`)."""
+        return self.rows.read_kept(file_id, start, stop, skip, read_unit)
+
+    def units_of(self, file_id: int, start: int, stop: int, skip: int = 0) -> list[tuple[int, int]]:
+        """``(rows before it, unit)`` for each unit `read_kept` reads (`RowReads.units_of`)."""
+        return self.rows.units_of(file_id, start, stop, skip)
+
+    def units_of_rows(self, file_id: int, rows: Sequence[int]) -> list[int]:
+        """The units holding file rows ``rows``, in the order `read_rows` reads them (`RowReads.units_of_rows`)."""
+        return self.rows.units_of_rows(file_id, rows)
+
+    def columns_of(self, batch: pa.RecordBatch, picks: Sequence[int] | None = None) -> BatchColumns:
+        """The used columns of a batch as per-row Python values (`RowReads.columns_of`)."""
+        return self.rows.columns_of(batch, picks)
+
+    def columns_of_rows(self, rows: Sequence[ShardRow]) -> BatchColumns:
+        """`BatchColumns` of rows read by random access (`RowReads.columns_of_rows`)."""
+        return self.rows.columns_of_rows(rows)
+
+    def read_rows(self, indices: Sequence[int], read_unit: UnitReader | None = None) -> list[ShardRow]:
+        """Random access: one `ShardRow` per index, in the given order; thread-safe (`RowReads.read_rows`)."""
+        return self.rows.read_rows(indices, read_unit)
+
+    def read_column(self, name: str, indices: Sequence[int]) -> list[Any]:
+        """Column ``name`` at global row ``indices``, reading that column only (`RowReads.read_column`)."""
+        return self.rows.read_column(name, indices)
 
     def __repr__(self) -> str:
         formats = sorted({self.files.format(int(i)) for i in np.unique(self.files.format_codes, return_index=True)[1]})

@@ -1,22 +1,24 @@
 """How a `ShardDataset` reads rows: a split's record batches, the rows a filter keeps, rows by global index
 (random access), one column alone, and a batch's used columns as Python values (`BatchColumns`, `ShardRow`).
 
-`RowReads` is the row-reading half of `ShardDataset` (a mixin, like `UnitReads` under it,
-which reads one unit: record batch, row group or stripe).
+The dataset holds a `RowReads`, which reads each unit (record batch, row group or stripe) through the dataset's
+`UnitReads`.
 """
 
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
+from .file_table import AllKept, SplitTable, unit_starts_of
 from .readers import _audio_values
 from .splits import Split
-from .unit_reads import UnitReader
+from .unit_reads import UnitReader, UnitReads
 
 
 class ShardRow(NamedTuple):
@@ -58,8 +60,59 @@ class BatchColumns(NamedTuple):
 
 
 class RowReads:
-    """The row-reading half of `ShardDataset` (a mixin: it uses the dataset's ``files``, ``columns``,
-    ``audio_column``, ``label_column``, ``_kept``, ``_unit_starts``, ``locate`` and its `UnitReads` methods)."""
+    """Reads a dataset's rows through its `UnitReads`: a split's record batches, the rows a filter keeps, rows by
+    global index, one column alone, and a batch's used columns as Python values. Holds no handle of its own (the
+    units' are per thread): thread-safe, picklable.
+
+    Args:
+        units: the dataset's `UnitReads` (every unit is read through it).
+        files: the dataset's `FileTable`.
+        kept: the file rows a filter keeps (int64, ascending), by file; `AllKept` without a filter.
+        audio_column, label_column, columns: the columns read (the label's may be None).
+    """
+
+    def __init__(self, units: UnitReads, files: Any, kept: Sequence[np.ndarray | None], audio_column: str,
+                 label_column: str | None, columns: Sequence[str]):
+        self.units, self.files, self._kept = units, files, kept
+        self._unit_starts = unit_starts_of(files)
+        self.audio_column, self.label_column, self.columns = audio_column, label_column, list(columns)
+
+    def reading(self, units: UnitReads, columns: Sequence[str]) -> RowReads:
+        """The same rows read through other ``units`` with other extra ``columns``."""
+        return RowReads(units, self.files, self._kept, self.audio_column, self.label_column, columns)
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(file_id, row in file)`` of a global row index; IndexError when out of range."""
+        try:
+            index = operator.index(index)
+        except TypeError:
+            raise TypeError(f"a row index must be an int, got {type(index).__name__} {index!r}") from None
+        num_rows = self.files.num_rows
+        if not 0 <= index < num_rows:
+            raise IndexError(f"row index {index!r} is out of range: the source has {num_rows} rows "
+                             f"(indices 0..{num_rows - 1}) in {len(self.files)} file(s)")
+        file_id = self.files.file_of_row(index)
+        return file_id, index - int(self.files.row_offsets[file_id])
+
+    # ----------------------------------------------------------------- the rows a filter keeps
+
+    def counted(self, splits: Sequence[Split]) -> Sequence[Split]:
+        """``splits`` (in (file, row) order) with their kept rows counted and those keeping none dropped, renumbered
+        (as given without a filter)."""
+        if isinstance(self._kept, AllKept):
+            return splits
+        table = SplitTable.of(splits)
+        kept = np.fromiter((self.kept_count(int(f), int(a), int(b))
+                            for f, a, b in zip(table.file_ids, table.starts, table.stops, strict=True)),
+                           dtype=np.int64, count=len(table))
+        return table.with_kept(kept)
+
+    def kept_indices(self) -> np.ndarray:
+        """Global indices (int64, ascending) of the rows the filter keeps (every row without one)."""
+        if isinstance(self._kept, AllKept):
+            return np.arange(self.files.num_rows, dtype=np.int64)
+        return np.concatenate([kept + offset for kept, offset in zip(self._kept, self.files.row_offsets.tolist(),
+                                                                        strict=False)])
 
     def read_split(self, split: Split, start_row: int = 0,
                    read_unit: UnitReader | None = None) -> Iterator[pa.RecordBatch]:
@@ -74,7 +127,7 @@ class RowReads:
         unit = bisect.bisect_right(starts, begin) - 1
         while begin < stop and unit < len(starts) - 1:
             if starts[unit + 1] > begin:
-                yield from _slice_batches((read_unit or self.read_unit)(split.file_id, unit), starts[unit], begin,
+                yield from _slice_batches((read_unit or self.units.read_unit)(split.file_id, unit), starts[unit], begin,
                                           stop)
                 begin = starts[unit + 1]
             unit += 1
@@ -119,7 +172,7 @@ class RowReads:
         for unit in dict.fromkeys(units.tolist()):  # in order, each unit once
             wanted = rows[units == unit]
             pos = starts[unit]
-            for batch in (read_unit or self.read_unit)(file_id, unit):
+            for batch in (read_unit or self.units.read_unit)(file_id, unit):
                 inside = wanted[(wanted >= pos) & (wanted < pos + batch.num_rows)]
                 if len(inside):
                     yield batch, inside.tolist(), (inside - pos).tolist()
@@ -204,11 +257,11 @@ class RowReads:
             if read_unit is not None:
                 batches = read_unit(file_id, unit)
             else:
-                if (file_id, unit) not in fetched and self.unit_ranges(file_id, unit) is not None:
-                    fetched = self.fetch_units(self._next_units(units, n))  # the next ones at once, bounded
+                if (file_id, unit) not in fetched and self.units.unit_ranges(file_id, unit) is not None:
+                    fetched = self.units.fetch_units(self.units.next_units(units, n))  # the next ones at once, bounded
                 provided = fetched.pop((file_id, unit), None)
-                batches = (self.read_unit(file_id, unit) if provided is None
-                           else self.read_unit_from(file_id, unit, provided))
+                batches = (self.units.read_unit(file_id, unit) if provided is None
+                           else self.units.read_unit_from(file_id, unit, provided))
             # One conversion per record batch for the rows wanted from it, not one per row (issue 37: 110 us a row).
             unit_start, shard_file = self._unit_starts[file_id][unit], self.files[file_id]
             wanted: dict[int, list[tuple[int, int, int]]] = {}  # batch of the unit -> [(row in it, row, out)]
@@ -234,31 +287,12 @@ class RowReads:
             wanted.setdefault(file_id, {}).setdefault(unit, []).append(k)
         out: list[Any] = [None] * len(located)
         for file_id, units in sorted(wanted.items()):
-            for unit, values in self._column_units(file_id, name, sorted(units)):
+            for unit, batches in self.units.read_columns(file_id, [name], sorted(units), f"column {name!r}"):
+                values = [v for batch in batches for v in batch.column(name).to_pylist()]
                 start = self._unit_starts[file_id][unit]
                 for k in units[unit]:
                     out[k] = values[located[k][1] - start]
         return out
-
-    def _column_units(self, file_id: int, name: str, units: list[int]) -> Iterator[tuple[int, list[Any]]]:
-        """``(unit, values)`` of one column of a file's ``units``, through one handle reading only that column."""
-        handle = None
-
-        def read(unit: int) -> list[pa.RecordBatch]:
-            nonlocal handle
-            if handle is None:
-                handle = self._open_handle(file_id, [name])
-            return handle.unit(unit)
-
-        try:
-            for unit in units:
-                batches = self._remote_or_local(file_id, f"column {name!r} of batch/row group {unit}",
-                                                lambda unit=unit: read(unit))
-                yield unit, [v for batch in batches for v in batch.column(name).to_pylist()]
-        finally:
-            if handle is not None:
-                handle.close()
-
 
 
 def _row_of(cols: BatchColumns, j: int, f: Any, row: int) -> ShardRow:

@@ -1,25 +1,48 @@
 """How a `ShardDataset` reads one unit (record batch / row group / stripe): a local file through a memory map,
 a remote one from bytes fetched in as few requests as its ranges allow (`RemoteFiles`, concurrently for many
-units), parsed by pyarrow from memory (`SparseFile`)."""
+units), parsed by pyarrow from memory (`SparseFile`).
+
+`UnitReads` owns the files' locations and metadata (footers of files known from a manifest read on first use) and
+each thread's open handles; the dataset holds one, and its `RowReads` reads units through it.
+"""
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import sys
+import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from ..errors import ShardChangedError, ShardReadError
-from .formats import _cheapest_column, _open_local, cache_identity
+from .changes import check_local
+from .file_table import remote_mask
+from .formats import (
+    _SCAN_THREADS_REMOTE,
+    _cheapest_column,
+    _FileMeta,
+    _open_local,
+    _scan_all,
+    _scan_file,
+    cache_identity,
+)
+from .identity import ETagCheck, md5_etag, object_identity
+from .manifest import mismatch
 from .readers import _ConformedHandle, _IpcFileHandle, _IpcStreamHandle, _OrcHandle, _ParquetHandle
-from .remote import Parts, SparseFile
+from .remote import PART_BYTES, Parts, RemoteFiles, SparseFile
 from .tar_format import PlainHandle, TarHandle
 from .units import coalesce, unit_ranges
 
+#: Bytes of small remote files a dataset keeps after their first read fetched them whole with their footer (files
+#: known from a manifest), so that their units cost no second request: 64 files of 256 KiB, what the read-ahead
+#: locates at once.
+WHOLE_FILES_BYTES = 16 * 1024 * 1024
 #: Bytes of remote units a random-access read (`ShardDataset.read_rows`) fetches at once.
 RANDOM_ACCESS_BYTES = 64 * 1024 * 1024
 #: ``read_unit(file_id, unit) -> [RecordBatch]``: reads one unit (see `ShardDataset.read_kept`).
@@ -67,8 +90,199 @@ def _mapped_range(f: Any) -> tuple[int, int] | None:
 
 
 class UnitReads:
-    """The unit-reading half of `ShardDataset` (a mixin: it uses the dataset's ``_locations``, ``_metas``,
-    ``files``, ``remote``, ``_tls``, ``schema``, ``used_columns`` and ``check_unchanged``)."""
+    """Reads a dataset's files a unit at a time, and owns what that takes: each file's location and metadata (a
+    file known from a manifest has its footer read on first use: `located`), each thread's open handles, and the
+    small remote files kept whole after their first read. Thread-safe (handles are per thread; footers are read
+    under a lock per file). Picklable: a copy (a worker process's) opens handles and reads footers of its own.
+
+    Args:
+        locations: each file's `_Location` (a list, or a manifest's `ManifestLocations`).
+        metas: each file's `_FileMeta` (a list, or a manifest's `ManifestMetas`); the footers read are kept in it.
+        files: the dataset's `FileTable` (paths for messages, formats).
+        schema: the files' unified schema (`schema.unify`): every unit is read in its types.
+        columns: the columns read (the dataset's ``used_columns``).
+        remote: the `RemoteFiles` every remote byte is fetched through (its ``retry`` retries the scans too).
+        cache: the `ObjectCache` of remote files, or None.
+        manifest_where: the manifest ``metas`` come from, as errors name it.
+    """
+
+    def __init__(self, locations: Sequence[Any], metas: Sequence[_FileMeta], files: Any, schema: pa.Schema,
+                 columns: Sequence[str], remote: RemoteFiles, cache: Any, manifest_where: str = "the manifest"):
+        self._locations, self._metas = locations, metas
+        self.files, self.schema, self.columns = files, schema, list(columns)
+        self.remote, self.cache, self.manifest_where = remote, cache, manifest_where
+        self._open_state()
+
+    def _open_state(self) -> None:
+        """What stays with the process (and the object) that made it: handles, locks, files kept whole."""
+        self._tls = threading.local()  # ``handles``: this thread's open handles, an LRU
+        self._locating: dict[int, threading.Lock] = {}
+        self._locating_lock = threading.Lock()
+        self._whole: OrderedDict[int, pa.Buffer] = OrderedDict()  # small files fetched whole with their footer
+        self._whole_bytes, self._whole_lock = 0, threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in ("_tls", "_locating", "_locating_lock", "_whole", "_whole_bytes", "_whole_lock"):
+            del state[name]  # open handles stay with the process that opened them
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._open_state()
+
+    def reading(self, columns: Sequence[str]) -> UnitReads:
+        """The same files read for other ``columns``: locations and metadata shared, handles of its own."""
+        return UnitReads(self._locations, self._metas, self.files, self.schema, columns, self.remote, self.cache,
+                         self.manifest_where)
+
+    @property
+    def locations(self) -> Sequence[Any]:
+        """Each file's `_Location` (a ``Sequence``: a manifest's are made on demand)."""
+        return self._locations
+
+    @property
+    def metas(self) -> Sequence[_FileMeta]:
+        """Each file's `_FileMeta` as known now (``located`` False: a manifest's, its footer not read yet)."""
+        return self._metas
+
+    # ----------------------------------------------------------------- where the files are
+
+    def remote_files(self) -> np.ndarray:
+        """Whether each file is remote (bool a file; `is_remote`), without making the files' locations."""
+        return remote_mask(self._locations)
+
+    def is_remote(self, file_id: int) -> bool:
+        """Whether a file is read through a remote filesystem (its rows are copies, not memory-map views)."""
+        fs = getattr(self._locations, "fs", 0)  # one filesystem for all: a manifest's files
+        return (self._locations[file_id].fs if fs == 0 else fs) is not None
+
+    def is_memory_mapped(self, file_id: int) -> bool:
+        """Whether a file's audio values are views of a memory map (a local Arrow IPC file or stream), which
+        cost page cache, not process memory; a Parquet or ORC unit is decompressed into process memory."""
+        return self.files.format(file_id) in ("ipc_file", "ipc_stream") and not self.is_remote(file_id)
+
+    def mapped_state(self, file_id: int) -> tuple[int, int | None] | None:
+        """A memory-mapped file's ``(size, mtime_ns)`` as known here (`RawSample.mapped`); None for other files."""
+        meta = self._metas[file_id]
+        return (int(meta.size), meta.mtime_ns) if self.is_memory_mapped(file_id) else None
+
+    def check_unchanged(self, file_id: int) -> None:
+        """Raise `ShardReadError` naming the file if a local shard's size or modification time changed.
+
+        Called before each record batch / row group of a local file is read: a
+        memory-mapped file truncated under the reader would otherwise kill the
+        process with SIGBUS when the missing pages are touched.
+        """
+        loc, meta = self._locations[file_id], self._metas[file_id]
+        if loc.fs is None:
+            check_local(loc.path, meta.size, meta.mtime_ns)
+
+    def holds_etag_content(self, file_id: int, etag: str) -> bool:
+        """Whether a remote file's bytes now are the content an earlier ETag of it was computed from: the same
+        bytes uploaded another way (one PUT, or another part size) have another ETag. Reads the whole file once
+        (`identity.ETagCheck`); False where ``etag`` is no MD5-based ETag (a version id, an encrypted object's
+        ETag: nothing to compare the bytes with)."""
+        loc, size = self._locations[file_id], self._metas[file_id].size
+        if loc.fs is None or md5_etag(etag) is None:
+            return False
+        check = ETagCheck(etag, size)
+        for offset in range(0, size, PART_BYTES):
+            check.update(self.remote.read(loc, offset, min(PART_BYTES, size - offset)))
+        return check.matches()
+
+    # ----------------------------------------------------------------- footers of files known from a manifest
+
+    def located(self, file_id: int) -> _FileMeta:
+        """A file's `_FileMeta` with its footer read: a file known from a manifest has its footer read now (one
+        request for a remote file's tail, and pyarrow's HEAD) and checked against the manifest.
+
+        Raises:
+            ShardChangedError: the file is not what the manifest says (size, ETag, footer), naming both.
+        """
+        meta = self._metas[file_id]
+        if meta.located:
+            return meta
+        with self._locating_lock:
+            lock = self._locating.setdefault(file_id, threading.Lock())
+        with lock:  # one read of a footer, however many threads want it
+            meta = self._metas[file_id]
+            if not meta.located:
+                self._metas[file_id] = meta = self._checked(file_id, self._first_scan(file_id))
+        return meta
+
+    def _first_scan(self, file_id: int) -> _FileMeta:
+        """The first scan of a file known from a manifest. With a cache, the file goes into the cache (once a
+        machine; its identity: the manifest's ETag, else pyarrow's HEAD) and its footer is read from the copy: its
+        bytes are fetched once, not its tail and then the whole file again."""
+        loc, expected = self._locations[file_id], self._metas[file_id]
+        if self.cache is None or loc.fs is None:  # (a remote tar's units are known: only its identity is read)
+            return _scan_file(loc, self.remote, self.cache, keep_whole=True, known=expected)
+        etag = expected.etag or object_identity(self.remote.opened(loc))
+        identity = cache_identity(dataclasses.replace(expected, etag=etag))
+        if identity is None:  # nothing tells a copy from a changed object: not cached
+            return _scan_file(loc, self.remote, self.cache, keep_whole=True)
+        self.cache.open(loc, expected.size, identity).close()
+        copy = self.cache.path_of(loc.path, expected.size, identity)
+        found = _scan_file(dataclasses.replace(loc, fs=None, fs_path=copy, size=None, mtime_ns=None), self.remote)
+        found.mtime_ns, found.etag = None, etag  # the copy's mtime is not the object's: the manifest's is kept
+        return found
+
+    def unlocated(self, file_ids: Sequence[int]) -> list[int]:
+        """Those of ``file_ids`` whose footers are not read yet (files known from a manifest), each once, sorted."""
+        return sorted({i for i in file_ids if not self._metas[i].located})
+
+    def locate_files(self, file_ids: Sequence[int]) -> int:
+        """Read the footers of files known from a manifest, concurrently (`located` for each; no-op for the rest);
+        returns how many were read."""
+        wanted = self.unlocated(file_ids)
+        if len(wanted) < 2:
+            for file_id in wanted:
+                self.located(file_id)
+            return len(wanted)
+        if self.cache is not None:  # into the cache and scanned there (`_first_scan`), many at once
+            with ThreadPoolExecutor(min(len(wanted), _SCAN_THREADS_REMOTE)) as pool:
+                found = list(pool.map(self._first_scan, wanted))
+        else:
+            found = _scan_all([self._locations[i] for i in wanted], self.remote.retry, self.remote, keep_whole=True,
+                              known=[self._metas[i] for i in wanted])
+        for file_id, meta in zip(wanted, found, strict=True):
+            with self._locating_lock:
+                if not self._metas[file_id].located:
+                    self._metas[file_id] = self._checked(file_id, meta)
+        return len(wanted)
+
+    def _checked(self, file_id: int, found: _FileMeta) -> _FileMeta:
+        """``found`` (a file's scan) when it is what the manifest says, with what the manifest knows and the scan
+        does not (ETag, modification time); else `ShardChangedError`."""
+        expected = self._metas[file_id]
+        problem = mismatch(expected, found)
+        if problem is not None:
+            raise ShardChangedError(f"shard {self._locations[file_id].path} is not what {self.manifest_where} says: "
+                                    f"{problem}. It changed after the manifest was written; write the manifest again "
+                                    "(`audioloader index FOLDER`) or restore the file, then build the loader again")
+        found.etag = found.etag or expected.etag
+        found.mtime_ns = found.mtime_ns if found.mtime_ns is not None else expected.mtime_ns
+        if found.whole is not None:  # the footer came with the whole file: its first data is served from it
+            self._keep_whole(file_id, found.whole)
+            found.whole = None
+        return found
+
+    def _keep_whole(self, file_id: int, data: pa.Buffer) -> None:
+        """Keep a small file's bytes, fetched whole by its first read, for its units (at most `WHOLE_FILES_BYTES`
+        a dataset, least recently kept dropped first: a dropped file's units are fetched again)."""
+        with self._whole_lock:
+            self._whole[file_id] = data
+            self._whole_bytes += data.size
+            while self._whole_bytes > WHOLE_FILES_BYTES and len(self._whole) > 1:
+                self._whole_bytes -= self._whole.popitem(last=False)[1].size
+
+    def _whole_file(self, file_id: int) -> pa.Buffer | None:
+        """The bytes of a file its first read fetched whole, while kept (see `_keep_whole`)."""
+        with self._whole_lock:
+            return self._whole.get(file_id)
+
+    # ----------------------------------------------------------------- handles
 
     def _remote_or_local(self, file_id: int, what: str, read: Any, on_failure: Any = None) -> Any:
         """``read()``, after a change check for a local file; a remote file's requests are retried each
@@ -86,7 +300,7 @@ class UnitReads:
             raise ShardReadError(f"cannot read {what} of shard {path}: {error}. "
                                  "Was the file changed or truncated after the loader was built?") from error
 
-    def _handle(self, file_id: int) -> Any:
+    def handle(self, file_id: int) -> Any:
         """This thread's open handle for a file (an LRU per thread, so reads are thread-safe)."""
         cache: OrderedDict[int, Any] | None = getattr(self._tls, "handles", None)
         if cache is None:
@@ -135,7 +349,7 @@ class UnitReads:
         if meta.schema is None:
             raise IndexError(f"{self.files[file_id].path} was pruned by the filter (its table metadata rules it "
                              "out), so its rows are not this source's rows and it is never read")
-        columns = self.used_columns if columns is None else list(columns)
+        columns = self.columns if columns is None else list(columns)
         target = pa.schema([self.schema.field(c) for c in columns])
         present = [c for c in columns if c in meta.schema.names]
         # A file with none of the columns still reads one, for its rows' count (ORC gives no rows for no columns).
@@ -143,6 +357,35 @@ class UnitReads:
         if present != columns or any(meta.schema.field(c).type != target.field(c).type for c in present):
             return _ConformedHandle(handle, target)  # schema evolution: missing columns, narrower types
         return handle
+
+    def read_columns(self, file_id: int, columns: Sequence[str], units: Sequence[int], what: str,
+                     download: bool = True) -> Iterator[tuple[int, list[pa.RecordBatch]]]:
+        """``(unit, batches)`` for each of a file's ``units`` in order, with ``columns`` only, read through one
+        handle of their own (this thread's cached one reads the used columns), closed at the end.
+
+        ``what``: the columns as errors name them (``"column 'duration'"``); ``download``: a remote file not yet in
+        the cache is downloaded into it (else read remotely: a filter may keep few of its rows).
+        """
+        handle = None
+
+        def read(unit: int) -> list[pa.RecordBatch]:
+            nonlocal handle
+            if handle is None:
+                handle = self._open_handle(file_id, columns, download)
+            return handle.unit(unit)
+
+        def forget() -> None:
+            nonlocal handle
+            if handle is not None:
+                handle.close()
+            handle = None
+
+        try:
+            for unit in units:
+                yield unit, self._remote_or_local(file_id, f"{what} of batch/row group {unit}",
+                                                  lambda unit=unit: read(unit), forget)
+        finally:
+            forget()
 
     def _open_format_handle(self, file_id: int, columns: list[str], download: bool = True) -> Any:
         loc, meta = self._locations[file_id], self.located(file_id)
@@ -217,7 +460,7 @@ class UnitReads:
 
     def _present_columns(self, file_id: int) -> list[str]:
         schema = self._metas[file_id].schema
-        present = [c for c in self.used_columns if c in schema.names]
+        present = [c for c in self.columns if c in schema.names]
         return present or [_cheapest_column(schema)]
 
     def read_unit_from(self, file_id: int, unit: int, provided: list[tuple[int, pa.Buffer]]) -> list[pa.RecordBatch]:
@@ -228,7 +471,7 @@ class UnitReads:
             provided = [] if whole is None else [(0, whole)]
 
         def read() -> list[pa.RecordBatch]:
-            handle = self._handle(file_id)
+            handle = self.handle(file_id)
             for offset, buffer in provided:
                 handle.sparse.provide(offset, buffer)
             try:
@@ -262,10 +505,10 @@ class UnitReads:
         change check."""
         if self._locations[file_id].fs is not None and self.unit_ranges(file_id, unit) is not None:
             return self.read_unit_from(file_id, unit, self.fetch_units([(file_id, unit)])[(file_id, unit)])
-        return self._remote_or_local(file_id, f"batch/row group {unit}", lambda: self._handle(file_id).unit(unit),
+        return self._remote_or_local(file_id, f"batch/row group {unit}", lambda: self.handle(file_id).unit(unit),
                                      lambda: self._drop_handle(file_id))
 
-    def _next_units(self, units: Sequence[tuple[int, int]], start: int) -> list[tuple[int, int]]:
+    def next_units(self, units: Sequence[tuple[int, int]], start: int) -> list[tuple[int, int]]:
         """``units[start:]`` up to ``RANDOM_ACCESS_BYTES`` of remote bytes (at least one), ranges known."""
         taken, total = [], 0
         self.locate_files([file_id for file_id, _ in units[start:start + _LOCATE_AHEAD]])
