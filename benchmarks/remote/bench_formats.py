@@ -39,7 +39,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT
+from benchmarks.common import ROOT, median_round
 from benchmarks.remote import remote_data, remote_report
 from benchmarks.remote.runner import BUCKET, Bench
 
@@ -91,14 +91,6 @@ def upload(bench: Bench, folders: dict[str, Path]) -> None:
         direct = (f"s3://{BUCKET}/formats/{layout}?endpoint_override={bench.server.direct_endpoint}"
                   "&scheme=http&region=us-east-1")
         write_folder_manifest(direct)
-
-
-def median_result(results: list[dict[str, Any]]) -> dict[str, Any]:
-    ok = [r for r in results if r.get("ok")]
-    if not ok:
-        return results[-1]
-    ok.sort(key=lambda r: remote_report.rate(r) or 0.0)
-    return ok[len(ok) // 2]
 
 
 def start_requests(r: dict[str, Any]) -> str:
@@ -190,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "contender": contender, "dataset": "speech", "format": layout, "latency_ms": latency}
                         runs[layout].append(bench.run(meta, spec, bench.child_command(),
                                                       bench.child_env(ROOT)))
-                results.extend(median_result(runs[layout]) for layout in LAYOUTS)
+                results.extend(median_round(runs[layout], lambda r: remote_report.rate(r) or 0.0) for layout in LAYOUTS)
     finally:
         bench.close()
     lines = table(results, latencies)
