@@ -458,6 +458,33 @@ def test_what_the_code_cites_of_the_docs_exists():
     assert missing == []
 
 
+#: A path in the repository named in prose or code: ``audioloader/dsp/hashing.py``, ``benchmarks/remote/``.
+_REPO_PATH = re.compile(r"(?<![\w/.-])(?:audioloader|benchmarks|docs|examples|tests)/[\w/.-]*\w")
+
+
+def named_paths_missing(text: str, where: str) -> list[str]:
+    """The repository paths ``text`` names that are not there (a template such as ``docs/numbers/NAME.json`` or a
+    glob is not a path)."""
+    return [f"{where}:{text.count(chr(10), 0, match.start()) + 1}: {match[0]}" for match in _REPO_PATH.finditer(text)
+            if not re.search(r"[*<{]|\b[A-Z]{2,}\b", match[0]) and not (ROOT / match[0]).exists()]
+
+
+def test_every_repository_path_the_docs_and_code_name_exists():
+    """A file the docs, the benchmarks' notes or the code's comments send a reader to is there: when a module moves,
+    what names it moves with it (CHANGELOG.md, a history, keeps the old names; tests/ write made-up paths)."""
+    files = [*PAGES, *sorted((ROOT / "benchmarks").rglob("*.md")),
+             *(path for folder in ("audioloader", "benchmarks", "examples")
+               for path in sorted((ROOT / folder).rglob("*.py")))]
+    missing = [line for path in files
+               for line in named_paths_missing(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))]
+    assert missing == [], "a path that is not in the repository (moved? say where it is now)"
+
+
+def test_a_path_that_moved_is_found():
+    text = "see benchmarks/bench_s3.py and docs/numbers/NAME.json,\nbenchmarks/remote/bench_s3.py and tests/helpers.py"
+    assert named_paths_missing(text, "x.md") == ["x.md:1: benchmarks/bench_s3.py"]
+
+
 def test_a_citation_of_a_gone_section_is_found():
     text = 'see docs/concepts.md, "Memory"; (docs/design.md, "Elsewhere"); docs/gone.md; docs/api.md#no-such-anchor'
     assert cited_sections(text, "x.py") == [

@@ -3,8 +3,8 @@ on local disk and from S3 at a latency a request, in one run.
 
 How to run (from the repository root, in the dev environment)::
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_formats.py                  # 2,400 clips, local and 50 ms
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_formats.py --rows 1200 --latency 0,50 --contenders train-waveform
+    .venv/bin/python -m benchmarks.remote.bench_formats                  # 2,400 clips, local and 50 ms
+    .venv/bin/python -m benchmarks.remote.bench_formats --rows 1200 --latency 0,50 --contenders train-waveform
 
 Data: ``--rows`` speech-like clips (benchmarks/remote/remote_data.py's ``speech_clips``: 1.0-1.5 s
 of 16 kHz FLAC, about 25 KB, label ``i % 10``) in 4 WebDataset tars (``KEY.flac`` +
@@ -15,7 +15,7 @@ upload: with ETags), so every layout starts from one manifest request.
 
 Set-up and contenders as benchmarks/remote/bench_remote.py (whose runner this uses): moto's
 S3 server on 127.0.0.1 behind the shaping proxy (its own process, ``--latency`` ms before
-each request); each contender in a fresh process (benchmarks/remote_child.py) with the
+each request); each contender in a fresh process (benchmarks/remote/remote_child.py) with the
 library's defaults: ``eval-waveform`` / ``train-waveform`` (0.5 s of 16 kHz waveform:
 the I/O-bound setting) and ``reader`` (``ArrowShardReader`` alone). Figures: samples/s
 after the first batch, seconds to the first batch (construction included), peak PSS of
