@@ -154,7 +154,7 @@ def test_scale_orc_and_simulator_smallest(tmp_path):
 @pytest.mark.slow
 def test_remote_s3_smallest():
     out = _module_run("benchmarks.remote.bench_s3", "--rows", "64", "--batches", "1", "--repeats", "1",
-                      "--features", "small")
+                      "--features", "small", "--formats", "ipc", "--variants", "train")
     assert "peak_pss_mb" in out and "s3/local" in out
 
 
