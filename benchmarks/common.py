@@ -66,6 +66,26 @@ def interleaved_medians(runs: Mapping[str, Callable[[], float]], rounds: int) ->
     return {name: statistics.median(values) for name, values in figures.items()}
 
 
+def median_round(results: Sequence[Mapping[str, Any]], key: Callable[[Mapping[str, Any]], float]) -> Mapping[str, Any]:
+    """The round (one contender's result dict) whose ``key`` is the median of the rounds that succeeded (``"ok"``;
+    of an even count, the upper middle), so its figures all come from one run; the last round when none did."""
+    ok = sorted((r for r in results if r.get("ok")), key=key)
+    return ok[len(ok) // 2] if ok else results[-1]
+
+
+def median_figures(results: Sequence[Mapping[str, Any]], fields: Iterable[str]) -> dict[str, Any]:
+    """One result from several rounds: the first round's, each of ``fields`` replaced by its median over the
+    rounds that report it (None when none does); the first failed round instead when a round failed."""
+    failed = [r for r in results if not r.get("ok")]
+    if failed:
+        return dict(failed[0])
+    out = dict(results[0])
+    for field in fields:
+        values = [r[field] for r in results if r.get(field) is not None]
+        out[field] = statistics.median(values) if values else None
+    return out
+
+
 # -- a contender in a fresh process ----------------------------------------------------------------------------
 
 
@@ -155,6 +175,42 @@ def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
         return "  ".join(c.rjust(w) if _is_number(c) else c.ljust(w) for c, w in zip(cells, widths, strict=True))
 
     return "\n".join([line(header).rstrip(), *(line(r).rstrip() for r in rows)])
+
+
+def rounds_line(name: str, results: Sequence[Mapping[str, Any]], rate: str, rate_format: str = ".1f",
+                middle: Callable[[list[Mapping[str, Any]]], str] = lambda ok: "", width: int = 14) -> str:
+    """One contender's line in a table of rounds (`run_child` results): the median of ``rate`` and each round's, the
+    median first batch (s) and peak PSS of the process tree (MB), the cells ``middle(rounds)`` returns (each
+    followed by a space), and the most cores other processes used meanwhile ("!": a round was disturbed); "FAILED"
+    and the end of the first failure's error when a round failed."""
+    ok = [r for r in results if r.get("ok")]
+    if len(ok) < len(results):
+        return f"{name:{width}s} FAILED {next(r for r in results if not r.get('ok'))['error'][-800:]}"
+    rounds = " / ".join(f"{r[rate]:.0f}" for r in ok)
+    mark = "!" if any(r["disturbed"] for r in ok) else " "
+    return (f"{name:{width}s} {median_of(ok, rate):9{rate_format}} {rounds:>13s} "
+            f"{median_of(ok, 'first_batch_s'):13.2f} {median_of(ok, 'peak_pss_mb'):11.0f} {middle(ok)}"
+            f"{max(r['others_cores'] or 0.0 for r in ok):6.2f}{mark}")
+
+
+def ratio_lines(ours: Sequence[Mapping[str, Any]], theirs: Sequence[Mapping[str, Any]], label: str,
+                figures: Mapping[str, str], targets: Mapping[str, float], higher_is_better: Iterable[str],
+                width: int = 14) -> list[str]:
+    """``label`` (e.g. "audioloader / lhotse") for each of ``figures`` (name: the results' field): our figure over
+    theirs per round (rounds paired in order, both ok) and the median, with the verdict against ``targets[name]``
+    where there is one (at least for the names in ``higher_is_better``, at most for the others)."""
+    pairs = [(a, b) for a, b in zip(ours, theirs, strict=False) if a.get("ok") and b.get("ok")]
+    higher = set(higher_is_better)
+    lines = []
+    for name, field in figures.items() if pairs else ():
+        values = [a[field] / b[field] for a, b in pairs]
+        ratio, target = statistics.median(values), targets.get(name)
+        verdict = ")"
+        if target is not None:
+            met = ratio >= target if name in higher else ratio <= target
+            verdict = f"; target {'>=' if name in higher else '<='} {target:g}x) {'met' if met else 'MISSED'}"
+        lines.append(f"{label} {name:{width}s} {ratio:5.2f}x (rounds {' / '.join(f'{v:.2f}' for v in values)}{verdict}")
+    return lines
 
 
 def _is_number(cell: str) -> bool:

@@ -187,6 +187,16 @@ def table_peers(data: dict[str, Any], dataset: str, contender: str, latency: flo
     return " | ".join(texts)
 
 
+
+@derived("manifest_start")
+def start_cells(data: dict[str, Any], run: str, seconds: str = ".1f") -> str:
+    """Table cells of one start at 1,000 files: requests at construction, LISTs, requests a file, construct s, first
+    batch s (the seconds with ``seconds``)."""
+    numbers = data["runs"][run]
+    return " | ".join([render(numbers["construct_requests"], ","), render(numbers["construct_lists"]),
+                       render(numbers["requests_a_file"]), render(numbers["construct_s"], seconds),
+                       render(numbers["first_batch_s"], seconds)])
+
 # -- reading, evaluating, rendering ------------------------------------------------------------------------------
 
 

@@ -334,22 +334,32 @@ def roundtrip(state):
     return torch.load(buffer)  # weights_only=True: the state is plain data
 
 
-def assert_resumes_exactly(build, total, cuts, reference=None, **resumed_options):
+def assert_resumes_exactly(build, total, cuts, reference=None, *, continued=False, **resumed_options):
     """Batches cut after each of ``cuts`` and resumed (through torch.save) equal the first ``total`` of one run.
 
     ``build(**options)`` makes a loader; ``resumed_options`` (e.g. another num_workers) go to the resumed one.
+    ``total``: a number of batches, or None for the whole pass (a loader that ends: eval, ``infinite=False``), the
+    resumed loader then run to its end.
     ``reference``: the first ``total`` batches of a run the caller already took (and checked), instead of a new run.
+    ``continued``: the reference is the cut run itself going on past its ``state_dict()`` (on the same iterator), so a
+    state taken mid-iteration must neither disturb the run nor differ from it; needs a ``total``.
     """
-    if reference is None:
+    if continued and total is None:
+        raise ValueError("continued=True needs a number of batches (total)")
+    if reference is None and not continued:
         with build() as loader:
-            reference = take(loader, total)
+            reference = list(loader) if total is None else take(loader, total)
     for cut in cuts:
         with build() as first:
-            head = take(first, cut)
+            it = iter(first)
+            head = [next(it) for _ in range(cut)]
             state = roundtrip(first.state_dict())
+            if continued:
+                reference = head + [next(it) for _ in range(total - cut)]
         with build(**resumed_options) as resumed:
             resumed.load_state_dict(state)
-            assert_same_batches(head + take(resumed, total - cut), reference)
+            tail = list(resumed) if total is None else take(resumed, total - cut)
+            assert_same_batches(head + tail, reference)
 
 
 # -- a mix of sources ------------------------------------------------------------------------------------------

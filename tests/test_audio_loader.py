@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import gc
 import io
 import os
@@ -22,6 +23,7 @@ import torch
 import audioloader as al
 from tests.helpers import (
     SMALL,
+    assert_resumes_exactly,
     assert_same_batches,
     audio_table,
     loader_for,
@@ -84,17 +86,9 @@ def test_seed_changes_crops_and_order(ipc_shards):
 @pytest.mark.parametrize("train", [True, False])
 def test_resume_is_exact_at_random_cut_points(ipc_shards, train, shuffle_before_decode):
     total = 14 if train else 5
-    with loader_for(ipc_shards, train=train, shuffle=al.Shuffle(before_decode=shuffle_before_decode)) as loader:
-        reference = take(loader, total)
-    cuts = sorted(random.Random(0).sample(range(total), 4))
-    for cut in cuts:
-        with loader_for(ipc_shards, train=train, shuffle=al.Shuffle(before_decode=shuffle_before_decode)) as first:
-            head = take(first, cut)
-            state = roundtrip(first.state_dict())
-        with loader_for(ipc_shards, train=train, shuffle=al.Shuffle(before_decode=shuffle_before_decode)) as resumed:
-            resumed.load_state_dict(state)
-            tail = take(resumed, total - cut)
-        assert_same_batches(head + tail, reference)
+    build = functools.partial(loader_for, ipc_shards, train=train,
+                              shuffle=al.Shuffle(before_decode=shuffle_before_decode))
+    assert_resumes_exactly(build, total, sorted(random.Random(0).sample(range(total), 4)))
 
 
 def test_resume_after_probing_state_dict_first(ipc_shards):
@@ -363,12 +357,5 @@ def test_checkpoint_at_buffer_10000_is_under_256_kb(tmp_path, shuffle_before_dec
 
 @pytest.mark.parametrize(("saved_with", "resumed_with"), [(2, 0), (0, 3), (1, 2)])
 def test_checkpoint_resumes_with_another_num_workers(ipc_shards, saved_with, resumed_with):
-    with loader_for(ipc_shards, workers=al.Workers(num_workers=saved_with)) as loader:
-        it = iter(loader)
-        next(it)
-        next(it)
-        state = loader.state_dict()
-        expected = [next(it) for _ in range(3)]
-    with loader_for(ipc_shards, workers=al.Workers(num_workers=resumed_with)) as resumed:
-        resumed.load_state_dict(roundtrip(state))
-        assert_same_batches(take(resumed, 3), expected)
+    build = functools.partial(loader_for, ipc_shards, workers=al.Workers(num_workers=saved_with))
+    assert_resumes_exactly(build, 5, [2], continued=True, workers=al.Workers(num_workers=resumed_with))

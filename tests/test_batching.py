@@ -3,6 +3,7 @@ bucket found by an out-of-memory search, ranks in step, the largest batch first;
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from pathlib import Path
@@ -14,7 +15,15 @@ import torch
 
 import audioloader as al
 from audioloader.nodes.bucket_rules import BucketLimits, BucketSchedule, plan
-from tests.helpers import assert_same_batches, encode, loader_factory, roundtrip, tone, write_ipc_file
+from tests.helpers import (
+    assert_resumes_exactly,
+    assert_same_batches,
+    encode,
+    loader_factory,
+    roundtrip,
+    tone,
+    write_ipc_file,
+)
 
 RATE = 8000
 N = 96
@@ -308,16 +317,8 @@ def test_resume_in_step_is_bit_identical_after_a_cut_at_any_step(corpus, world_s
     bucketing, total = NEW_OPTIONS[name], 9
     for rank in (0, world_size - 1):
         storage = al.Storage(rank=rank, world_size=world_size)
-        with loader(corpus, batching=bucketing, storage=storage) as run:
-            reference = take(iter(run), total)
-        for cut in range(1, total):
-            with loader(corpus, batching=bucketing, storage=storage) as first:
-                head = take(iter(first), cut)
-                state = roundtrip(first.state_dict())
-            with loader(corpus, batching=bucketing, storage=storage,
-                        workers=al.Workers(num_workers=2, kind="thread")) as resumed:
-                resumed.load_state_dict(state)
-                assert_same_batches(head + take(iter(resumed), total - cut), reference)
+        assert_resumes_exactly(functools.partial(loader, corpus, batching=bucketing, storage=storage), total,
+                               range(1, total), workers=al.Workers(num_workers=2, kind="thread"))
 
 
 @pytest.mark.parametrize("name", list(NEW_OPTIONS))

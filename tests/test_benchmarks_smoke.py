@@ -102,6 +102,27 @@ def test_a_script_run_as_a_file_says_how_to_run_it():
     assert done.returncode != 0 and "python -m benchmarks.<folder>.<script>" in done.stderr
 
 
+def test_the_shared_round_summaries():
+    """benchmarks/common.py's medians of rounds and the lines of a table of rounds against a peer."""
+    from benchmarks import common
+
+    rounds = [{"ok": True, "samples_per_s": rate, "first_batch_s": 1.0, "peak_pss_mb": 500.0 + rate,
+               "others_cores": 0.5, "disturbed": rate == 30.0} for rate in (30.0, 10.0, 20.0)]
+    assert common.median_round(rounds, lambda r: r["samples_per_s"]) is rounds[2]
+    assert common.median_figures(rounds, ["samples_per_s", "absent"]) == {**rounds[0], "samples_per_s": 20.0,
+                                                                           "absent": None}
+    failed = {"ok": False, "error": "no result"}
+    assert common.median_figures([*rounds, failed], ["samples_per_s"]) == failed
+    line = common.rounds_line("ours", rounds, "samples_per_s", middle=lambda ok: "mid ")
+    assert line.split() == ["ours", "20.0", "30", "/", "10", "/", "20", "1.00", "520", "mid", "0.50!"]
+    assert common.rounds_line("ours", [*rounds, failed], "samples_per_s").split() == ["ours", "FAILED", "no", "result"]
+    theirs = [{**r, "samples_per_s": 10.0} for r in rounds]
+    assert common.ratio_lines(rounds, theirs, "ours / theirs", {"rate": "samples_per_s", "memory": "peak_pss_mb"},
+                              {"rate": 1.5}, {"rate"}) == [
+        "ours / theirs rate            2.00x (rounds 3.00 / 1.00 / 2.00; target >= 1.5x) met",
+        "ours / theirs memory          1.00x (rounds 1.00 / 1.00 / 1.00)"]
+
+
 # -- each folder's smallest configuration ----------------------------------------------------------------------
 
 
@@ -133,7 +154,7 @@ def test_scale_orc_and_simulator_smallest(tmp_path):
 @pytest.mark.slow
 def test_remote_s3_smallest():
     out = _module_run("benchmarks.remote.bench_s3", "--rows", "64", "--batches", "1", "--repeats", "1",
-                      "--features", "small")
+                      "--features", "small", "--formats", "ipc", "--variants", "train")
     assert "peak_pss_mb" in out and "s3/local" in out
 
 

@@ -427,6 +427,76 @@ def test_links_and_anchors_resolve(page):
     assert broken_links(page) == []
 
 
+#: A page of the docs cited in the code: ``docs/concepts.md, "Memory"``, ``docs/storage.md ("Read-ahead", ...``,
+#: ``docs/benchmarks.md#some-anchor``.
+_CITED = re.compile(r"\b(?P<page>docs/[a-z_]+\.md)"
+                    r"(?:#(?P<anchor>[\w-]+)|(?:,\s*|\s+\(\s*)[\"“](?P<title>[^\"”\n]+)[\"”])?")
+
+
+def cited_sections(text: str, where: str) -> list[str]:
+    """What ``text`` cites of docs/ and is not there: a page, an anchor, or a section title that no heading of the
+    page starts with or holds (``"Memory"`` for "## Memory: a byte budget")."""
+    missing = []
+    for match in _CITED.finditer(text):
+        page = ROOT / match["page"]
+        line = f"{where}:{text.count(chr(10), 0, match.start()) + 1}: {match[0]}"
+        if not page.exists():
+            missing.append(f"{line} (no such page)")
+        elif match["anchor"] and match["anchor"] not in anchors(page):
+            missing.append(f"{line} (no heading with that anchor)")
+        elif match["title"]:
+            headings = [_HEADING.match(text_line)["text"].lower() for _, text_line in prose(page)
+                        if _HEADING.match(text_line)]
+            if not any(match["title"].lower() in heading for heading in headings):
+                missing.append(f"{line} (no heading holds those words)")
+    return missing
+
+
+def test_what_the_code_cites_of_the_docs_exists():
+    """The code's comments and docstrings send a reader to docs/ for the contract and the measurements behind a
+    default (docs/design.md, "Order"); each page and section they name is there."""
+    missing = []
+    for folder in ("audioloader", "benchmarks", "examples", "tests"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path != Path(__file__):
+                missing += cited_sections(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))
+    assert missing == []
+
+
+#: A path in the repository named in prose or code: ``audioloader/dsp/hashing.py``, ``benchmarks/remote/``.
+_REPO_PATH = re.compile(r"(?<![\w/.-])(?:audioloader|benchmarks|docs|examples|tests)/[\w/.-]*\w")
+
+
+def named_paths_missing(text: str, where: str) -> list[str]:
+    """The repository paths ``text`` names that are not there (a template such as ``docs/numbers/NAME.json`` or a
+    glob is not a path)."""
+    return [f"{where}:{text.count(chr(10), 0, match.start()) + 1}: {match[0]}" for match in _REPO_PATH.finditer(text)
+            if not re.search(r"[*<{]|\b[A-Z]{2,}\b", match[0]) and not (ROOT / match[0]).exists()]
+
+
+def test_every_repository_path_the_docs_and_code_name_exists():
+    """A file the docs, the benchmarks' notes or the code's comments send a reader to is there: when a module moves,
+    what names it moves with it (CHANGELOG.md, a history, keeps the old names; tests/ write made-up paths)."""
+    files = [*PAGES, *sorted((ROOT / "benchmarks").rglob("*.md")),
+             *(path for folder in ("audioloader", "benchmarks", "examples")
+               for path in sorted((ROOT / folder).rglob("*.py")))]
+    missing = [line for path in files
+               for line in named_paths_missing(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))]
+    assert missing == [], "a path that is not in the repository (moved? say where it is now)"
+
+
+def test_a_path_that_moved_is_found():
+    text = "see benchmarks/bench_s3.py and docs/numbers/NAME.json,\nbenchmarks/remote/bench_s3.py and tests/helpers.py"
+    assert named_paths_missing(text, "x.md") == ["x.md:1: benchmarks/bench_s3.py"]
+
+
+def test_a_citation_of_a_gone_section_is_found():
+    text = 'see docs/concepts.md, "Memory"; (docs/design.md, "Elsewhere"); docs/gone.md; docs/api.md#no-such-anchor'
+    assert cited_sections(text, "x.py") == [
+        'x.py:1: docs/design.md, "Elsewhere" (no heading holds those words)', "x.py:1: docs/gone.md (no such page)",
+        "x.py:1: docs/api.md#no-such-anchor (no heading with that anchor)"]
+
+
 def test_github_slugs():
     assert github_slug("DDP / torchrun") == "ddp--torchrun"
     assert github_slug("Augmentation cost (`benchmarks/pipeline/bench_augment.py`)") == (
@@ -542,6 +612,64 @@ def test_a_verdict_typed_by_hand_is_found(bench):
     quoted = ("a rank holds <!--n metadata_memory.held_mb():.0f-->21<!--/n--> MB: the target is "
               "<!--n metadata_memory.target()-->met<!--/n-->")
     assert typed_verdicts(quoted, bench.numbers._SPAN) == []
+
+
+#: A figure said to hold "now" or "today" (or "currently"), outside code.
+_NOW = re.compile(r"(?<![/\w`])(?:now|today|currently)(?![/\w`])", re.IGNORECASE)
+#: A measured number: a size, a time, a share, a ratio or a rate ("21 MB", "0.27 s", "3.2×", "1,005 requests/s").
+_MEASURED = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s?(?:[KMGT]i?B\b|ms\b|µs\b|s\b|seconds?\b|minutes?\b|hours?\b"
+                       r"|%|×|x\b|(?:samples|files|rows|requests|batches)/s\b)")
+_NUMBER_CELL = re.compile(r"^\s*\**[\d,.]+\**(?:\s*/\s*[\d,.]+)*\s*$")
+
+
+def statements(text: str) -> list[str]:
+    """The paragraphs and table rows of a page, outside fenced code."""
+    found, paragraph, fenced = [], [], False
+    for line in [*text.splitlines(), ""]:
+        if re.match(r"^ {0,3}(```|~~~)", line):
+            fenced = not fenced
+        if fenced or line.lstrip().startswith(("|", "```", "~~~")) or not line.strip():
+            found += ["\n".join(paragraph)] if paragraph else []
+            paragraph = []
+            found += [line] if not fenced and line.lstrip().startswith("|") else []
+        else:
+            paragraph.append(line)
+    return found
+
+
+def typed_figures_of_now(text: str, span: re.Pattern) -> list[str]:
+    """The paragraphs and table rows of ``text`` that say what holds now (or today) with a measured number typed by
+    hand (outside a span and inline code): a size, time, share, ratio or rate, or a table row's number cell."""
+    typed = []
+    for statement in statements(text):
+        bare = re.sub(r"`[^`]*`", "", span.sub("", statement))
+        if not _NOW.search(bare):
+            continue
+        numbers = _MEASURED.findall(bare)
+        if bare.lstrip().startswith("|"):
+            numbers += [cell.strip() for cell in bare.strip().strip("|").split("|") if _NUMBER_CELL.match(cell)]
+        if numbers:
+            typed.append(f"{statement.strip()[:100]} ({', '.join(numbers)})")
+    return typed
+
+
+def test_a_figure_stated_as_now_is_quoted_from_its_data(bench):
+    """Outside the measurement log (docs/benchmarks.md), a number said to hold now or today (a rank's metadata, a
+    start's requests and seconds) is a span: it comes from the benchmark's JSON (docs/numbers/, docs/figures/data/),
+    so a new measurement rewrites it and a stale one fails `test_numbers_in_the_prose_match_their_data`."""
+    typed = [f"{page.name}: {t}" for page in PAGES if page.name != "benchmarks.md"
+             for t in typed_figures_of_now(page.read_text(encoding="utf-8"), bench.numbers._SPAN)]
+    assert typed == [], "a figure of now typed by hand (quote it from its data: benchmarks/doc_numbers.py)"
+
+
+def test_a_figure_of_now_typed_by_hand_is_found(bench):
+    stale = ("A rank's metadata is now about 1.3 KB a file.\n\n| run | s |\n|---|---:|\n"
+             "| now, with a manifest | 0.27 |\n\n```\ntoday 5 s\n```\n\nNow `pack` writes it (0.3 wrote 2 files).")
+    assert typed_figures_of_now(stale, bench.numbers._SPAN) == [
+        "A rank's metadata is now about 1.3 KB a file. (1.3 KB)", "| now, with a manifest | 0.27 | (0.27)"]
+    quoted = ("A rank holds <!--n metadata_memory.held_mb():.0f-->21<!--/n--> MB now.\n\n"
+              "| now, with a manifest | <!--n manifest_start.start_cells(\"manifest_cold\")-->2 | 0<!--/n--> |")
+    assert typed_figures_of_now(quoted, bench.numbers._SPAN) == []
 
 
 def test_nothing_cites_a_file_outside_the_repository():

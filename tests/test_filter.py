@@ -12,8 +12,8 @@ import audioloader as al
 from audioloader.shards import readers
 from tests.helpers import FILTER_DURATIONS as DURATIONS
 from tests.helpers import FILTER_ROWS as ROWS
+from tests.helpers import assert_resumes_exactly, loader_factory
 from tests.helpers import filter_table as table
-from tests.helpers import loader_factory
 from tests.helpers import write_filter_shards as write_shards
 
 TOTAL = sum(ROWS)
@@ -108,15 +108,8 @@ def test_train_pass_covers_kept_rows_once_and_resumes_exactly(shards):
     with loader_for(al.Source(shards, filter=TRAIN_SPLIT)) as loader:
         reference = list(loader)
     assert Counter(rows_of(reference)) == Counter(keep)
-    for cut in (1, 4, 7):
-        with loader_for(al.Source(shards, filter=TRAIN_SPLIT)) as first:
-            it = iter(first)
-            head = [next(it) for _ in range(cut)]
-            state = first.state_dict()
-        with loader_for(al.Source(shards, filter=TRAIN_SPLIT)) as resumed:
-            resumed.load_state_dict(state)
-            tail = list(resumed)
-        assert [b["index"].tolist() for b in head + tail] == [b["index"].tolist() for b in reference]
+    assert_resumes_exactly(lambda **kw: loader_for(al.Source(shards, filter=TRAIN_SPLIT), **kw), None, (1, 4, 7),
+                           reference)
 
 
 def test_elastic_resume_with_a_filter(shards):

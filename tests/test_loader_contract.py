@@ -4,12 +4,10 @@ refusal leads with its real cause."""
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
 import audioloader as al
-from tests.helpers import assert_same_batches, loader_for, make_shards, take
+from tests.helpers import SMALL, assert_resumes_exactly, assert_same_batches, loader_for, make_shards, take
 
 
 @pytest.fixture(scope="module")
@@ -45,18 +43,27 @@ def test_an_infinite_eval_loader_loops_over_identical_passes_with_equal_batch_co
 
 
 def test_an_infinite_eval_loader_resumes_mid_pass_and_goes_on_to_the_next(shards):
-    loader = loader_for(shards, train=False, infinite=True, workers=al.Workers(0))
-    per_pass = loader.num_batches
-    it = iter(loader)
-    for _ in range(per_pass + 1):  # into the second pass
-        next(it)
-    state = loader.state_dict()
-    expected = [next(it) for _ in range(per_pass + 2)]
-    resumed = loader_for(shards, train=False, infinite=True, workers=al.Workers(0))
-    resumed.load_state_dict(state)
-    assert_same_batches(list(itertools.islice(resumed, per_pass + 2)), expected)
-    loader.shutdown()
-    resumed.shutdown()
+    def build():
+        return loader_for(shards, train=False, infinite=True, workers=al.Workers(0))
+
+    with build() as loader:
+        per_pass = loader.num_batches
+    # Cut into the second pass, resumed through the end of the third.
+    assert_resumes_exactly(build, 2 * per_pass + 3, [per_pass + 1], continued=True)
+
+
+@pytest.mark.parametrize("how", [{"total": 4}, {"total": 4, "continued": True}, {"total": None}])
+def test_the_shared_resume_check_fails_when_a_resume_drops_its_state(shards, how):
+    """tests.helpers.assert_resumes_exactly, which most resume tests call, fails a loader that ignores the state."""
+    class Forgetful(al.AudioLoader):
+        def load_state_dict(self, state):  # a resume that starts over
+            pass
+
+    def build(**kw):
+        return Forgetful(shards, batch_size=4, seed=2, features=SMALL, workers=al.Workers(0), infinite=False, **kw)
+
+    with pytest.raises(AssertionError):
+        assert_resumes_exactly(build, cuts=[2], **how)
 
 
 @pytest.mark.parametrize("train", [True, False])

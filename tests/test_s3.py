@@ -10,6 +10,7 @@ import pytest
 import audioloader as al
 from audioloader.shards.formats import WHOLE_FILE_BYTES
 from tests.helpers import (
+    assert_resumes_exactly,
     assert_same_batches,
     flip_audio_bytes,
     loader_factory,
@@ -132,14 +133,7 @@ def test_missing_object_is_not_retried(s3, shards):
 def test_resume_on_s3_is_exact(s3, shards):
     _, prefix = shards["ipc_file"]
     url = s3.url(prefix)
-    with loader_for(url) as loader:
-        reference = take(loader, 8)
-    with loader_for(url) as first:
-        head = take(first, 3)
-        state = first.state_dict()
-    with loader_for(url) as resumed:
-        resumed.load_state_dict(state)
-        assert_same_batches(head + take(resumed, 5), reference)
+    assert_resumes_exactly(lambda **kw: loader_for(url, **kw), 8, [3])
 
 
 def test_filter_on_s3_never_requests_pruned_row_groups(s3, tmp_path):

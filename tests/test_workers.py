@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import pickle
@@ -20,7 +21,7 @@ import torch
 
 import audioloader as al
 from tests.helpers import IPC_ROWS as ROWS
-from tests.helpers import assert_same_batches, loader_for, make_shards, roundtrip, take
+from tests.helpers import assert_resumes_exactly, assert_same_batches, loader_for, make_shards, roundtrip, take
 
 
 @pytest.fixture(scope="module")
@@ -73,15 +74,9 @@ def test_processes_on_parquet_receive_the_audio_through_shared_memory(parquet):
                                                 ("process", "process")])
 def test_resume_is_exact_across_worker_types(ipc_shards, saved, resumed):
     for shuffle_before_decode in (True, False):
-        kwargs = {"shuffle": al.Shuffle(before_decode=shuffle_before_decode)}
-        with loader_for(ipc_shards, workers=al.Workers(kind=saved, num_workers=2), **kwargs) as loader:
-            it = iter(loader)
-            [next(it) for _ in range(3)]
-            state = loader.state_dict()
-            expected = [next(it) for _ in range(4)]
-        with loader_for(ipc_shards, workers=al.Workers(kind=resumed, num_workers=3), **kwargs) as again:
-            again.load_state_dict(roundtrip(state))
-            assert_same_batches(take(again, 4), expected)
+        build = functools.partial(loader_for, ipc_shards, workers=al.Workers(kind=saved, num_workers=2),
+                                  shuffle=al.Shuffle(before_decode=shuffle_before_decode))
+        assert_resumes_exactly(build, 7, [3], continued=True, workers=al.Workers(kind=resumed, num_workers=3))
 
 
 def test_worker_processes_report_stage_times(ipc_shards):

@@ -60,7 +60,7 @@ def keep_heap_pages() -> bool:
     temporaries land on new pages, each a fault and a zeroed page. Measured on the standard 10 s
     FLAC rows: 457 page faults and 7.2 ms of CPU per 5 s crop decoded and resampled to 32 kHz,
     against 0 faults and 5.8 ms with fixed thresholds (4.8 against 6.5 ms to 16 kHz;
-    benchmarks/bench_worker_cost.py has the loader's figures). A worker process holds no
+    benchmarks/pipeline/bench_worker_cost.py has the loader's figures). A worker process holds no
     long-lived results (they leave through shared memory), so what the heap keeps is one
     sample's temporaries, and `after_decode` still trims it every `TRIM_EVERY` decodes.
     Not for the consumer's process: there decode threads interleave temporaries with samples

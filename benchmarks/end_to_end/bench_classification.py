@@ -52,13 +52,12 @@ import argparse
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import ROOT, emit_result, median_of, module_command, run_child
+from benchmarks.common import ROOT, emit_result, module_command, ratio_lines, rounds_line, run_child
 from benchmarks.end_to_end.lhotse_env import lhotse_python
 
 BATCH_SIZE = 64
@@ -197,39 +196,17 @@ def report(runs: dict[str, list[dict]]) -> list[str]:
     lines = [f"{'contender':14s} {'samples/s':>9s} {'(rounds)':>13s} {'first batch s':>13s} {'peak PSS MB':>11s} "
              f"{'batch shape':>16s} {'others':>7s}"]
     for contender, results in runs.items():
-        ok = [r for r in results if r.get("ok")]
-        if len(ok) < len(results):
-            lines.append(f"{contender:14s} FAILED {next(r for r in results if not r.get('ok'))['error'][-800:]}")
-            continue
-        rounds = " / ".join(f"{r['samples_per_s']:.0f}" for r in ok)
-        mark = "!" if any(r["disturbed"] for r in ok) else " "
-        lines.append(f"{contender:14s} {median_of(ok, 'samples_per_s'):9.1f} {rounds:>13s} "
-                     f"{median_of(ok, 'first_batch_s'):13.2f} {median_of(ok, 'peak_pss_mb'):11.0f} "
-                     f"{'x'.join(map(str, ok[0]['shape'])):>16s} "
-                     f"{max(r['others_cores'] or 0.0 for r in ok):6.2f}{mark}")
+        lines.append(rounds_line(contender, results, "samples_per_s",
+                                 middle=lambda ok: f"{'x'.join(map(str, ok[0]['shape'])):>16s} "))
     for contender, results in runs.items():
         ok = [r for r in results if r.get("ok")]
         if ok and len(ok) == len(results):
             split = "; ".join(_by_process(r) for r in ok)
             lines.append(f"{contender:14s} peak PSS by process (main + workers, MB), rounds: {split}")
+    figures = {key: key for key in ("samples_per_s", "first_batch_s", "peak_pss_mb")}
     for peer in (c for c in runs if c.startswith("lhotse")):
-        lines += _ratios(runs.get("audioloader", []), runs[peer], peer)
-    return lines
-
-
-def _ratios(ours: list[dict], theirs: list[dict], peer: str) -> list[str]:
-    """audioloader / ``peer`` per round (rounds paired in order) and their median, against `TARGETS`."""
-    pairs = [(a, b) for a, b in zip(ours, theirs, strict=False) if a.get("ok") and b.get("ok")]
-    lines = []
-    for key in ("samples_per_s", "first_batch_s", "peak_pss_mb") if pairs else ():
-        values = [a[key] / b[key] for a, b in pairs]
-        ratio, target = statistics.median(values), TARGETS.get(key)
-        verdict = ")"
-        if target is not None:
-            met = ratio >= target if key == "samples_per_s" else ratio <= target
-            verdict = f"; target {'>=' if key == 'samples_per_s' else '<='} {target:g}x) {'met' if met else 'MISSED'}"
-        lines.append(f"audioloader / {peer:14s} {key:14s} {ratio:5.2f}x (rounds "
-                     f"{' / '.join(f'{v:.2f}' for v in values)}{verdict}")
+        lines += ratio_lines(runs.get("audioloader", []), runs[peer], f"audioloader / {peer:14s}", figures, TARGETS,
+                             higher_is_better={"samples_per_s"})
     return lines
 
 

@@ -55,7 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import ROOT, emit_result, median_of, module_command, run_child
+from benchmarks.common import ROOT, emit_result, median_of, module_command, ratio_lines, rounds_line, run_child
 from benchmarks.end_to_end.lhotse_env import lhotse_python
 
 MIN_S, MAX_S, RATE = 1.0, 20.0, 16000
@@ -258,39 +258,21 @@ def report(name: str, corpus: dict, runs: dict[str, list[dict]]) -> list[str]:
              f"{'contender':12s} {'audio s/s':>9s} {'(rounds)':>13s} {'first batch s':>13s} {'peak PSS MB':>11s} "
              f"{'padding eff.':>12s} {'repeats':>7s} {'others':>7s}"]
     for contender, results in runs.items():
+        lines.append(rounds_line(contender, results, "audio_s_per_s", ".0f", width=12, middle=lambda ok: (
+            f"{median_of(ok, 'padding_efficiency'):12.3f} {sum(r['batches_with_repeats'] for r in ok):7d} ")))
         ok = [r for r in results if r.get("ok")]
-        if len(ok) < len(results):
-            lines.append(f"{contender:12s} FAILED {next(r for r in results if not r.get('ok'))['error'][-800:]}")
-            continue
-        rounds = " / ".join(f"{r['audio_s_per_s']:.0f}" for r in ok)
-        mark = "!" if any(r["disturbed"] for r in ok) else " "
-        lines.append(f"{contender:12s} {median_of(ok, 'audio_s_per_s'):9.0f} {rounds:>13s} "
-                     f"{median_of(ok, 'first_batch_s'):13.2f} {median_of(ok, 'peak_pss_mb'):11.0f} "
-                     f"{median_of(ok, 'padding_efficiency'):12.3f} {sum(r['batches_with_repeats'] for r in ok):7d} "
-                     f"{max(r['others_cores'] or 0.0 for r in ok):6.2f}{mark}")
-        if contender == "audioloader":
+        if contender == "audioloader" and len(ok) == len(results):
             r = ok[0]
             lines.append(f"{'':12s} held ahead of decode: peak {r['held_peak_mb']:.0f} MiB, buffer {r['buffer_rows']} "
                          f"rows (limited by {r['buffer_limited_by']}), interleave {r['interleave']}")
     a, b = runs.get("audioloader", []), runs.get("lhotse", [])
     pairs = [(x, y) for x, y in zip(a, b, strict=False) if x.get("ok") and y.get("ok")]
+    lines += ratio_lines(a, b, "audioloader / lhotse", {"throughput": "audio_s_per_s", "first_batch": "first_batch_s",
+                                                        "peak_pss": "peak_pss_mb"}, TARGETS, {"throughput"}, width=12)
     if pairs:
-        figures = {
-            "throughput": [x["audio_s_per_s"] / y["audio_s_per_s"] for x, y in pairs],
-            "first_batch": [x["first_batch_s"] / y["first_batch_s"] for x, y in pairs],
-            "peak_pss": [x["peak_pss_mb"] / y["peak_pss_mb"] for x, y in pairs],
-        }
         efficiency = statistics.median(x["padding_efficiency"] for x, _ in pairs)
-        met = {"throughput": statistics.median(figures["throughput"]) >= TARGETS["throughput"],
-               "first_batch": statistics.median(figures["first_batch"]) <= TARGETS["first_batch"],
-               "peak_pss": statistics.median(figures["peak_pss"]) <= TARGETS["peak_pss"],
-               "padding_efficiency": efficiency >= TARGETS["padding_efficiency"]}
-        for key, values in figures.items():
-            lines.append(f"audioloader / lhotse {key:12s} {statistics.median(values):5.2f}x (rounds "
-                         f"{' / '.join(f'{v:.2f}' for v in values)}; target {'>=' if key == 'throughput' else '<='} "
-                         f"{TARGETS[key]:g}x) {'met' if met[key] else 'MISSED'}")
         lines.append(f"audioloader padding efficiency {efficiency:.3f} (target >= {TARGETS['padding_efficiency']}) "
-                     f"{'met' if met['padding_efficiency'] else 'MISSED'}")
+                     f"{'met' if efficiency >= TARGETS['padding_efficiency'] else 'MISSED'}")
     return lines
 
 

@@ -60,14 +60,13 @@ import argparse
 import hashlib
 import json
 import os
-import statistics
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, module_command
+from benchmarks.common import ROOT, median_figures, module_command
 
 RESULT_PREFIX = "BENCH-RESULT "  # = audioloader.tools.bench.contenders.RESULT_PREFIX (read by run_contender)
 
@@ -248,16 +247,17 @@ def run_one(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     return result
 
 
-def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One result from several rounds: the median of every figure; failed when any round failed."""
-    failed = [r for r in runs if not r.get("ok")]
-    if failed:
-        return failed[0]
-    out = dict(runs[0])
-    for key in ("samples_per_s", "first_item_s", "peak_pss_bytes", "consumer_cpu_ms", "loop_thread_cpu_ms",
-                "tree_cpu_ms", "workers_running", "workers_waiting_for_cpu", "workers_idle", "others_cores"):
-        values = [r[key] for r in runs if r.get(key) is not None]
-        out[key] = statistics.median(values) if values else None
+#: The figures a contender's rounds are summed up by (their medians).
+FIGURES = ("samples_per_s", "first_item_s", "peak_pss_bytes", "consumer_cpu_ms", "loop_thread_cpu_ms", "tree_cpu_ms",
+           "workers_running", "workers_waiting_for_cpu", "workers_idle", "others_cores")
+
+
+def rounds_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from several rounds: the median of every figure, the rounds' count, whether a round was disturbed
+    and their digests; failed when any round failed."""
+    out = median_figures(runs, FIGURES)
+    if not out.get("ok"):
+        return out
     out["rounds"] = len(runs)
     out["disturbed"] = any(r.get("disturbed") for r in runs)
     out["digests"] = sorted({r["digest"] for r in runs})
@@ -348,7 +348,8 @@ def main() -> int:
                     runs[dataset].setdefault(f"{name}-{n}", []).append(result)
                     rate = f"{result['samples_per_s']:.1f} samples/s" if result.get("ok") else "FAILED"
                     print(f"  round {round_index + 1} {dataset} {name}-{n}: {rate}", flush=True)
-    table = {dataset: {key: median_of(results) for key, results in by_key.items()} for dataset, by_key in runs.items()}
+    table = {dataset: {key: rounds_result(results) for key, results in by_key.items()}
+             for dataset, by_key in runs.items()}
     identical = report(table, workers, names)
     machine = machine_info()
     print(f"\n{machine['cores']} cores ({machine['cpu']}), torch {machine['torch']}; load average at the end "

@@ -3,8 +3,8 @@ on local disk and from S3 at a latency a request, in one run.
 
 How to run (from the repository root, in the dev environment)::
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_formats.py                  # 2,400 clips, local and 50 ms
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_formats.py --rows 1200 --latency 0,50 --contenders train-waveform
+    .venv/bin/python -m benchmarks.remote.bench_formats                  # 2,400 clips, local and 50 ms
+    .venv/bin/python -m benchmarks.remote.bench_formats --rows 1200 --latency 0,50 --contenders train-waveform
 
 Data: ``--rows`` speech-like clips (benchmarks/remote/remote_data.py's ``speech_clips``: 1.0-1.5 s
 of 16 kHz FLAC, about 25 KB, label ``i % 10``) in 4 WebDataset tars (``KEY.flac`` +
@@ -15,7 +15,7 @@ upload: with ETags), so every layout starts from one manifest request.
 
 Set-up and contenders as benchmarks/remote/bench_remote.py (whose runner this uses): moto's
 S3 server on 127.0.0.1 behind the shaping proxy (its own process, ``--latency`` ms before
-each request); each contender in a fresh process (benchmarks/remote_child.py) with the
+each request); each contender in a fresh process (benchmarks/remote/remote_child.py) with the
 library's defaults: ``eval-waveform`` / ``train-waveform`` (0.5 s of 16 kHz waveform:
 the I/O-bound setting) and ``reader`` (``ArrowShardReader`` alone). Figures: samples/s
 after the first batch, seconds to the first batch (construction included), peak PSS of
@@ -39,7 +39,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT
+from benchmarks.common import ROOT, median_round
 from benchmarks.remote import remote_data, remote_report
 from benchmarks.remote.runner import BUCKET, Bench
 
@@ -91,14 +91,6 @@ def upload(bench: Bench, folders: dict[str, Path]) -> None:
         direct = (f"s3://{BUCKET}/formats/{layout}?endpoint_override={bench.server.direct_endpoint}"
                   "&scheme=http&region=us-east-1")
         write_folder_manifest(direct)
-
-
-def median_result(results: list[dict[str, Any]]) -> dict[str, Any]:
-    ok = [r for r in results if r.get("ok")]
-    if not ok:
-        return results[-1]
-    ok.sort(key=lambda r: remote_report.rate(r) or 0.0)
-    return ok[len(ok) // 2]
 
 
 def start_requests(r: dict[str, Any]) -> str:
@@ -190,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "contender": contender, "dataset": "speech", "format": layout, "latency_ms": latency}
                         runs[layout].append(bench.run(meta, spec, bench.child_command(),
                                                       bench.child_env(ROOT)))
-                results.extend(median_result(runs[layout]) for layout in LAYOUTS)
+                results.extend(median_round(runs[layout], lambda r: remote_report.rate(r) or 0.0) for layout in LAYOUTS)
     finally:
         bench.close()
     lines = table(results, latencies)

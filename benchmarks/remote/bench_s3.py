@@ -1,6 +1,7 @@
 """Local shards vs the same shards on a loopback S3 server: reader and loader throughput, memory, resume.
 
     .venv/bin/python -m benchmarks.remote.bench_s3 [--rows 1200] [--batches 40] [--repeats 2] [--features default]
+        [--formats ipc,parquet] [--variants reader,train,resume]
 
 Writes ``--rows`` clips (2 s PCM16 WAV at 16 kHz, 8 Arrow IPC files with record
 batches of 16 rows, and the same as Parquet with row groups of 16) to a
@@ -38,6 +39,9 @@ from benchmarks.common import emit_result, median_of, module_command, run_child,
 #: ``--features small``: 64 mels of 1 s at 16 kHz (26 KB a sample); ``default``: MelSpectrogramConfig() (256 KB).
 FEATURES = {"small": dict(sample_rate=16000, clip_seconds=1.0, n_fft=400, hop_length=160, n_mels=64),
             "default": {}}
+
+#: Each variant with its shuffle buffer before decode (raw rows: True) or after it (decoded samples: False).
+VARIANTS = [("reader", None), ("train", True), ("train", False), ("resume", True), ("resume", False)]
 
 
 def write_data(folder: Path, rows: int) -> None:
@@ -110,6 +114,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--features", choices=sorted(FEATURES), default="default")
+    parser.add_argument("--formats", default="ipc,parquet", help="comma-separated: ipc, parquet")
+    parser.add_argument("--variants", default="reader,train,resume", help="comma-separated: reader, train, resume")
     parser.add_argument("--child")
     parser.add_argument("--source")
     parser.add_argument("--before-decode", type=int)
@@ -132,10 +138,9 @@ def main() -> None:
             for fmt in ("ipc", "parquet"):
                 server.upload(folder / fmt, f"bench/{fmt}")
             rows = []
-            for fmt in ("ipc", "parquet"):
+            for fmt in args.formats.split(","):
                 sources = {"local": str(folder / fmt), "s3": server.url(f"bench/{fmt}", direct=True)}
-                variants = [("reader", None), ("train", True), ("train", False), ("resume", True),
-                            ("resume", False)]
+                variants = [(variant, before) for variant, before in VARIANTS if variant in args.variants.split(",")]
                 for variant, before in variants:
                     results = {name: [] for name in sources}
                     for _ in range(args.repeats):  # interleaved: local, s3, local, s3
