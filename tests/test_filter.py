@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 import pytest
 
 import audioloader as al
-from audioloader.shards import readers
+from audioloader.shards.formats import readers
 from tests.helpers import FILTER_DURATIONS as DURATIONS
 from tests.helpers import FILTER_ROWS as ROWS
 from tests.helpers import filter_table as table

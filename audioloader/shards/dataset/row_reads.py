@@ -14,8 +14,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from .readers import _audio_values
-from .splits import Split
+from ..formats.readers import audio_values as _audio_values
+from ..sources.splits import Split
 from .unit_reads import UnitReader
 
 

@@ -13,12 +13,18 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import ShardChangedError, ShardReadError
-from .formats import _cheapest_column, _open_local, cache_identity
-from .readers import _ConformedHandle, _IpcFileHandle, _IpcStreamHandle, _OrcHandle, _ParquetHandle
-from .remote import Parts, SparseFile
-from .tar_format import PlainHandle, TarHandle
-from .units import coalesce, unit_ranges
+from ...errors import ShardChangedError, ShardReadError
+from ..formats.readers import ConformedHandle as _ConformedHandle
+from ..formats.readers import IpcFileHandle as _IpcFileHandle
+from ..formats.readers import IpcStreamHandle as _IpcStreamHandle
+from ..formats.readers import OrcHandle as _OrcHandle
+from ..formats.readers import ParquetHandle as _ParquetHandle
+from ..formats.scan import cache_identity
+from ..formats.scan import cheapest_column as _cheapest_column
+from ..formats.scan import open_local as _open_local
+from ..formats.tar_format import PlainHandle, TarHandle
+from ..storage.remote import Parts, SparseFile
+from ..storage.units import coalesce, unit_ranges
 
 #: Bytes of remote units a random-access read (`ShardDataset.read_rows`) fetches at once.
 RANDOM_ACCESS_BYTES = 64 * 1024 * 1024

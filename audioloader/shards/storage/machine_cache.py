@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import ShardReadError
+from ...errors import ShardReadError
 
 try:
     import fcntl  # POSIX file locks
