@@ -142,7 +142,7 @@ def template(rows: int, batch_rows: int, row_bytes: int, fmt: str = "ipc") -> by
 
 
 def template_meta(data: bytes, folder: str) -> Any:
-    """The template's `_FileMeta`, scanned by the real scanner from a local copy."""
+    """The template's `FileMeta`, scanned by the real scanner from a local copy."""
     scan = shards_module("formats.scan", "formats")
     locations = shards_module("storage.locations", "sources")
     scan_all = getattr(scan, "scan_all", None) or scan._scan_all

@@ -98,7 +98,7 @@ class FileTable(_Rows):
 
     Args:
         paths: each file's path or URL (a list, or a sequence that makes them, e.g. `ManifestLocations.paths`).
-        format_codes: uint8 a file, an index into `formats.FORMATS`.
+        format_codes: uint8 a file, an index into `formats.scan.FORMATS`.
         sizes: bytes a file (int64).
         unit_offsets: int64, ``len(paths) + 1``: file ``i``'s units are ``unit_values[unit_offsets[i]:
             unit_offsets[i + 1]]``. unit_values: rows a unit (int32/int64).

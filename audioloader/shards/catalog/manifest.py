@@ -16,7 +16,7 @@ column         type                      what
                                          each schema once, not once a file)
 ``unit_rows``  list<int32>               rows of each record batch / row group / stripe: splits are
                                          planned from them exactly as from the files' footers
-``digest``     uint64                    the footer digest (`formats.FileMeta.digest`): checked when the
+``digest``     uint64                    the footer digest (`formats.scan.FileMeta.digest`): checked when the
                                          footer is first read, and what checkpoints record
 ``etag``       fixed_size_binary(16)     the object's MD5 ETag (S3: ``"<32 hex>"`` or ``"<32 hex>-<parts>"``)
 ``etag_parts``  int32                    its ``-<parts>`` suffix (-1: none), or a string column ``etag``
@@ -103,7 +103,7 @@ def manifest_columns(names: Sequence[str], *, sizes: Any, formats: Sequence[str]
 
     Args:
         names: file names relative to the folder, sorted, unique.
-        sizes: bytes a file (int64 array-like). formats: a `formats.FORMATS` name a file.
+        sizes: bytes a file (int64 array-like). formats: a `formats.scan.FORMATS` name a file.
         schemas: the distinct schemas, serialized (``schema.serialize().to_pybytes()``);
             schema_ids: the index of each file's schema in them.
         unit_rows: rows of each unit, a sequence a file. digests: `FileMeta.digest` (16 hex digits) a file.

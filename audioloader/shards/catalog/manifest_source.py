@@ -50,7 +50,7 @@ class FromManifest:
 
     Attributes:
         manifest: the `Manifest` (memory-mapped where it is a file on this machine).
-        locations: every file's `Location`, sorted, as `sources.resolve_source` gives them (`ManifestLocations`:
+        locations: every file's `Location`, sorted, as `resolve.resolve_source` gives them (`ManifestLocations`:
             made on demand from the manifest's columns).
         metas: every file's `FileMeta`: the manifest's (`ManifestMetas`, made on demand; footers not read:
             ``located`` False), or, in the process that listed and scanned the folder, what it scanned (lists).

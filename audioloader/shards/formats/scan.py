@@ -184,7 +184,7 @@ class FileMeta:
     # Parquet metadata or tail): the dataset reads it when the file is first read (`ShardDataset.located`).
     located: bool = True
     # A remote file's every byte, when its first read fetched it whole and the scan was asked to keep it
-    # (`formats._scan_once`); the dataset takes it away at once (`ShardDataset.located`).
+    # (`_scan_once`); the dataset takes it away at once (`ShardDataset.located`).
     whole: Any = None
     # A tar of a set described by a manifest beside it (`tarred_sets`), or a listed audio file: its rows'
     # columns (`tarred_sets.JoinedRows`), in the file's order.

@@ -275,7 +275,7 @@ class TarHandle:
     """Reads a tar file's units: each unit's range in one read (a local file, or a remote one's bytes the
     read-ahead provided: `remote.SparseFile`), its members parsed from memory into a record batch of ``columns``.
 
-    ``f``: anything with ``read_at(nbytes, offset)``; ``meta``: the file's `formats.FileMeta`.
+    ``f``: anything with ``read_at(nbytes, offset)``; ``meta``: the file's `formats.scan.FileMeta`.
     """
 
     sparse: Any = None

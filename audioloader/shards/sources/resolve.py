@@ -30,7 +30,7 @@ AUDIO_EXTENSIONS = ("flac", "wav", "mp3", "ogg", "opus", "oga", "m4a", "mp4", "a
                     "aif", "sph", "au")
 
 GLOB_CHARS = "*?["
-#: A folder's metadata index (see `audioloader.shards.index`); its leading underscore keeps it out of listings.
+#: A folder's metadata index (see `audioloader.shards.catalog.index`); its leading underscore keeps it out of listings.
 INDEX_NAME = "_audioloader_index.arrow"
 
 
