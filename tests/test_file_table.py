@@ -79,7 +79,7 @@ def _manifest_folder(folder, count: int, rows: int = 32, units: int = 4) -> None
 
 
 def test_a_rank_holds_tens_of_bytes_a_file_from_a_manifest_of_200000_files(tmp_path):
-    """Was ~1.1 KB a file: a ShardFile, a location, a _FileMeta and a Split a file."""
+    """Was ~1.1 KB a file: a ShardFile, a location, a FileMeta and a Split a file."""
     count = 200_000
     _manifest_folder(tmp_path / "data", count)
     gc.collect()
