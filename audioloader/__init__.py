@@ -49,7 +49,7 @@ _LAZY_NAMES: dict[str, str] = {
     "ShardDataset": ".shards",
     "ShardChangedError": ".errors",
     "ShardReadError": ".errors",
-    "ShardWriter": ".shards.writer",
+    "ShardWriter": ".shards.formats.writer",
     "Shuffle": ".budget",
     "Source": ".mix",
     "PackFolderError": ".shards",
@@ -94,7 +94,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time the names c
         ShardDataset,
         SourceNotFoundError,
     )
-    from .shards.writer import ShardWriter
+    from .shards.formats.writer import ShardWriter
 
 #: The distribution (the name pip installs) that holds this package; the import name stays ``audioloader``.
 _DISTRIBUTION = "audioloader-arrow"

@@ -48,8 +48,8 @@ from .nodes.weighted_mix import WeightedMix
 from .options import Settings
 from .samples import BadRow, Key, RawSample, Sample
 from .shards import IcebergTable, ShardDataset
-from .shards.formats import FORMATS
-from .shards.writer import shard_doc
+from .shards.formats.scan import FORMATS
+from .shards.formats.writer import shard_doc
 from .stats import LoaderStats
 from .workers.recycle import BatchArenas
 

@@ -23,8 +23,8 @@ from .budget import Shuffle, ShuffleSettings
 from .budget import resolve as resolve_shuffle
 from .errors import ON_ERROR_ACTIONS, DeprecatedKeywordWarning, OnError
 from .nodes.bucket_rules import DEFAULT_NUM_BUCKETS, FULL_BATCHES_PER_BUCKET, Buckets  # noqa: F401 (their old home)
-from .shards.splits import resolve_rank
-from .shards.storage import Storage  # the group lives with the shards it reads; its old home still names it
+from .shards.sources.splits import resolve_rank
+from .shards.storage.options import Storage  # the group lives with the shards it reads; its old home still names it
 from .workers import AUTO_WORKERS, Workers
 
 #: The tokens-per-second buckets per duration bucket with ``Bucketing(token_column=...)`` and no ``token_buckets``.
@@ -429,7 +429,7 @@ def resolve(*, batch_size: Any, train: Any, seed: Any, infinite: Any, features: 
     """Check the front's arguments and fill in the mode's presets; errors name the argument and the fix."""
     from .dsp.augment import Augmentations
     from .dsp.config import LengthPolicy, MelSpectrogramConfig, check_features
-    from .shards.augment_rows import AugmentRows
+    from .shards.dataset.augment_rows import AugmentRows
 
     train = bool(train)
     preset = TRAIN if train else EVAL

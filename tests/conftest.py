@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from audioloader.shards.throttle import forget_rates
+from audioloader.shards.storage.throttle import forget_rates
 from tests.helpers import IPC_ROWS, class_tree, make_shards, make_sources
 
 
@@ -29,7 +29,7 @@ def _private_cache(tmp_path_factory):
 def _fresh_store_rates():
     """Each test starts with no store's request rate learned, as a new process does: the rate this process learned
     from the 503s (SlowDown) an earlier test injected into a bucket (``shards``, ``throttle``...) would otherwise pace
-    every later test's requests to that bucket down to `audioloader.shards.throttle.FLOOR` (one every 2 s)."""
+    every later test's requests to that bucket down to `audioloader.shards.storage.throttle.FLOOR` (one every 2 s)."""
     forget_rates()
 
 

@@ -14,7 +14,7 @@ from audioloader.dsp.augment import Augmentations
 from audioloader.dsp.augment_math import apply_masks, mixup_pairs
 from audioloader.nodes.decode_spectrogram import SampleDecoder
 from audioloader.samples import BadRow, Key, RawSample
-from audioloader.shards.augment_rows import AugmentRows
+from audioloader.shards.dataset.augment_rows import AugmentRows
 from audioloader.stats import LoaderStats
 from tests.helpers import (
     assert_resumes_exactly,

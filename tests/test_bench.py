@@ -202,8 +202,8 @@ def test_torchaudio_that_does_not_load_is_a_note_not_a_traceback(monkeypatch, tm
 
 
 def test_cache_folder_follows_the_environment(tmp_path, monkeypatch):
-    from audioloader.shards import index
-    from audioloader.shards.machine_cache import cache_root
+    from audioloader.shards.catalog import index
+    from audioloader.shards.storage.machine_cache import cache_root
 
     monkeypatch.setenv("AUDIOLOADER_CACHE", str(tmp_path / "machine"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

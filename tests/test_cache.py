@@ -15,14 +15,14 @@ import pytest
 import torch
 
 import audioloader as al
-from audioloader.shards.cache import ObjectCache
-from audioloader.shards.manifest_source import write_folder_manifest
+from audioloader.shards.catalog.manifest_source import write_folder_manifest
+from audioloader.shards.storage.cache import ObjectCache
 from tests.helpers import SMALL, assert_same_batches, flip_audio_bytes, upload_shards
 
 ROOT = Path(__file__).parent.parent
 ROWS = [10, 10, 10, 10]
 OPTIONS = {"batch_size": 8, "features": SMALL, "train": False, "workers": al.Workers(num_workers=1, kind="thread")}
-#: Whether remote reads go through obstore (`audioloader.shards.direct`): one GET a read, no HEAD.
+#: Whether remote reads go through obstore (`audioloader.shards.storage.direct`): one GET a read, no HEAD.
 DIRECT = importlib.util.find_spec("obstore") is not None and os.environ.get("AUDIOLOADER_DIRECT_READS") != "0"
 RETRY = al.Retry(attempts=3, initial_delay=0.01, max_delay=0.05, timeout=5.0)
 

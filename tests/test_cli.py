@@ -315,7 +315,7 @@ def test_inspect_json_parquet(tmp_path, src):
 
 
 def test_inspect_function_unlabeled_bad_audio_and_odd_labels(tmp_path):
-    from audioloader.shards.writer import ShardWriter
+    from audioloader.shards.formats.writer import ShardWriter
     from audioloader.tools.inspect_shards import format_report, inspect
 
     good = encode(tone(0.25, 8000), 8000, "FLAC")

@@ -16,11 +16,11 @@ import pytest
 
 import audioloader as al
 from audioloader.nodes import ArrowShardReader
-from audioloader.shards.file_table import FileTable, SplitTable, plan_splits
-from audioloader.shards.formats import FORMATS
-from audioloader.shards.manifest import MANIFEST_NAME, manifest_columns, write_manifest
-from audioloader.shards.manifest_source import write_folder_manifest
-from audioloader.shards.splits import Split, _file_splits, _numbered
+from audioloader.shards.catalog.file_table import FileTable, SplitTable, plan_splits
+from audioloader.shards.catalog.manifest import MANIFEST_NAME, manifest_columns, write_manifest
+from audioloader.shards.catalog.manifest_source import write_folder_manifest
+from audioloader.shards.formats.scan import FORMATS
+from audioloader.shards.sources.splits import Split, _numbered, file_splits
 from tests.helpers import make_shards
 
 
@@ -34,7 +34,7 @@ def _table(unit_rows: list[tuple[int, ...]], formats: list[str]) -> FileTable:
 
 def _file_by_file(unit_rows: list[tuple[int, ...]], formats: list[str], split_rows: int) -> list[Split]:
     return _numbered([s for i, (u, f) in enumerate(zip(unit_rows, formats, strict=True))
-                      for s in _file_splits(i, u, split_rows, f in ("ipc_file", "ipc_stream"))])
+                      for s in file_splits(i, u, split_rows, f in ("ipc_file", "ipc_stream"))])
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -79,7 +79,7 @@ def _manifest_folder(folder, count: int, rows: int = 32, units: int = 4) -> None
 
 
 def test_a_rank_holds_tens_of_bytes_a_file_from_a_manifest_of_200000_files(tmp_path):
-    """Was ~1.1 KB a file: a ShardFile, a location, a _FileMeta and a Split a file."""
+    """Was ~1.1 KB a file: a ShardFile, a location, a FileMeta and a Split a file."""
     count = 200_000
     _manifest_folder(tmp_path / "data", count)
     gc.collect()

@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 import pytest
 
 import audioloader as al
-from audioloader.shards import readers
+from audioloader.shards.formats import readers
 from tests.helpers import FILTER_DURATIONS as DURATIONS
 from tests.helpers import FILTER_ROWS as ROWS
 from tests.helpers import assert_resumes_exactly, loader_factory
@@ -73,13 +73,13 @@ def test_eval_yields_each_kept_row_once_with_its_original_index(shards, world_si
 
 def test_parquet_row_groups_are_pruned_and_dropped_rows_audio_never_read(parquet_shards, monkeypatch):
     reads = []  # (file, row group, columns) of every row group read
-    original = readers._ParquetHandle.unit
+    original = readers.ParquetHandle.unit
 
     def spy(self, i):
         reads.append((self._file, i, tuple(self._columns)))
         return original(self, i)
 
-    monkeypatch.setattr(readers._ParquetHandle, "unit", spy)
+    monkeypatch.setattr(readers.ParquetHandle, "unit", spy)
     with loader_for(al.Source(parquet_shards, filter=SHORT), train=False) as loader:
         stats = loader.reader.dataset.filter_stats
         construction = list(reads)

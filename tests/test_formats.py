@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import audioloader as al
-from audioloader.shards import tar_format
-from audioloader.shards.manifest import MANIFEST_NAME
-from audioloader.shards.manifest_source import write_folder_manifest
+from audioloader.shards.catalog.manifest import MANIFEST_NAME
+from audioloader.shards.catalog.manifest_source import write_folder_manifest
+from audioloader.shards.formats import tar_format
 from tests.helpers import assert_resumes_exactly, assert_same_batches, clip_bytes, loader_factory, make_shards, take
 
 ROWS = [13, 9, 18]  # 40 samples in three tars

@@ -20,7 +20,7 @@ from audioloader.nodes.shuffle_buffer import BufferLimits, ShuffleBuffer
 from audioloader.nodes.weighted_mix import WeightedMix
 from audioloader.samples import Key
 from audioloader.shards import ShardDataset
-from audioloader.shards.augment_rows import AugmentRows
+from audioloader.shards.dataset.augment_rows import AugmentRows
 
 from .helpers import make_shards, noise_clip, write_audio
 

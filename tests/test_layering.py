@@ -1,5 +1,6 @@
-"""The package's layout: every import runs down the layers (docs/architecture.md), at most a dozen modules at the
-package root, none over 600 lines.
+"""The package's layout: every import runs down the layers (docs/architecture.md), between packages and between
+shards/'s sub-packages, no private name imported from another package, at most a dozen modules at the package root,
+none over 600 lines.
 
 Imports are read with `ast` from the source (every ``import`` statement, at the top of a module or inside a function),
 so the check needs no import of the library and sees lazy imports too.
@@ -21,6 +22,13 @@ PACKAGE = Path(__file__).resolve().parent.parent / "audioloader"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundations", ("audioloader.errors", "audioloader.samples", "audioloader.stats", "audioloader.checks")),
     ("dsp", ("audioloader.dsp",)),  # pure functions on arrays: augmentations are handed their noise rows
+    # shards/, in the order of its sub-packages: bytes, what a source names, what is in a file, what a start reads
+    # instead of every file, the dataset; its own face (``__init__``: the names imported on first use) on top.
+    ("shards.storage", ("audioloader.shards.storage",)),
+    ("shards.sources", ("audioloader.shards.sources",)),
+    ("shards.formats", ("audioloader.shards.formats",)),
+    ("shards.catalog", ("audioloader.shards.catalog",)),
+    ("shards.dataset", ("audioloader.shards.dataset",)),
     ("shards", ("audioloader.shards",)),
     ("workers", ("audioloader.workers",)),
     ("nodes", ("audioloader.nodes",)),
@@ -114,6 +122,23 @@ def test_a_back_edge_is_caught(tmp_path):
     assert back_edges(package) == []
 
 
+def test_a_back_edge_inside_shards_is_caught(tmp_path):
+    """The check itself, between shards/'s sub-packages: a format importing the catalog fails it, the catalog
+    importing a format does not."""
+    package = tmp_path / "audioloader"
+    for folder in ("shards/formats", "shards/catalog"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "shards" / "__init__.py").write_text("")
+    (package / "shards" / "catalog" / "manifest.py").write_text("from ..formats.scan import FileMeta\n")
+    (package / "shards" / "formats" / "scan.py").write_text("FileMeta = object\n")
+    assert back_edges(package) == []
+    (package / "shards" / "formats" / "scan.py").write_text("from ..catalog import manifest\n")
+    assert back_edges(package) == [
+        "audioloader.shards.formats.scan (shards.formats) imports audioloader.shards.catalog.manifest (shards.catalog)"]
+
+
 def test_the_fork_server_preloads_modules_that_exist():
     """`audioloader.workers.pool` names what the fork server imports (it skips a name it cannot import, silently:
     a module renamed would only make every worker start slower)."""
@@ -137,6 +162,59 @@ def test_at_most_a_dozen_modules_at_the_package_root():
 def test_no_module_over_600_lines(path):
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(PACKAGE.parent)} has {lines} lines: split it by responsibility"
+
+
+# ------------------------------------------------------------------------------ private names across packages
+
+def private_imports(package: Path, within: str = "audioloader.shards") -> list[str]:
+    """Every ``from m import _name`` (or of a name from a ``_module``) by a module under ``within`` from a module of
+    another package (a sub-package of shards/ is a package of its own), as ``"importer: module._name"``: a name
+    shared between packages is public, or the code lives where it is used."""
+    modules = module_names(package)
+    known = set(modules)
+    found = []
+    for name, path in modules.items():
+        if not (name == within or name.startswith(within + ".")):
+            continue
+        own = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            parts = own.split(".")
+            base = ".".join([*(parts[:len(parts) - node.level + 1] if node.level else []),
+                             *([node.module] if node.module else [])])
+            for alias in node.names:
+                target = f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+                if target not in known:
+                    continue  # another distribution (``from pyarrow import _x``): not ours to judge
+                target_package = target if modules[target].name == "__init__.py" else target.rpartition(".")[0]
+                if target_package == own:
+                    continue
+                private = [p for p in [*target.split(".")[len(target_package.split(".")):], alias.name]
+                           if p.startswith("_") and not p.startswith("__")]
+                if private:
+                    found.append(f"{name}: {target}.{alias.name}" if target == base else f"{name}: {target}")
+    return sorted(found)
+
+
+def test_no_private_name_is_imported_from_another_package_of_shards():
+    assert private_imports(PACKAGE) == []
+
+
+def test_a_private_import_across_sub_packages_is_caught(tmp_path):
+    """The check itself: a private name from another sub-package is caught, one from the same sub-package and a
+    public one are not."""
+    package = tmp_path / "audioloader"
+    for folder in ("shards/formats", "shards/catalog"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "shards" / "__init__.py").write_text("")
+    (package / "shards" / "formats" / "scan.py").write_text("_FileMeta = FileMeta = object\n")
+    (package / "shards" / "formats" / "readers.py").write_text("from .scan import _FileMeta\n")
+    (package / "shards" / "catalog" / "manifest.py").write_text("from ..formats.scan import FileMeta, _FileMeta\n")
+    assert private_imports(package) == [
+        "audioloader.shards.catalog.manifest: audioloader.shards.formats.scan._FileMeta"]
 
 
 # ------------------------------------------------------------------------------ private attributes

@@ -15,15 +15,16 @@ import pytest
 
 import audioloader as al
 from audioloader.nodes import ArrowShardReader
-from audioloader.shards import machine_cache
-from audioloader.shards.manifest import MANIFEST_NAME, Manifest, manifest_columns, write_manifest
-from audioloader.shards.manifest_source import write_folder_manifest
+from audioloader.shards.catalog.manifest import MANIFEST_NAME, Manifest, manifest_columns, write_manifest
+from audioloader.shards.catalog.manifest_source import write_folder_manifest
+from audioloader.shards.storage import machine_cache
 from tests.helpers import SMALL, assert_resumes_exactly, assert_same_batches, make_shards, take, upload_shards
 
 FAST = al.Retry(attempts=4, initial_delay=0.01, max_delay=0.05, timeout=2.0)
 ROWS = [13, 9, 18, 7]
 FORMATS = ["ipc_file", "ipc_stream", "parquet", "orc"]
-#: HEADs a file's first read costs: none through obstore (`audioloader.shards.direct`), pyarrow's open otherwise.
+#: HEADs a file's first read costs: none through obstore (`audioloader.shards.storage.direct`), pyarrow's open
+#: otherwise.
 HEADS = 0 if importlib.util.find_spec("obstore") and os.environ.get("AUDIOLOADER_DIRECT_READS") != "0" else 1
 
 

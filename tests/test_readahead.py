@@ -14,9 +14,9 @@ import pytest
 
 import audioloader as al
 from audioloader.nodes import ArrowShardReader
-from audioloader.shards import index as shard_index
-from audioloader.shards import remote
-from audioloader.shards.storage import RemoteReads
+from audioloader.shards.catalog import index as shard_index
+from audioloader.shards.storage import remote
+from audioloader.shards.storage.options import RemoteReads
 from tests.helpers import make_shards, upload_shards
 
 ROWS = [23, 17, 30]  # 70 rows in three files, record batches / row groups of 4 rows
@@ -292,7 +292,7 @@ def test_a_cached_entry_is_trusted_only_when_scanned_after_the_mtime_resolution(
 
 
 def test_index_command_writes_the_manifest(tmp_path, capsys):
-    from audioloader.shards.manifest import Manifest
+    from audioloader.shards.catalog.manifest import Manifest
     from audioloader.tools.cli import main
 
     make_shards(tmp_path, [5, 6], "parquet", batch_rows=2)

@@ -16,7 +16,7 @@ from audioloader.nodes.arrow_shard_reader import ArrowShardReader
 from audioloader.nodes.read_order import Balance, balance_splits
 from audioloader.samples import Key, RawSample
 from audioloader.shards import ShardDataset
-from audioloader.shards.file_table import SplitTable
+from audioloader.shards.catalog.file_table import SplitTable
 
 from .helpers import audio_table, clip_bytes, make_shards, write_ipc_file, write_parquet
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import audioloader as al
-from audioloader.shards.retry import is_access_refused, is_transient, with_retries
+from audioloader.shards.storage.retry import is_access_refused, is_transient, with_retries
 
 
 def flaky(failures: int, error: Exception):

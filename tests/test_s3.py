@@ -8,7 +8,7 @@ import re
 import pytest
 
 import audioloader as al
-from audioloader.shards.formats import WHOLE_FILE_BYTES
+from audioloader.shards.formats.scan import WHOLE_FILE_BYTES
 from tests.helpers import (
     assert_resumes_exactly,
     assert_same_batches,

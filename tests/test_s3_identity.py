@@ -9,8 +9,8 @@ import os
 import pytest
 
 import audioloader as al
-from audioloader.shards.identity import ETagCheck, etag_part_sizes, md5_etag
-from audioloader.shards.manifest_source import write_folder_manifest
+from audioloader.shards.catalog.manifest_source import write_folder_manifest
+from audioloader.shards.storage.identity import ETagCheck, etag_part_sizes, md5_etag
 from tests.helpers import SMALL, flip_audio_bytes, make_shards, take
 from tests.s3_server import S3Server
 

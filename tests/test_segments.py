@@ -22,7 +22,7 @@ from audioloader.dsp.spans import SEGMENT_END_TOLERANCE_S, span_frames
 from audioloader.errors import DecodeError
 from audioloader.nodes.duration_bucketer import row_seconds
 from audioloader.samples import Key, RawSample
-from audioloader.shards.writer import ShardWriter
+from audioloader.shards.formats.writer import ShardWriter
 from tests.helpers import assert_resumes_exactly, assert_same_batches, encode, tone
 
 RATE = 16000

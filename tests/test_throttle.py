@@ -14,8 +14,8 @@ import threading
 import pytest
 
 import audioloader as al
-from audioloader.shards.retry import is_throttled, is_transient, with_retries
-from audioloader.shards.throttle import FLOOR, INCREASE, StoreRate, forget_rates, store_of, store_rate
+from audioloader.shards.storage.retry import is_throttled, is_transient, with_retries
+from audioloader.shards.storage.throttle import FLOOR, INCREASE, StoreRate, forget_rates, store_of, store_rate
 from tests.helpers import SMALL, make_shards, upload_shards
 from tests.s3_server import THROTTLED
 
@@ -187,10 +187,10 @@ def test_a_throttled_listing_teaches_the_stores_rate(monkeypatch):
     # A LIST that S3 refuses for going too fast slows this process's later requests to the same bucket too.
     import pyarrow.fs as pafs
 
-    from audioloader.shards import sources
+    from audioloader.shards.sources import resolve as sources
 
     forget_rates()
-    monkeypatch.setattr("audioloader.shards.retry.time.sleep", lambda seconds: None)
+    monkeypatch.setattr("audioloader.shards.storage.retry.time.sleep", lambda seconds: None)
     calls = []
 
     class ThrottlingFilesystem:

@@ -1,16 +1,19 @@
 """One rule for what is local and what is a store's URL, shared by the dataset and the tools: a ``file://`` URL is
 its local path everywhere (the dataset read it; ``audioloader pack`` refused it as "SRC 'file:/...' does not
-exist"), a Windows drive letter is no scheme, anything else with ``scheme://`` is a store."""
+exist"), a Windows drive letter is no scheme, anything else with ``scheme://`` is a store. One opener too
+(`audioloader.shards.storage.locations.filesystem_for`): the tools' `open_url` asks it."""
 
 from __future__ import annotations
 
+import pyarrow.fs as pafs
 import pytest
 
 from audioloader.shards import ShardDataset
-from audioloader.shards.sources import local_path
+from audioloader.shards.storage.locations import filesystem_for, is_url, local_path
+from audioloader.shards.storage.retry import DEFAULT_RETRY, FSSpecHandler
 from audioloader.tools.input_lists import locate
 from audioloader.tools.pack import pack_dataset
-from audioloader.tools.remote_files import RemoteFile, is_url
+from audioloader.tools.remote_files import RemoteFile, open_url
 from tests.helpers import class_tree
 
 CASES = [
@@ -44,3 +47,23 @@ def test_pack_and_the_dataset_take_file_urls(tmp_path):
     by_path = ShardDataset(str(tmp_path / "out"))
     assert [f.path for f in by_url.files] == [f.path for f in by_path.files]
     assert by_url.num_rows == by_path.num_rows == summary.rows
+
+
+def test_the_dataset_and_the_tools_open_a_file_url_as_the_local_file():
+    for opened in (filesystem_for("file:///data/my%20shards/a.arrow"), open_url("file:///data/my%20shards/a.arrow")):
+        assert isinstance(opened[0], pafs.LocalFileSystem)
+        assert opened[1] == "/data/my shards/a.arrow"
+
+
+def test_the_dataset_and_the_tools_open_a_store_the_same_way():
+    """The same filesystem and path for an fsspec scheme; on S3 the tools keep the client's own retries and timeouts
+    (pack does not retry a request itself), the dataset's reads are retried by `with_retries` instead."""
+    pytest.importorskip("fsspec")
+    for fs, path in (filesystem_for("memory://folder/x.arrow"), open_url("memory://folder/x.arrow")):
+        assert isinstance(fs.handler, FSSpecHandler)  # a throttled request raises, never reads as 'missing'
+        assert path == "/folder/x.arrow"
+    url = "s3://bucket/dir/x.arrow?endpoint_override=localhost:9&scheme=http"
+    (dataset_fs, dataset_path), (tools_fs, tools_path) = filesystem_for(url), open_url(url)
+    assert dataset_path == tools_path == "bucket/dir/x.arrow"
+    assert dataset_fs.__reduce__()[1][0]["request_timeout"] == DEFAULT_RETRY.timeout  # tuned: no retries of its own
+    assert tools_fs.__reduce__()[1][0]["request_timeout"] == -1.0  # the client's default

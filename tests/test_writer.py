@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from audioloader.shards.writer import METADATA_KEY, ShardWriter
+from audioloader.shards.formats.writer import METADATA_KEY, ShardWriter
 from tests.helpers import clip_bytes
 
 

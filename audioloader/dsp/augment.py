@@ -20,7 +20,7 @@ stages, in this order, and must be written in it:
 
 Noise and impulse-response rows are chosen by a pure function of the key and
 read by random access inside the worker, by the reader each such augmentation is
-given (``open_rows``: `audioloader.shards.augment_rows.AugmentRows`; this module
+given (``open_rows``: `audioloader.shards.dataset.augment_rows.AugmentRows`; this module
 opens no files); a noise or impulse-response row that cannot be read makes the
 sample a bad row (counted and reported, naming that row), never a silent change.
 """
@@ -412,7 +412,7 @@ class Augmentations:
         per_batch_features: features are computed per batch (``device=``): SpecAugment's
             masks are then drawn in the workers and applied per batch.
         open_rows: ``open_rows(config)`` -> the reader of an `AddNoise` / `Reverb`'s rows
-            (`audioloader.shards.augment_rows.AugmentRows`); needed when the list holds one.
+            (`audioloader.shards.dataset.augment_rows.AugmentRows`); needed when the list holds one.
     """
 
     @classmethod
@@ -504,7 +504,7 @@ def _bind(item: Any, position: int, seed: int, open_rows: Callable[[Any], Any] |
     if op is not None and issubclass(op, _RowOp):
         if open_rows is None:
             raise TypeError(f"augment[{position}] ({type(item).__name__}) reads rows of its shards: bind the list "
-                            "with open_rows=audioloader.shards.augment_rows.AugmentRows")
+                            "with open_rows=audioloader.shards.dataset.augment_rows.AugmentRows")
         return op(item, position, seed, open_rows(item))
     if op is not None:
         return op(item, position, seed)

@@ -36,9 +36,9 @@ from ..dsp.hashing import audio_checksum
 from ..errors import CheckpointMismatchError
 from ..samples import Key, RawSample
 from ..shards import Retry, ShardDataset, Split
-from ..shards.formats import FORMATS
-from ..shards.readahead import ReadAhead
-from ..shards.storage import RemoteReads, Storage, reader_share
+from ..shards.formats.scan import FORMATS
+from ..shards.storage.options import RemoteReads, Storage, reader_share
+from ..shards.storage.readahead import ReadAhead
 from ..stats import LoaderStats
 from .read_order import (
     TAKE_CHUNK,
@@ -118,8 +118,8 @@ def _check_plan_alone(source: Any, seed: int, rank: int | None, world_size: int 
 
 
 def _read_ahead(dataset: ShardDataset, stats: LoaderStats | None) -> ReadAhead | None:
-    """The read-ahead of a dataset's remote files (`audioloader.shards.readahead`), or None: no remote file, a budget
-    of 0, or a cache (files it keeps are read from their local copies)."""
+    """The read-ahead of a dataset's remote files (`audioloader.shards.storage.readahead`), or None: no remote file, a
+    budget of 0, or a cache (files it keeps are read from their local copies)."""
     budget = dataset.remote_reads.readahead_bytes
     read_ahead = dataset.remote_files() & (dataset.files.format_codes != FORMATS.index("orc"))
     remote = dataset.cache is None and bool(read_ahead.any())
@@ -156,7 +156,7 @@ class ArrowShardReader(BaseNode[RawSample]):
             pass. Memory: a record batch / row group / stripe per lane.
         remote_reads: how remote files are read (`RemoteReads`); with remote files and
             ``readahead_bytes > 0`` the reader fetches its upcoming record batches / row
-            groups ahead (`audioloader.shards.readahead`), in the order it reads them.
+            groups ahead (`audioloader.shards.storage.readahead`), in the order it reads them.
         plan: the share and the order as one value made beforehand (`ReadPlan.of(dataset, seed=..., rank=...,
             world_size=..., shuffle=..., infinite=..., interleave=...)`, which checks them), with the `ShardDataset`
             it was made for; the reader then only reads it (`AudioLoader` settles its readers' plans before any node

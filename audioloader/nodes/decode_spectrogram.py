@@ -22,8 +22,8 @@ from ..dsp.config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, Segm
 from ..dsp.features import compute_features, prepare
 from ..errors import ON_ERROR_ACTIONS, DecodeError, ErrorBudgetExceeded, OnError
 from ..samples import BadRow, BatchEnd, Key, RawSample, Sample, held_bytes
-from ..shards.augment_rows import AugmentRows
-from ..shards.changes import check_local
+from ..shards.dataset.augment_rows import AugmentRows
+from ..shards.storage.changes import check_local
 from ..stats import MAX_REPORTED_BAD_ROWS, LoaderStats, feature_stage
 from ..workers import Workers, memory
 from ..workers.recycle import BatchArenas

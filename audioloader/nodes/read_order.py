@@ -1,6 +1,6 @@
 """The read order of an `ArrowShardReader`: the `Segment` s it reads, where it stands in them (`ReaderPosition`),
 how it goes on from there (`Walk`), and the units (record batches / row groups / stripes) it reads from a position
-on, in the order it reads them: what its read-ahead fetches (`audioloader.shards.readahead`).
+on, in the order it reads them: what its read-ahead fetches (`audioloader.shards.storage.readahead`).
 
 `Walk` is the one implementation of the course: the reader reads its rows along one, and `units_ahead` walks a
 copy of its position ahead of it, one unit per point where the reader opens one (a lane opens a unit when it needs
@@ -23,7 +23,7 @@ import numpy as np
 from .. import checks
 from ..dsp.hashing import SALT_INTERLEAVE, SALT_SPLIT_ORDER, permutation
 from ..shards import ShardDataset, Split, subdivide
-from ..shards.splits import resolve_rank, rows_of, take
+from ..shards.sources.splits import resolve_rank, rows_of, take
 
 logger = logging.getLogger(__name__)
 

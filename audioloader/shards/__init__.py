@@ -17,6 +17,10 @@ come out as ``pyarrow.Buffer`` views of the mapping. Remote files (``s3://``,
 ``gs://``, ... through ``pyarrow.fs`` or fsspec) are read with ranged reads of
 one record batch, row group or stripe at a time, retried on transient faults (`Retry`).
 
+The package is five layers, each a sub-package importing only those below it (``tests/test_layering.py``),
+lowest first: ``storage/`` (bytes, local or remote), ``sources/`` (what a source names, splits), ``formats/``
+(what is in a file), ``catalog/`` (the manifest, the index, the file table) and ``dataset/`` (`ShardDataset`).
+
 The names below are imported on first use (PEP 562 ``__getattr__``, as in
 ``audioloader``): ``audioloader pack --help`` needs `index` and `writer`, not
 pyarrow.dataset and the reading machinery (about 0.3 s of CPU).
@@ -30,35 +34,34 @@ from ._lazy import lazy_attributes
 
 #: Where each name is defined (relative module paths); keep the TYPE_CHECKING block below in step.
 _LAZY_NAMES: dict[str, str] = {
-    "ACCEPTED": ".sources",
-    "AudioFiles": ".tarred_sets",
-    "BatchColumns": ".row_reads",
-    "FORMATS": ".formats",
-    "IcebergTable": ".sources",
-    "LhotseShar": ".tarred_sets",
-    "NemoTarred": ".tarred_sets",
-    "RemoteReads": ".storage",
-    "Retry": ".retry",
-    "SHARD_EXTENSIONS": ".sources",
-    "ShardDataset": ".dataset",
-    "ShardFile": ".file_table",
-    "ShardRow": ".row_reads",
-    "PackFolderError": ".pack_folders",
-    "SourceNotFoundError": ".sources",
-    "Split": ".splits",
-    "TableSnapshot": ".sources",
-    "resolve_source": ".sources",
-    "subdivide": ".splits",
+    "ACCEPTED": ".sources.resolve",
+    "AudioFiles": ".sources.tarred_sets",
+    "BatchColumns": ".dataset.row_reads",
+    "FORMATS": ".formats.scan",
+    "IcebergTable": ".sources.resolve",
+    "LhotseShar": ".sources.tarred_sets",
+    "NemoTarred": ".sources.tarred_sets",
+    "RemoteReads": ".storage.options",
+    "Retry": ".storage.retry",
+    "SHARD_EXTENSIONS": ".sources.resolve",
+    "ShardDataset": ".dataset.shard_dataset",
+    "ShardFile": ".catalog.file_table",
+    "ShardRow": ".dataset.row_reads",
+    "PackFolderError": ".sources.pack_folders",
+    "SourceNotFoundError": ".sources.resolve",
+    "Split": ".sources.splits",
+    "TableSnapshot": ".sources.resolve",
+    "resolve_source": ".sources.resolve",
+    "subdivide": ".sources.splits",
 }
 
 if TYPE_CHECKING:
-    from .dataset import ShardDataset
-    from .file_table import ShardFile
-    from .formats import FORMATS
-    from .pack_folders import PackFolderError
-    from .retry import Retry
-    from .row_reads import BatchColumns, ShardRow
-    from .sources import (
+    from .catalog.file_table import ShardFile
+    from .dataset.row_reads import BatchColumns, ShardRow
+    from .dataset.shard_dataset import ShardDataset
+    from .formats.scan import FORMATS
+    from .sources.pack_folders import PackFolderError
+    from .sources.resolve import (
         ACCEPTED,
         SHARD_EXTENSIONS,
         IcebergTable,
@@ -66,9 +69,10 @@ if TYPE_CHECKING:
         TableSnapshot,
         resolve_source,
     )
-    from .splits import Split, subdivide
-    from .storage import RemoteReads
-    from .tarred_sets import AudioFiles, LhotseShar, NemoTarred
+    from .sources.splits import Split, subdivide
+    from .sources.tarred_sets import AudioFiles, LhotseShar, NemoTarred
+    from .storage.options import RemoteReads
+    from .storage.retry import Retry
 
 __all__ = [
     "ACCEPTED",

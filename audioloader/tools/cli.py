@@ -142,7 +142,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def _run_index(args: argparse.Namespace) -> int:
     from audioloader.shards import ShardDataset
-    from audioloader.shards.manifest_source import write_folder_manifest
+    from audioloader.shards.catalog.manifest_source import write_folder_manifest
     from audioloader.tools.pack_store import require_finished
 
     require_finished(args.folder)  # a split pack still writing parts would be indexed half

@@ -23,7 +23,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from audioloader.shards.machine_cache import cache_root
+from audioloader.shards.storage.machine_cache import cache_root
 
 __all__ = ["add_arguments", "default_cache_dir", "main"]
 
@@ -40,7 +40,7 @@ def __getattr__(name: str) -> Any:
 
 
 def default_cache_dir() -> Path:
-    """The machine cache folder (`audioloader.shards.machine_cache.cache_root`): ``$AUDIOLOADER_CACHE``, else
+    """The machine cache folder (`audioloader.shards.storage.machine_cache.cache_root`): ``$AUDIOLOADER_CACHE``, else
     ``$XDG_CACHE_HOME/audioloader``, else ``~/.cache/audioloader``."""
     return cache_root()
 

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from audioloader import AudioLoader, MelSpectrogramConfig, Shuffle, Workers
 from audioloader.shards import ShardDataset
-from audioloader.shards.machine_cache import cache_root
+from audioloader.shards.storage.machine_cache import cache_root
 from audioloader.tools import synthetic
 
 __all__ = ["DemoPlan", "SmallCNN", "prepare_synthetic_data", "run_demo"]

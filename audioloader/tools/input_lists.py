@@ -1,5 +1,5 @@
 """Input lists ``audioloader pack`` reads: CSV, TSV and JSONL files listing audio files, with any columns (the
-user's "manifests"; named apart from the dataset manifest of `audioloader.shards.manifest`).
+user's "manifests"; named apart from the dataset manifest of `audioloader.shards.catalog.manifest`).
 
 A manifest has one row per audio file (or per segment of one, see below) and a
 column naming the file: ``path`` (or ``file_name`` as in Hugging Face
@@ -46,7 +46,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from .remote_files import RemoteFile, is_url, local_path
+from audioloader.shards.storage.locations import is_url, local_path
+
+from .remote_files import RemoteFile
 
 __all__ = ["PATH_COLUMNS", "SEGMENT_LOOKALIKES", "SPECIAL_COLUMNS", "Entry", "Inputs", "Skips", "Table", "build_inputs",
            "canonical_columns", "read_table"]

@@ -13,7 +13,7 @@ audio, from its header, for batching by duration), then the input's own columns.
 Rows come in the input's order (manifests) or sorted path order (folders), or a
 seeded permutation of it, so the same inputs give the same shards, byte for byte.
 Beside them, ``OUT/_audioloader_manifest.arrow`` is the folder's dataset manifest
-(`audioloader.shards.manifest`), not a shard.
+(`audioloader.shards.catalog.manifest`), not a shard.
 
 At scale (`audioloader.tools.pack_journal`, `pack_store`): a journal in OUT lists
 each finished shard, so a pack killed at any point continues where it stopped
@@ -47,8 +47,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from audioloader.errors import OptionError
-from audioloader.shards.manifest import MANIFEST_NAME
-from audioloader.shards.writer import FORMATS, ShardWriter
+from audioloader.shards.catalog.manifest import MANIFEST_NAME
+from audioloader.shards.formats.writer import FORMATS, ShardWriter
+from audioloader.shards.storage.locations import is_url, local_path
 
 from .. import checks
 from .input_lists import EXAMPLES_PER_REASON, Entry, Inputs, Skips
@@ -67,7 +68,6 @@ from .pack_journal import (
     unfinished_parts,
 )
 from .pack_store import LocalOut, RemoteOut, crash_point, forget_crash_points, open_out
-from .remote_files import is_url, local_path
 from .remote_inputs import remote_inputs
 
 __all__ = ["AUDIO_EXTENSIONS", "CODECS", "INPUT_FORMATS", "PackSummary", "add_arguments", "collect_inputs", "pack",

@@ -14,7 +14,7 @@
   like a whole file.
 
 A row that cannot be used comes back as `Skipped` (counted in the summary);
-a segment whose times do not fit its recording raises `ManifestError`, naming
+a segment whose times do not fit its recording raises `InputRowError`, naming
 the manifest line: that is a mistake in the manifest, not in the audio.
 """
 
@@ -44,7 +44,7 @@ from audioloader.errors import DecodeError
 from .input_lists import Entry
 from .remote_files import RemoteFile, fetch
 
-__all__ = ["CODECS", "ManifestError", "Packed", "Skipped", "cut_segment", "forget_decoded", "load_entry", "reencode"]
+__all__ = ["CODECS", "InputRowError", "Packed", "Skipped", "cut_segment", "forget_decoded", "load_entry", "reencode"]
 
 #: Re-encoding targets: lossless FLAC (16 bit) or WAV PCM16.
 CODECS = ("flac", "pcm16")
@@ -52,7 +52,7 @@ CODECS = ("flac", "pcm16")
 _FLAC_SUBTYPES = frozenset({"PCM_S8", "PCM_16", "PCM_24"})
 
 
-class ManifestError(ValueError):
+class InputRowError(ValueError):
     """A row of the input is wrong (e.g. a segment past the end of its recording); the message names it."""
 
 
@@ -212,7 +212,7 @@ def cut_segment(entry: Entry, sample_rate: int | None, codec: str | None) -> byt
     """The frames of ``entry.span`` of its recording, encoded as a clip of their own (see the module docstring).
 
     Raises:
-        ManifestError: the segment does not fit the recording (naming the manifest line).
+        InputRowError: the segment does not fit the recording (naming the manifest line).
     """
     try:
         info = sf.info(_opened(entry.file))
@@ -247,7 +247,7 @@ def _frames(entry: Entry, rate: int, frames: int) -> tuple[int, int]:
     try:
         return span_frames(entry.span, rate, frames)
     except DecodeError as error:
-        raise ManifestError(f"{entry.where}: {error.reason} of {entry.file} ({frames / rate:.3f} s long); fix the "
+        raise InputRowError(f"{entry.where}: {error.reason} of {entry.file} ({frames / rate:.3f} s long); fix the "
                             "segment's times or drop the row") from None
 
 

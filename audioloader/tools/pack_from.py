@@ -2,13 +2,13 @@
 IPC (or Parquet) shards for the fastest reads.
 
 The rows are read through the same readers that read these layouts in place
-(`audioloader.shards.tar_format`, `audioloader.shards.tarred_sets`), in their order
+(`audioloader.shards.formats.tar_format`, `audioloader.shards.sources.tarred_sets`), in their order
 (file by file, each file's rows in order), so the packed shards hold the same rows,
 the same columns and the same encoded bytes as reading in place; only compressed
 tars (``.tar.gz``, ``.tgz``), which cannot be read in place, are first decompressed
 into a temporary folder. Columns: ``audio``, ``label`` (a WebDataset ``.cls``, or an
 integer ``label`` field), then every other column of the source. Beside the shards,
-``OUT/_audioloader_manifest.arrow`` (`audioloader.shards.manifest`).
+``OUT/_audioloader_manifest.arrow`` (`audioloader.shards.catalog.manifest`).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any
 import pyarrow as pa
 
 from audioloader.errors import OptionError
-from audioloader.shards.dataset import ShardDataset
-from audioloader.shards.manifest_source import write_folder_manifest
-from audioloader.shards.tarred_sets import AudioFiles, LhotseShar, NemoTarred
-from audioloader.shards.writer import ShardWriter
+from audioloader.shards.catalog.manifest_source import write_folder_manifest
+from audioloader.shards.dataset.shard_dataset import ShardDataset
+from audioloader.shards.formats.writer import ShardWriter
+from audioloader.shards.sources.tarred_sets import AudioFiles, LhotseShar, NemoTarred
 
 #: What ``--from`` accepts (``auto``: `detect_container`).
 CONTAINERS = ("webdataset", "nemo", "shar", "files")

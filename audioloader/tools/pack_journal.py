@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from audioloader.errors import OptionError
-from audioloader.shards.pack_folders import PACK_JOURNAL, unfinished_parts
+from audioloader.shards.sources.pack_folders import PACK_JOURNAL, unfinished_parts
 
 from .input_lists import Entry, Skips
 

@@ -32,9 +32,10 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from audioloader.errors import redacted
-from audioloader.shards.pack_folders import PACK_JOURNAL, check_pack_folders
+from audioloader.shards.sources.pack_folders import PACK_JOURNAL, check_pack_folders
+from audioloader.shards.storage.locations import is_url
 
-from .remote_files import is_url, open_url
+from .remote_files import open_url
 
 __all__ = ["LocalOut", "RemoteOut", "crash_point", "forget_crash_points", "open_out", "require_finished"]
 
@@ -125,7 +126,7 @@ class LocalOut:
         return self.folder / name
 
     def write_index(self) -> None:
-        from audioloader.shards.manifest_source import write_folder_manifest
+        from audioloader.shards.catalog.manifest_source import write_folder_manifest
 
         write_folder_manifest(self.folder)
 
@@ -198,7 +199,7 @@ class RemoteOut:
         return f"{self.display}/{name}"
 
     def write_index(self) -> None:
-        from audioloader.shards.manifest_source import write_folder_manifest
+        from audioloader.shards.catalog.manifest_source import write_folder_manifest
 
         write_folder_manifest(self.url)
 

@@ -1,10 +1,12 @@
 """Files ``audioloader pack`` reads from, and writes to, object storage (``s3://``, ``gs://``, ...).
 
-A URL is opened with pyarrow's filesystem for its scheme (S3, GCS, HDFS; its options in the
-query string, e.g. ``?endpoint_override=host:port&scheme=http``), else fsspec's. One
-filesystem is made per bucket and options, and shared by the pack's threads (pyarrow's are
-thread-safe). Messages and stored paths show a URL without its query string and user-info
-(`audioloader.errors.redacted`).
+A URL is opened as the dataset opens one (`audioloader.shards.storage.locations.filesystem_for`: pyarrow's
+filesystem for its scheme (S3, GCS, HDFS; its options in the query string, e.g.
+``?endpoint_override=host:port&scheme=http``), else fsspec's), keeping the filesystem's own retries; what is a
+store's URL and what a local path (a ``file://`` URL is its path) is decided there too
+(`audioloader.shards.storage.locations.is_url`). One filesystem is made per bucket and options, and shared by the
+pack's threads (pyarrow's are thread-safe). Messages and stored paths show a URL without its query string and
+user-info (`audioloader.errors.redacted`).
 """
 
 from __future__ import annotations
@@ -13,22 +15,16 @@ import threading
 import urllib.parse
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.fs as pafs
-
 from audioloader.errors import redacted
-from audioloader.shards.sources import local_path
+from audioloader.shards.storage.locations import filesystem_for
 
-__all__ = ["RemoteFile", "fetch", "is_url", "local_path", "open_url"]
+__all__ = ["RemoteFile", "fetch", "open_url"]
 
 _FILESYSTEMS: dict[str, Any] = {}
 _LOCK = threading.Lock()
-
-
-def is_url(text: str) -> bool:
-    """Whether ``text`` is a URL of a remote store: the dataset's rule (`audioloader.shards.sources.local_path`;
-    ``file://`` URLs and Windows drive letters are local, and a ``file://`` URL stands for its path)."""
-    return local_path(text) is None
+#: Schemes whose path in the filesystem is the URL's bucket and path as written: after the bucket's first URL no
+#: other is parsed by pyarrow (which refuses a space in a file name).
+_PATHS_AS_WRITTEN = ("s3", "gs", "gcs")
 
 
 def open_url(url: str) -> tuple[Any, str]:
@@ -37,34 +33,13 @@ def open_url(url: str) -> tuple[Any, str]:
     key = f"{parts.scheme}://{parts.netloc}?{parts.query}"
     with _LOCK:
         fs = _FILESYSTEMS.get(key)
-    if fs is None:
-        fs = _filesystem(url)
+    if fs is None or parts.scheme not in _PATHS_AS_WRITTEN:
+        opened, path = filesystem_for(url, retry=None)  # pack does not retry its requests: the store's client does
         with _LOCK:
-            fs = _FILESYSTEMS.setdefault(key, fs)
-    return fs, f"{parts.netloc}{parts.path}".rstrip("/") if parts.scheme in ("s3", "gs", "gcs") else \
-        _filesystem_path(url)
-
-
-def _filesystem(url: str) -> Any:
-    try:
-        return pafs.FileSystem.from_uri(url)[0]
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as arrow_error:
-        try:
-            import fsspec
-        except ImportError:
-            raise ValueError(f"cannot open {redacted(url)!r}: pyarrow has no filesystem for this scheme "
-                             f"({arrow_error}); install fsspec and the scheme's package (e.g. s3fs, gcsfs)") from None
-        fs, _ = fsspec.core.url_to_fs(url)
-        return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
-
-
-def _filesystem_path(url: str) -> str:
-    try:
-        return pafs.FileSystem.from_uri(url)[1]
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
-        import fsspec
-
-        return fsspec.core.url_to_fs(url)[1]
+            fs = _FILESYSTEMS.setdefault(key, opened)
+    if parts.scheme in _PATHS_AS_WRITTEN:
+        path = f"{parts.netloc}{parts.path}".rstrip("/")
+    return fs, path
 
 
 class RemoteFile:

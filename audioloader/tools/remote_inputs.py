@@ -28,7 +28,7 @@ from .remote_files import RemoteFile, fetch, open_url
 
 __all__ = ["remote_inputs"]
 
-_MANIFEST_FORMATS = ("csv", "tsv", "jsonl", "commonvoice")
+_LIST_FORMATS = ("csv", "tsv", "jsonl", "commonvoice")
 
 
 def remote_inputs(url: str, input_format: str | None) -> Inputs:
@@ -43,21 +43,21 @@ def remote_inputs(url: str, input_format: str | None) -> Inputs:
     if fmt is not None and fmt not in INPUT_FORMATS:
         raise ValueError(f"input_format={input_format!r}: must be one of {', '.join(INPUT_FORMATS)}, or 'auto'")
     if info.type == pafs.FileType.File:
-        if fmt is not None and fmt not in _MANIFEST_FORMATS:
+        if fmt is not None and fmt not in _LIST_FORMATS:
             raise ValueError(f"input format {fmt!r} reads a folder, but SRC {shown!r} is an object")
-        return _manifest(RemoteFile(url), fmt)
+        return _input_list(RemoteFile(url), fmt)
     if fmt not in (None, "folders"):
         raise ValueError(f"SRC {shown!r}: a prefix in object storage is read as class folders; for an "
                          f"{fmt} layout, list its files in a manifest (CSV or JSONL with a path column) and pack that")
     return _class_folders(RemoteFile(url), fs, path, AUDIO_EXTENSIONS)
 
 
-def _manifest(file: RemoteFile, fmt: str | None) -> Inputs:
-    with tempfile.TemporaryDirectory(prefix="audioloader-manifest-") as folder:
+def _input_list(file: RemoteFile, fmt: str | None) -> Inputs:
+    with tempfile.TemporaryDirectory(prefix="audioloader-list-") as folder:
         local = Path(folder) / (file.name or "manifest.csv")
         local.write_bytes(fetch(file))
         fmt = fmt or detect_format(local)
-        if fmt not in _MANIFEST_FORMATS:
+        if fmt not in _LIST_FORMATS:
             raise ValueError(f"SRC {str(file)!r} is not a manifest (read as {fmt})")
         table = read_table(local, "tsv" if fmt == "commonvoice" else fmt)
     # Messages name the manifest by its name (its lines by number), not by the temporary copy.

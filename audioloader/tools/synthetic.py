@@ -27,7 +27,7 @@ parameters from ``numpy.random.default_rng([seed, c, j])``, so the bytes of a
 dataset do not depend on ``workers`` or on the machine. Rows are stored in a
 seeded permutation (the classes are mixed within every shard and record batch).
 
-Shards are Arrow IPC files written with `audioloader.shards.writer.ShardWriter`:
+Shards are Arrow IPC files written with `audioloader.shards.formats.writer.ShardWriter`:
 columns ``audio`` (binary, encoded WAV/FLAC), ``label`` (int64), ``path``
 (string, e.g. ``"chirp/00017.flac"``), ``duration`` (float64 seconds),
 ``sample_rate`` (int64 Hz), ``channels`` (int64); class names in the schema
@@ -59,7 +59,7 @@ import numpy as np
 import pyarrow as pa
 import soundfile as sf
 
-from audioloader.shards.writer import ShardWriter
+from audioloader.shards.formats.writer import ShardWriter
 
 __all__ = [
     "CLASS_NAMES",

@@ -43,7 +43,7 @@ def make_corpus(folder: Path, recordings: int, minutes: float) -> tuple[Path, di
     import pyarrow as pa
     import soundfile as sf
 
-    from audioloader.shards.writer import ShardWriter
+    from audioloader.shards.formats.writer import ShardWriter
     from audioloader.tools.bench.dataset import DatasetSpec, synth_clip
     from audioloader.tools.pack import pack_dataset
 

@@ -44,7 +44,7 @@ from audioloader.nodes.batch_augment import BatchAugment
 from audioloader.nodes.batcher import BATCH_PARAMS_KEY
 from audioloader.nodes.decode_spectrogram import SampleDecoder
 from audioloader.samples import Key, RawSample
-from audioloader.shards.augment_rows import AugmentRows
+from audioloader.shards.dataset.augment_rows import AugmentRows
 from audioloader.stats import LoaderStats
 
 FEATURES = al.MelSpectrogramConfig()  # 32 kHz, 5 s crops, n_fft 1024, hop 320, 128 mels

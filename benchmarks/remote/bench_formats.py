@@ -65,7 +65,7 @@ def write_tars(folder: Path, rows: int, files: int = 4) -> None:
 
 
 def make_data(root: Path, rows: int) -> dict[str, Path]:
-    from audioloader.shards.manifest_source import write_folder_manifest
+    from audioloader.shards.catalog.manifest_source import write_folder_manifest
     from audioloader.tools.pack_from import pack_from
 
     folders = {layout: root / layout for layout in LAYOUTS}
@@ -78,7 +78,7 @@ def make_data(root: Path, rows: int) -> dict[str, Path]:
 
 def upload(bench: Bench, folders: dict[str, Path]) -> None:
     """Each layout to ``bench/formats/<layout>``, then its manifest written again from the store (with ETags)."""
-    from audioloader.shards.manifest_source import write_folder_manifest
+    from audioloader.shards.catalog.manifest_source import write_folder_manifest
     from tests.s3_server import S3_ENVIRONMENT
 
     os.environ.update(S3_ENVIRONMENT)  # this process's own writes are signed as the children's reads are

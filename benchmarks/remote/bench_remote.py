@@ -189,7 +189,7 @@ def prepare(bench: Bench) -> tuple[dict[str, Path], Path | None, Path | None, di
         many = remote_data.many_files(cache, args.construct_files, log)
         remote_data.upload_tree(bench.fs, many / "ipc", f"{BUCKET}/many{args.construct_files}/ipc")
         if args.construct_manifest:  # the same files and their manifest, written by this checkout
-            from audioloader.shards.manifest_source import write_folder_manifest
+            from audioloader.shards.catalog.manifest_source import write_folder_manifest
             from tests.s3_server import S3_ENVIRONMENT
 
             os.environ.update(S3_ENVIRONMENT)  # the server's keys (unsigned: moto keeps the aws-chunked framing)

@@ -24,7 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from audioloader.checkpoint import _changed_files, _identity_of
-from audioloader.shards import ShardDataset, formats
+from audioloader.shards import ShardDataset
+from audioloader.shards.formats import scan
 
 
 class _NoDigest:
@@ -51,9 +52,9 @@ def build_seconds(folder: Path, identity: bool) -> float:
     if identity:
         ShardDataset(folder)
     else:
-        with mock.patch.object(formats, "_hasher", _NoDigest), \
-                mock.patch.object(formats, "_local_mtime_ns", lambda loc: None), \
-                mock.patch.object(formats, "_footer", lambda f: (b"", b"")):
+        with mock.patch.object(scan, "_hasher", _NoDigest), \
+                mock.patch.object(scan, "_local_mtime_ns", lambda loc: None), \
+                mock.patch.object(scan, "_footer", lambda f: (b"", b"")):
             ShardDataset(folder)
     return time.perf_counter() - start
 

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from pyiceberg.catalog import load_catalog
 
 from audioloader.shards import IcebergTable, ShardDataset
-from audioloader.shards.sources import resolve_iceberg
+from audioloader.shards.sources.resolve import resolve_iceberg
 from benchmarks.common import interleaved_medians
 
 

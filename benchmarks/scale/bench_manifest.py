@@ -1,7 +1,7 @@
 """The dataset manifest at scale: bytes a file, and what a rank holds to start from it (issue 26, item 1).
 
 For each size (default 1,000 / 100,000 / 1,000,000 files) a synthetic manifest is
-written with the real writer (`audioloader.shards.manifest.manifest_columns`) into a
+written with the real writer (`audioloader.shards.catalog.manifest.manifest_columns`) into a
 temporary folder: Parquet files of one row group of 100 rows (``--units`` for more),
 S3 MD5 ETags, one schema; names ``part-NNNNNNN.parquet`` (a pattern: no name stored) and,
 with ``--free-names``, names that follow no pattern (each stored). Then a `ShardDataset` is
@@ -37,7 +37,7 @@ import audioloader as al
 from audioloader import checkpoint
 from audioloader.nodes.arrow_shard_reader import ArrowShardReader
 from audioloader.shards import ShardDataset
-from audioloader.shards.manifest import MANIFEST_NAME, manifest_columns, write_manifest
+from audioloader.shards.catalog.manifest import MANIFEST_NAME, manifest_columns, write_manifest
 
 SCHEMA = pa.schema([("audio", pa.binary()), ("label", pa.int64()), ("duration", pa.float32())])
 

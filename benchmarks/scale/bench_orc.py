@@ -27,7 +27,8 @@ import pyarrow as pa
 import pyarrow.orc as orc
 import pyarrow.parquet as pq
 
-from audioloader.shards import ShardDataset, formats
+from audioloader.shards import ShardDataset
+from audioloader.shards.formats import scan
 from benchmarks.common import interleaved_medians
 
 
@@ -51,7 +52,7 @@ def _uncounted(orc_file) -> tuple[int, ...]:
 def build_seconds(folder: Path, variant: str) -> float:
     start = time.perf_counter()
     if variant == "orc, uncounted":
-        with mock.patch.object(formats, "_stripe_rows", _uncounted):
+        with mock.patch.object(scan, "_stripe_rows", _uncounted):
             ShardDataset(folder / "orc")
     else:
         ShardDataset(folder / variant.split(",")[0])

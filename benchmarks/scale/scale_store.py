@@ -31,7 +31,7 @@ import pyarrow.fs as pafs
 
 #: Keys a LIST returns at most (ListObjectsV2).
 LIST_PAGE = 1000
-#: Thread name prefixes of audioloader's pools (`RemoteFiles.submit`, the footer scan's `formats._scan_all`).
+#: Thread name prefixes of audioloader's pools (`RemoteFiles.submit`, the footer scan's `formats.scan.scan_all`).
 POOL_PREFIXES = ("audioloader-fetch", "audioloader-scan")
 
 
@@ -254,8 +254,8 @@ def etag_of(data: bytes) -> str:
 
 
 class SimDirect:
-    """The store as audioloader's HEAD-less reader sees it (`audioloader.shards.direct`, obstore over S3: one GET a
-    ranged read, its response saying the object's ETag and size). `bench_scale.py` plugs it in where
+    """The store as audioloader's HEAD-less reader sees it (`audioloader.shards.storage.direct`, obstore over S3: one
+    GET a ranged read, its response saying the object's ETag and size). `bench_scale.py` plugs it in where
     ``direct.store_for`` would give obstore's for an S3 filesystem, so a start without a manifest is counted as it
     goes on S3 with obstore installed."""
 
@@ -263,7 +263,7 @@ class SimDirect:
         self.store = store
 
     def read(self, fs_path: str, offset: int, length: int, if_match: str | None = None) -> Any:
-        from audioloader.shards.direct import Response
+        from audioloader.shards.storage.direct import Response
 
         found = self.store.objects.get(fs_path.strip("/"))
         if found is None:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import importlib
 import io
 import json
 import math
@@ -60,8 +61,19 @@ import pyarrow as pa
 import audioloader
 from audioloader.nodes.arrow_shard_reader import ArrowShardReader
 from audioloader.shards import ShardDataset
-from audioloader.shards.storage import RemoteReads
 from benchmarks.scale.scale_store import SimDirect, SimStore, filesystem
+
+
+def shards_module(*paths: str) -> Any:
+    """The first of the modules ``audioloader.shards.<path>`` this audioloader has: its place in shards/'s
+    sub-packages first, then in the flat folder of the versions before them (0.3, for ``--project``)."""
+    for path in paths[:-1]:
+        with contextlib.suppress(ImportError):
+            return importlib.import_module(f"audioloader.shards.{path}")
+    return importlib.import_module(f"audioloader.shards.{paths[-1]}")
+
+
+RemoteReads = shards_module("storage.options", "storage").RemoteReads
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -130,13 +142,15 @@ def template(rows: int, batch_rows: int, row_bytes: int, fmt: str = "ipc") -> by
 
 
 def template_meta(data: bytes, folder: str) -> Any:
-    """The template's `_FileMeta`, scanned by the real scanner from a local copy."""
-    from audioloader.shards.formats import _scan_all
-    from audioloader.shards.sources import _Location
+    """The template's `FileMeta`, scanned by the real scanner from a local copy."""
+    scan = shards_module("formats.scan", "formats")
+    locations = shards_module("storage.locations", "sources")
+    scan_all = getattr(scan, "scan_all", None) or scan._scan_all
+    location = getattr(locations, "Location", None) or locations._Location
 
     path = os.path.join(folder, "template.parquet" if data[:4] == b"PAR1" else "template.arrow")
     Path(path).write_bytes(data)
-    return _scan_all([_Location(path, None, path)])[0]
+    return scan_all([location(path, None, path)])[0]
 
 
 def metadata_file(kind: str, names: list[str], data: bytes, meta: Any, folder: str) -> tuple[str, bytes, float]:
@@ -145,7 +159,7 @@ def metadata_file(kind: str, names: list[str], data: bytes, meta: Any, folder: s
     path = os.path.join(folder, "metadata.arrow")
     n = len(names)
     if kind == "manifest":
-        from audioloader.shards import manifest
+        manifest = shards_module("catalog.manifest", "manifest")
 
         table = manifest.manifest_columns(
             names, sizes=np.full(n, len(data), dtype=np.int64), formats=[meta.format] * n,
@@ -154,26 +168,21 @@ def metadata_file(kind: str, names: list[str], data: bytes, meta: Any, folder: s
         manifest.write_manifest(table, path)
         name = manifest.MANIFEST_NAME
     else:  # 0.3's metadata index
-        from audioloader.shards import index
-        from audioloader.shards.sources import INDEX_NAME
-
+        index = shards_module("catalog.index", "index")
         index.write_table(index.index_table(names, [meta] * n, portable=True), path)
-        name = INDEX_NAME
+        name = shards_module("sources.resolve", "sources").INDEX_NAME
     return name, Path(path).read_bytes(), time.perf_counter() - started
 
 
 def plug_identity(store: SimStore) -> None:
     """An object opened in the simulated store has the ETag S3's HEAD would give (pyarrow's ``metadata()``, which
     a Python file cannot carry): where audioloader reads it (`identity.object_identity`), ask the store first."""
-    import importlib
-
-    from audioloader.shards import cache, formats, remote
-
-    sharing = []
-    for name in ("manifest_source", "dataset"):  # where this version reads identities too (0.3: not there)
-        with contextlib.suppress(ImportError):
-            sharing.append(importlib.import_module(f"audioloader.shards.{name}"))
-    for module in (cache, formats, remote, *sharing):
+    modules = [shards_module(*paths) for paths in (("storage.cache", "cache"), ("formats.scan", "formats"),
+                                                   ("storage.remote", "remote"))]
+    for paths in (("catalog.manifest_source", "manifest_source"), ("dataset.shard_dataset", "dataset")):
+        with contextlib.suppress(ImportError):  # where this version reads identities too (0.3: not there)
+            modules.append(shards_module(*paths))
+    for module in modules:
         real = getattr(module, "object_identity", None)
         if real is not None:
             module.object_identity = lambda f, real=real: store.identity(f) or real(f)
@@ -184,7 +193,7 @@ def plug_simultaneous_start() -> None:
     after the other, minutes apart at a million files: keep the leader's published copy fresh for them (the
     machine cache's `shared_file` reuses a copy up to 5 minutes old, then fetches again)."""
     try:
-        from audioloader.shards import manifest_source
+        manifest_source = shards_module("catalog.manifest_source", "manifest_source")
     except ImportError:
         return  # 0.3: no machine sharing
     real = manifest_source.shared_file
@@ -197,9 +206,9 @@ def plug_simultaneous_start() -> None:
 
 
 def plug_direct_reads(fs: Any, store: SimStore) -> bool:
-    """Where this audioloader reads S3 without pyarrow's HEAD (obstore: `audioloader.shards.direct`), read the
+    """Where this audioloader reads S3 without pyarrow's HEAD (obstore: `audioloader.shards.storage.direct`), read the
     simulated store that way too (`scale_store.SimDirect`); False for a version without it (0.3)."""
-    from audioloader.shards import direct, remote
+    direct, remote = shards_module("storage.direct", "direct"), shards_module("storage.remote", "remote")
 
     # Where the stores are made: `direct.store_for` since the cache downloads read without a HEAD too (both the
     # reads and the cache go through `direct.DirectStores`); `remote.store_for` in the versions before.

@@ -16,7 +16,7 @@ comes out at about 55-70 % of 16-bit PCM, like real music or field recordings.
 Everything is a pure function of the `DatasetSpec` (seeded per clip), so a
 dataset is generated once and then reused from the cache folder, keyed by the
 spec: by default ``bench/`` under the machine cache folder
-(`audioloader.shards.machine_cache.cache_root`: ``$AUDIOLOADER_CACHE``, else
+(`audioloader.shards.storage.machine_cache.cache_root`: ``$AUDIOLOADER_CACHE``, else
 ``$XDG_CACHE_HOME/audioloader``, else ``~/.cache/audioloader``), never the working
 directory. `clear_cache` (``audioloader bench --clear-cache``) removes the datasets.
 
@@ -68,9 +68,9 @@ _DATASET_NAME = re.compile(r"\.?(?:flac|wav|ogg|mp3)-\d+hz-[0-9pe+-]+s-\dch-n\d+
 
 
 def default_cache_dir() -> Path:
-    """``bench/`` under the machine cache folder (`audioloader.shards.machine_cache.cache_root`), read from the
+    """``bench/`` under the machine cache folder (`audioloader.shards.storage.machine_cache.cache_root`), read from the
     environment on every call."""
-    from audioloader.shards.machine_cache import cache_root
+    from audioloader.shards.storage.machine_cache import cache_root
 
     return cache_root() / "bench"
 

@@ -42,7 +42,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import ShardChangedError, ShardReadError, redacted
+from ...errors import ShardChangedError, ShardReadError, redacted
 from .direct import DirectStores, size_changed
 from .identity import identities_differ, object_identity
 from .retry import Retry, with_retries
@@ -154,7 +154,7 @@ class ObjectCache:
         return None if mapped is None else (path, mapped)
 
     def open(self, loc: Any, size: int, identity: str) -> pa.MemoryMappedFile:
-        """A memory map of the cached copy of the remote file ``loc`` (a `sources._Location`), downloading it
+        """A memory map of the cached copy of the remote file ``loc`` (a `locations.Location`), downloading it
         first when there is none (once across processes). Raises `ShardChangedError` if the object's size or
         identity is no longer ``size`` / ``identity`` (it changed after the loader was built),
         found by the download's first request."""

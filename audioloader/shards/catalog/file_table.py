@@ -1,11 +1,11 @@
 """Per-file and per-split metadata as columns: a dataset of a million files holds a few arrays, not a million
-objects; a `ShardFile`, `_Location`, `_FileMeta` or `Split` is made when one is asked for (the file being read).
+objects; a `ShardFile`, `Location`, `FileMeta` or `Split` is made when one is asked for (the file being read).
 
 - `FileTable`: every file's path, format, size, rows per unit and first global row (``Sequence[ShardFile]``).
-- `ManifestLocations`, `ManifestMetas`: a manifest's files as ``Sequence[_Location]`` / ``Sequence[_FileMeta]``,
+- `ManifestLocations`, `ManifestMetas`: a manifest's files as ``Sequence[Location]`` / ``Sequence[FileMeta]``,
   read from the manifest's (memory-mapped) columns; the metas remember the footers read since (`located`).
 - `SplitTable`: splits as three integer arrays (``Sequence[Split]``), planned for every file at once
-  (`plan_splits`: the same splits as `splits._file_splits` file by file).
+  (`plan_splits`: the same splits as `splits.file_splits` file by file).
 
 Measured at 1,000,000 files (docs/benchmarks.md, "Per-rank metadata memory"): about 30 bytes a file and split.
 """
@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from .formats import FORMATS, _FileMeta
-from .sources import _Location, _url_for
-from .splits import Split, _file_splits
+from ..formats.scan import FORMATS, FileMeta
+from ..sources.splits import Split, file_splits
+from ..storage.locations import Location, url_for
 
-#: Files with more units than this have their splits planned one by one (`_file_splits`); the others all at once,
+#: Files with more units than this have their splits planned one by one (`file_splits`); the others all at once,
 #: a unit position at a time (a step per position: cheap for many files of few units, not for a few of many).
 _VECTOR_UNITS = 256
 #: Files whose cumulative unit starts `FileTable.unit_starts` keeps made (the files being read).
@@ -98,7 +98,7 @@ class FileTable(_Rows):
 
     Args:
         paths: each file's path or URL (a list, or a sequence that makes them, e.g. `ManifestLocations.paths`).
-        format_codes: uint8 a file, an index into `formats.FORMATS`.
+        format_codes: uint8 a file, an index into `formats.scan.FORMATS`.
         sizes: bytes a file (int64).
         unit_offsets: int64, ``len(paths) + 1``: file ``i``'s units are ``unit_values[unit_offsets[i]:
             unit_offsets[i + 1]]``. unit_values: rows a unit (int32/int64).
@@ -123,8 +123,8 @@ class FileTable(_Rows):
         self._starts_lock = threading.Lock()
 
     @classmethod
-    def of(cls, paths: Sequence[str], metas: Sequence[_FileMeta]) -> FileTable:
-        """The table of files ``paths`` with their scanned metadata (a list of `_FileMeta`)."""
+    def of(cls, paths: Sequence[str], metas: Sequence[FileMeta]) -> FileTable:
+        """The table of files ``paths`` with their scanned metadata (a list of `FileMeta`)."""
         count = len(metas)
         codes = {name: i for i, name in enumerate(FORMATS)}
         lengths = np.fromiter((len(m.unit_rows) for m in metas), dtype=np.int64, count=count)
@@ -216,7 +216,7 @@ def unit_starts_of(files: FileTable) -> Sequence[tuple[int, ...]]:
 
 
 class ManifestLocations(_Rows):
-    """A manifest's files as `_Location` s on one filesystem (``Sequence[_Location]``, made on demand).
+    """A manifest's files as `Location` s on one filesystem (``Sequence[Location]``, made on demand).
 
     Args:
         manifest: the `manifest.Manifest`. fs: the filesystem (None: local files). folder: the manifest's folder
@@ -235,13 +235,13 @@ class ManifestLocations(_Rows):
 
     def path(self, i: int) -> str:
         fs_path = self.fs_path(i)
-        return _url_for(self.scheme, fs_path) if self.scheme else fs_path
+        return url_for(self.scheme, fs_path) if self.scheme else fs_path
 
-    def _make(self, i: int) -> _Location:
+    def _make(self, i: int) -> Location:
         fs_path = self.fs_path(i)
         if self.fs is None:
-            return _Location(fs_path, None, fs_path)
-        return _Location(_url_for(self.scheme, fs_path) if self.scheme else fs_path, self.fs, fs_path,
+            return Location(fs_path, None, fs_path)
+        return Location(url_for(self.scheme, fs_path) if self.scheme else fs_path, self.fs, fs_path,
                          self.manifest.mtime_ns(i), size=int(self.manifest.sizes[i]))
 
 
@@ -260,33 +260,33 @@ class _Paths(_Rows):
     def __iter__(self) -> Iterator[str]:  # every path at once: a million in 0.4 s, not one call each
         locations = self._locations
         fs_paths = [f"{locations.folder}/{name}" for name in locations.manifest.names()]
-        return iter([_url_for(locations.scheme, p) for p in fs_paths] if locations.scheme else fs_paths)
+        return iter([url_for(locations.scheme, p) for p in fs_paths] if locations.scheme else fs_paths)
 
 
 class ManifestMetas(_Rows):
-    """A manifest's files as `_FileMeta` s (``Sequence[_FileMeta]``, made on demand: ``located`` False), and the
+    """A manifest's files as `FileMeta` s (``Sequence[FileMeta]``, made on demand: ``located`` False), and the
     footers read since (``metas[i] = meta`` keeps one: the dataset's `located`)."""
 
     def __init__(self, manifest: Any) -> None:
         self.manifest = manifest
-        self._located: dict[int, _FileMeta] = {}
+        self._located: dict[int, FileMeta] = {}
 
     def __len__(self) -> int:
         return self.manifest.num_files
 
-    def _make(self, i: int) -> _FileMeta:
+    def _make(self, i: int) -> FileMeta:
         meta = self._located.get(i)
         return meta if meta is not None else self.manifest.meta(i)
 
-    def __setitem__(self, i: int, meta: _FileMeta) -> None:
+    def __setitem__(self, i: int, meta: FileMeta) -> None:
         self._located[int(i)] = meta
 
-    def located_metas(self) -> list[_FileMeta]:
+    def located_metas(self) -> list[FileMeta]:
         """The metas of the files whose footers were read."""
         return list(self._located.values())
 
     def column(self, name: str) -> list[Any]:
-        """Every file's ``digest``, ``mtime_ns`` or ``etag`` (as its `_FileMeta` would say), without the metas."""
+        """Every file's ``digest``, ``mtime_ns`` or ``etag`` (as its `FileMeta` would say), without the metas."""
         values = self.manifest.values(name)
         for i, meta in list(self._located.items()):
             values[i] = getattr(meta, name)
@@ -303,7 +303,7 @@ class ManifestMetas(_Rows):
         return self.manifest.distinct_schemas()
 
 
-def file_table_of(locations: Sequence[_Location], metas: Sequence[_FileMeta]) -> FileTable:
+def file_table_of(locations: Sequence[Location], metas: Sequence[FileMeta]) -> FileTable:
     """The files' `FileTable`: from a manifest's columns (`ManifestMetas`), else from the scanned metadata."""
     paths = getattr(locations, "paths", None)
     if isinstance(metas, ManifestMetas):
@@ -311,7 +311,7 @@ def file_table_of(locations: Sequence[_Location], metas: Sequence[_FileMeta]) ->
     return FileTable.of(paths if paths is not None else [loc.path for loc in locations], metas)
 
 
-def remote_mask(locations: Sequence[_Location]) -> np.ndarray:
+def remote_mask(locations: Sequence[Location]) -> np.ndarray:
     """Whether each file is remote (bool a file), without making a manifest's locations."""
     fs = getattr(locations, "fs", 0)  # one filesystem for all: a manifest's files
     if fs != 0:
@@ -377,7 +377,7 @@ class SplitTable(_Rows):
 
 
 def plan_splits(files: FileTable, split_rows: int) -> SplitTable:
-    """Every file's splits (`splits._file_splits`: units merged up to ``split_rows`` rows; IPC units over twice
+    """Every file's splits (`splits.file_splits`: units merged up to ``split_rows`` rows; IPC units over twice
     that cut into near-equal ranges), in (file, row) order, computed for all files at once.
 
     A file of at most ``split_rows`` rows is one split (the common case, no loop); the others are planned a unit
@@ -393,7 +393,7 @@ def plan_splits(files: FileTable, split_rows: int) -> SplitTable:
     divide = np.isin(files.format_codes, [FORMATS.index("ipc_file"), FORMATS.index("ipc_stream")])
     rest = np.flatnonzero(rows > split_rows)
     for f in rest[counts[rest] > _VECTOR_UNITS].tolist():  # files of many units: one by one
-        found = _file_splits(f, files.batch_rows(f), split_rows, bool(divide[f]))
+        found = file_splits(f, files.batch_rows(f), split_rows, bool(divide[f]))
         parts.append((np.full(len(found), f, dtype=np.int64), np.array([s.start for s in found], dtype=np.int64),
                       np.array([s.stop for s in found], dtype=np.int64)))
     parts.extend(_planned_by_unit(files, rest[counts[rest] <= _VECTOR_UNITS], divide, split_rows))
@@ -404,7 +404,7 @@ def plan_splits(files: FileTable, split_rows: int) -> SplitTable:
 
 def _planned_by_unit(files: FileTable, few: np.ndarray, divide: np.ndarray, split_rows: int
                      ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """`_file_splits` of the files ``few`` (ids), all at once: the k-th unit of every file that has one, for k =
+    """`file_splits` of the files ``few`` (ids), all at once: the k-th unit of every file that has one, for k =
     0, 1, ...; returns ``(file ids, starts, stops)`` parts, unordered."""
     counts = np.diff(files.unit_offsets)[few]
     order = np.argsort(-counts, kind="stable")  # files with a unit k are a prefix, for every k

@@ -92,7 +92,7 @@ class RemoteFiles:
     # ----------------------------------------------------------------- the seam
 
     def read(self, loc: Any, offset: int, length: int) -> pa.Buffer:
-        """Bytes ``[offset, offset + length)`` of the remote file at ``loc`` (a `sources._Location`), in one
+        """Bytes ``[offset, offset + length)`` of the remote file at ``loc`` (a `locations.Location`), in one
         request, retried; `ShardReadError` naming the file after the last attempt."""
         direct = self._direct(loc)
         if direct is not None:  # one GET, no HEAD; refused by the store if the object changed since its first read

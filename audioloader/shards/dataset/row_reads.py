@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from .file_table import AllKept, SplitTable, unit_starts_of
-from .readers import _audio_values
-from .splits import Split
+from ..catalog.file_table import AllKept, SplitTable, unit_starts_of
+from ..formats.readers import audio_values as _audio_values
+from ..sources.splits import Split
 from .unit_reads import UnitReader, UnitReads
 
 

@@ -14,19 +14,20 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import ShardReadError
-from .direct import size_changed
-from .identity import object_identity
-from .remote import RemoteFiles, SparseFile
-from .retry import DEFAULT_RETRY, Retry, with_retries
-from .sources import ACCEPTED, TableFile, _Location, _mtime_ns
-from .tar_format import PLAIN_SCHEMA, gzip_refusal, is_audio_name, plain_digest, scan_joined, scan_tar
+from ...errors import ShardReadError
+from ..sources.resolve import ACCEPTED, is_audio_name
+from ..storage.direct import size_changed
+from ..storage.identity import object_identity
+from ..storage.locations import Location, TableFile, mtime_ns
+from ..storage.remote import RemoteFiles, SparseFile
+from ..storage.retry import DEFAULT_RETRY, Retry, with_retries
+from .tar_format import PLAIN_SCHEMA, gzip_refusal, plain_digest, scan_joined, scan_tar
 
 FORMATS = ("ipc_file", "ipc_stream", "parquet", "orc", "tar", "audio_file")
 
 # Files scanned in parallel at construction: local scans are quick, remote ones wait on the network.
-_SCAN_THREADS_LOCAL = 8
-_SCAN_THREADS_REMOTE = 64
+SCAN_THREADS_LOCAL = 8
+SCAN_THREADS_REMOTE = 64
 #: Bytes read from the end of a remote file in its first request at construction: the footer of a Parquet or IPC
 #: file (pyarrow's Parquet reader reads the same 64 KiB), an ORC file's tail, and the whole of a small file.
 TAIL_BYTES = 64 * 1024
@@ -41,7 +42,7 @@ _CONTINUATION = b"\xff\xff\xff\xff"
 _MSG_SCHEMA, _MSG_DICTIONARY, _MSG_RECORD_BATCH = 1, 2, 3
 
 
-def _open_local(loc: _Location, mapped: bool = True) -> Any:
+def open_local(loc: Location, mapped: bool = True) -> Any:
     """A local shard: a memory map (``mapped``), else a plain file.
 
     Arrow IPC is read through a memory map (its values are zero-copy views of it). Parquet and ORC
@@ -60,7 +61,7 @@ def _read_at(f: Any, nbytes: int, offset: int) -> bytes:
     return data.to_pybytes() if isinstance(data, pa.Buffer) else bytes(data)
 
 
-def _sniff(loc: _Location, f: Any, size: int) -> str:
+def _sniff(loc: Location, f: Any, size: int) -> str:
     """The format from the first bytes: ``ARROW1`` (IPC file), ``PAR1`` (Parquet), ``ORC``, 0xFFFFFFFF (stream)."""
     head = _read_at(f, min(512, size), 0)
     if head[257:262] == b"ustar":
@@ -154,7 +155,7 @@ def _scan_messages(f: Any, start: int, end: int, digest: Any = None) -> list[tup
 
 
 @dataclass
-class _FileMeta:
+class FileMeta:
     """What construction learns about one file (internal).
 
     ``mtime_ns`` (None when the storage reports none), ``digest`` and, for a remote file,
@@ -183,7 +184,7 @@ class _FileMeta:
     # Parquet metadata or tail): the dataset reads it when the file is first read (`ShardDataset.located`).
     located: bool = True
     # A remote file's every byte, when its first read fetched it whole and the scan was asked to keep it
-    # (`formats._scan_once`); the dataset takes it away at once (`ShardDataset.located`).
+    # (`_scan_once`); the dataset takes it away at once (`ShardDataset.located`).
     whole: Any = None
     # A tar of a set described by a manifest beside it (`tarred_sets`), or a listed audio file: its rows'
     # columns (`tarred_sets.JoinedRows`), in the file's order.
@@ -285,7 +286,7 @@ def orc_module() -> Any:
     return pyarrow.orc
 
 
-def _cheapest_column(schema: pa.Schema) -> str:
+def cheapest_column(schema: pa.Schema) -> str:
     """The column whose values cost least to read: fixed-width ones by bit width, then strings, binaries, nested."""
     def cost(field: pa.Field) -> tuple[int, int]:
         t = field.type
@@ -305,12 +306,12 @@ def _stripe_rows(orc_file: Any) -> tuple[int, ...]:
 
     pyarrow exposes the file's rows but not each stripe's, so each stripe but the
     last has its cheapest column read once (a few KB per stripe of integers; see
-    `_cheapest_column`) and the last one gets the rest. A file of one stripe reads nothing.
+    `cheapest_column`) and the last one gets the rest. A file of one stripe reads nothing.
     """
     stripes, total = orc_file.nstripes, orc_file.nrows
     if stripes <= 1:
         return (total,) if stripes else ()
-    column = _cheapest_column(orc_file.schema)
+    column = cheapest_column(orc_file.schema)
     rows = [orc_file.read_stripe(i, columns=[column]).num_rows for i in range(stripes - 1)]
     return (*rows, total - sum(rows))
 
@@ -320,7 +321,7 @@ _ORC_TAIL_GUESS = 16384
 
 
 def _scan_orc(f: Any, local: bool, digest: Any) -> tuple[pa.Schema, tuple[int, ...], bytes | None]:
-    """Schema, rows per stripe, and a remote file's tail (see `_FileMeta.tail`).
+    """Schema, rows per stripe, and a remote file's tail (see `FileMeta.tail`).
 
     The digest takes the serialized file tail (postscript and footer: schema, stripes, statistics).
     """
@@ -335,15 +336,15 @@ def _scan_orc(f: Any, local: bool, digest: Any) -> tuple[pa.Schema, tuple[int, .
     return orc_file.schema, _stripe_rows(orc_file), tail
 
 
-def _local_mtime_ns(loc: _Location) -> int:
+def _local_mtime_ns(loc: Location) -> int:
     try:
         return os.stat(loc.fs_path).st_mtime_ns
     except OSError as error:
         raise ShardReadError(f"cannot open shard {loc.path}: {error}") from error
 
 
-def _scan_opened(loc: _Location, f: Any, sparse: SparseFile | None = None) -> _FileMeta:
-    """`_scan_file` on an open file (remote: ``f`` reads ``sparse``): format, schema, units, the content digest."""
+def _scan_opened(loc: Location, f: Any, sparse: SparseFile | None = None) -> FileMeta:
+    """`scan_file` on an open file (remote: ``f`` reads ``sparse``): format, schema, units, the content digest."""
     size = f.size()
     fmt = _sniff_tail(sparse) or _sniff(loc, f, size)
     offsets = parquet_metadata = tail = blocks = joined = None
@@ -370,7 +371,7 @@ def _scan_opened(loc: _Location, f: Any, sparse: SparseFile | None = None) -> _F
         serialized = pa.BufferOutputStream()
         parquet_metadata.write_metadata_file(serialized)  # the footer: schema, row groups, sizes, statistics
         digest.update(serialized.getvalue())
-    return _FileMeta(fmt, size, schema, rows, offsets, blocks=blocks, digest=digest.hexdigest(),
+    return FileMeta(fmt, size, schema, rows, offsets, blocks=blocks, digest=digest.hexdigest(),
                      parquet_metadata=parquet_metadata, tail=tail, joined=joined)
 
 
@@ -382,9 +383,9 @@ def _sniff_tail(sparse: SparseFile | None) -> str | None:
     return "ipc_file" if end == b"ARROW1" else "parquet" if end.endswith(b"PAR1") else None
 
 
-def _scan_once(loc: _Location, remote: RemoteFiles, cache: Any = None, keep_whole: bool = False) -> _FileMeta:
-    """`_scan_file` without its checks; ``keep_whole``: a remote file read whole by its first request keeps those
-    bytes in `_FileMeta.whole` (for the caller to serve its first data from)."""
+def _scan_once(loc: Location, remote: RemoteFiles, cache: Any = None, keep_whole: bool = False) -> FileMeta:
+    """`scan_file` without its checks; ``keep_whole``: a remote file read whole by its first request keeps those
+    bytes in `FileMeta.whole` (for the caller to serve its first data from)."""
     # The modification time first: a rewrite during the scan then shows as a change later.
     mtime = _local_mtime_ns(loc) if loc.fs is None else loc.mtime_ns
     if is_audio_name(loc.path):  # a plain audio file: one row, its whole bytes; nothing read
@@ -393,7 +394,7 @@ def _scan_once(loc: _Location, remote: RemoteFiles, cache: Any = None, keep_whol
         mtime = _remote_mtime_ns(loc)
     etag = None
     if loc.fs is None:
-        f = _open_local(loc)
+        f = open_local(loc)
         try:
             meta = _scan_opened(loc, f)
         finally:
@@ -426,15 +427,15 @@ def _scan_once(loc: _Location, remote: RemoteFiles, cache: Any = None, keep_whol
     return meta
 
 
-def plain_meta(size: int, joined: Any = None) -> _FileMeta:
-    """The `_FileMeta` of a plain audio file of ``size`` bytes: one unit of one row, its whole bytes; ``joined``
+def plain_meta(size: int, joined: Any = None) -> FileMeta:
+    """The `FileMeta` of a plain audio file of ``size`` bytes: one unit of one row, its whole bytes; ``joined``
     (`tarred_sets.ListedRow`): a listed file's columns."""
     schema = PLAIN_SCHEMA if joined is None else joined.schema()
-    return _FileMeta("audio_file", size, schema, (1,), blocks=((0, 0, size),), joined=joined,
+    return FileMeta("audio_file", size, schema, (1,), blocks=((0, 0, size),), joined=joined,
                      digest=plain_digest(size, b"" if joined is None else joined.digest()))
 
 
-def _plain_scan(loc: _Location, mtime: int | None, remote: RemoteFiles) -> _FileMeta:
+def _plain_scan(loc: Location, mtime: int | None, remote: RemoteFiles) -> FileMeta:
     """A plain audio file's `plain_meta`: its size from the listing (or manifest), a local stat, or one request
     for a listed remote file (its size and modification time)."""
     size = loc.size
@@ -448,13 +449,13 @@ def _plain_scan(loc: _Location, mtime: int | None, remote: RemoteFiles) -> _File
                             retry=remote.retry, store=loc.path)
         if info.size is None or info.size < 0:
             raise ShardReadError(f"audio file {loc.path} does not exist (or is not a file)")
-        size, mtime = info.size, _mtime_ns(info)
+        size, mtime = info.size, mtime_ns(info)
     meta = plain_meta(size, loc.joined)
     meta.mtime_ns = mtime
     return meta
 
 
-def _confirmed_tar(loc: _Location, expected: _FileMeta, remote: RemoteFiles) -> _FileMeta:
+def _confirmed_tar(loc: Location, expected: FileMeta, remote: RemoteFiles) -> FileMeta:
     """A remote tar file known from a manifest (its units recorded there), confirmed at its first read with one
     request (pyarrow's open, a HEAD): the object's identity and size as the store reports them. The caller compares
     them with the manifest (`manifest.mismatch`): a rewritten object has another ETag. (A local tar is scanned
@@ -464,13 +465,13 @@ def _confirmed_tar(loc: _Location, expected: _FileMeta, remote: RemoteFiles) -> 
     return dataclasses.replace(expected, etag=object_identity(opened), located=True)
 
 
-def _check_size(loc: _Location, size: int | None) -> None:
+def _check_size(loc: Location, size: int | None) -> None:
     """`ShardChangedError` when the store reports another size than the listing (or manifest) said."""
     if loc.size is not None and size is not None and size != loc.size:
         raise size_changed(loc, size)
 
 
-def cache_identity(meta: _FileMeta) -> str | None:
+def cache_identity(meta: FileMeta) -> str | None:
     """What a remote file's copy in a cache is checked against besides its size: its ETag, else its modification
     time; None when the storage reports neither (such a file is not cached)."""
     if meta.etag is not None:
@@ -478,27 +479,27 @@ def cache_identity(meta: _FileMeta) -> str | None:
     return None if meta.mtime_ns is None else f"mtime:{meta.mtime_ns}"
 
 
-def _cached_copy(cache: Any, loc: _Location, size: int, etag: str | None, mtime: int | None) -> Any:
+def _cached_copy(cache: Any, loc: Location, size: int, etag: str | None, mtime: int | None) -> Any:
     """``(path, memory map)`` of the copy of a remote file already in ``cache`` (an `ObjectCache`), or None."""
     if cache is None or loc.fs is None:
         return None
-    identity = cache_identity(_FileMeta("", size, None, (), etag=etag, mtime_ns=mtime))
+    identity = cache_identity(FileMeta("", size, None, (), etag=etag, mtime_ns=mtime))
     return None if identity is None else cache.lookup(loc, size, identity)
 
 
-def _remote_mtime_ns(loc: _Location) -> int | None:
-    return _mtime_ns(loc.fs.get_file_info(loc.fs_path))
+def _remote_mtime_ns(loc: Location) -> int | None:
+    return mtime_ns(loc.fs.get_file_info(loc.fs_path))
 
 
-def listed_meta(listed: TableFile) -> _FileMeta:
-    """The `_FileMeta` of a table's data file that is not scanned: its table's word for its format, size and
+def listed_meta(listed: TableFile) -> FileMeta:
+    """The `FileMeta` of a table's data file that is not scanned: its table's word for its format, size and
     rows (one unit), no schema. Its digest is of that metadata: the table's snapshot pins the content."""
     digest = _hasher()
     digest.update(f"{listed.format}:{listed.size}:{listed.rows}".encode())
-    return _FileMeta(listed.format, listed.size, None, (listed.rows,), digest=digest.hexdigest())
+    return FileMeta(listed.format, listed.size, None, (listed.rows,), digest=digest.hexdigest())
 
 
-def _check_listed(loc: _Location, meta: _FileMeta) -> _FileMeta:
+def _check_listed(loc: Location, meta: FileMeta) -> FileMeta:
     """``meta``, if it agrees with what the file's table says about it (a table's rows must be the files' rows)."""
     listed = loc.listed
     if listed is not None and (meta.format, meta.size, sum(meta.unit_rows)) != (listed.format, listed.size,
@@ -509,8 +510,8 @@ def _check_listed(loc: _Location, meta: _FileMeta) -> _FileMeta:
     return meta
 
 
-def _scan_file(loc: _Location, remote: RemoteFiles, cache: Any = None, keep_whole: bool = False,
-               known: _FileMeta | None = None) -> _FileMeta:
+def scan_file(loc: Location, remote: RemoteFiles, cache: Any = None, keep_whole: bool = False,
+               known: FileMeta | None = None) -> FileMeta:
     """Format, size, schema, batch / row-group boundaries and identity of one file, without reading audio.
 
     Remote: each request is retried on a transient fault (`RemoteFiles.read`). ``known``: what a manifest says of
@@ -528,15 +529,15 @@ def _scan_file(loc: _Location, remote: RemoteFiles, cache: Any = None, keep_whol
                              f"corrupt; re-write it or remove it from the source ({ACCEPTED})") from error
 
 
-def _scan_all(locations: list[_Location], retry: Retry = DEFAULT_RETRY, remote: RemoteFiles | None = None,
-              cache: Any = None, keep_whole: bool = False, known: Sequence[_FileMeta] | None = None
-              ) -> list[_FileMeta]:
-    """Every file's `_FileMeta`, scanned concurrently (remote files: many at once, latency-bound); a remote file
+def scan_all(locations: list[Location], retry: Retry = DEFAULT_RETRY, remote: RemoteFiles | None = None,
+              cache: Any = None, keep_whole: bool = False, known: Sequence[FileMeta] | None = None
+              ) -> list[FileMeta]:
+    """Every file's `FileMeta`, scanned concurrently (remote files: many at once, latency-bound); a remote file
     with a copy in ``cache`` (an `ObjectCache`) is scanned there."""
     remote = remote if remote is not None else RemoteFiles(retry)
     known = known if known is not None else [None] * len(locations)
     if len(locations) < 4:
-        return [_scan_file(loc, remote, cache, keep_whole, k) for loc, k in zip(locations, known, strict=True)]
-    threads = _SCAN_THREADS_REMOTE if any(loc.fs is not None for loc in locations) else _SCAN_THREADS_LOCAL
+        return [scan_file(loc, remote, cache, keep_whole, k) for loc, k in zip(locations, known, strict=True)]
+    threads = SCAN_THREADS_REMOTE if any(loc.fs is not None for loc in locations) else SCAN_THREADS_LOCAL
     with ThreadPoolExecutor(max_workers=min(threads, len(locations)), thread_name_prefix="audioloader-scan") as pool:
-        return list(pool.map(lambda loc, k: _scan_file(loc, remote, cache, keep_whole, k), locations, known))
+        return list(pool.map(lambda loc, k: scan_file(loc, remote, cache, keep_whole, k), locations, known))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import checks
+from ... import checks
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Split:
         return self.stop - self.start if self.kept is None else self.kept
 
 
-def _file_splits(file_id: int, unit_rows: Sequence[int], split_rows: int, divide_units: bool) -> list[Split]:
+def file_splits(file_id: int, unit_rows: Sequence[int], split_rows: int, divide_units: bool) -> list[Split]:
     """Splits of one file: consecutive units merged up to ``split_rows`` rows.
 
     With ``divide_units`` (IPC, where slicing a batch is zero-copy) a unit with

@@ -15,21 +15,34 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from .. import checks
-from . import index
-from .cache import ObjectCache, parse_bytes
-from .file_table import AllKept, ManifestMetas, SplitTable, file_table_of, plan_splits, remote_mask
-from .file_table import ShardFile as ShardFile  # where it was defined before
-from .filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
-from .formats import FORMATS, _FileMeta, _scan_all, listed_meta
-from .manifest_source import FromManifest, open_manifest
-from .remote import Parts, RemoteFiles
-from .retry import DEFAULT_RETRY, Retry
+from ... import checks
+from ..catalog import index
+from ..catalog.file_table import (
+    AllKept,
+    ManifestMetas,
+    SplitTable,
+    file_table_of,
+    plan_splits,
+    remote_mask,
+)
+from ..catalog.file_table import ShardFile as ShardFile  # where it was defined before
+from ..catalog.manifest_source import FromManifest, open_manifest
+from ..formats.filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
+from ..formats.scan import FORMATS, listed_meta
+from ..formats.scan import FileMeta as _FileMeta
+from ..formats.scan import scan_all as _scan_all
+from ..formats.schema import check_columns, unify
+from ..formats.schema import check_schema as _check_schema
+from ..formats.schema import label_names as _label_names
+from ..sources.resolve import IcebergTable, TableSnapshot, resolve_iceberg, resolve_source
+from ..sources.splits import Split
+from ..storage.cache import ObjectCache, parse_bytes
+from ..storage.options import RemoteReads, Storage
+from ..storage.options import checked_remote_reads as _check_remote_reads
+from ..storage.remote import Parts, RemoteFiles
+from ..storage.retry import Retry
+from ..storage.retry import checked_retry as _check_retry
 from .row_reads import BatchColumns, RowReads, ShardRow
-from .schema import _check_schema, _label_names, check_columns, unify
-from .sources import IcebergTable, TableSnapshot, resolve_iceberg, resolve_source
-from .splits import Split
-from .storage import DEFAULT_REMOTE_READS, RemoteReads, Storage
 from .unit_reads import UnitReader, UnitReads
 
 
@@ -494,19 +507,3 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-
-
-def _check_remote_reads(remote_reads: Any) -> RemoteReads:
-    if remote_reads is None:
-        return DEFAULT_REMOTE_READS
-    if not isinstance(remote_reads, RemoteReads):
-        raise TypeError(f"remote_reads must be an audioloader.shards.RemoteReads, got {type(remote_reads).__name__}")
-    return remote_reads
-
-
-def _check_retry(retry: Any) -> Retry:
-    if retry is None:
-        return DEFAULT_RETRY
-    if not isinstance(retry, Retry):
-        raise TypeError(f"retry must be an audioloader.Retry, got {type(retry).__name__}")
-    return retry

@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from ..errors import ShardChangedError
+from ...errors import ShardChangedError
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class DirectStores:
         self._stores: dict[int, tuple[Any, Any]] = {}
 
     def of(self, loc: Any) -> Any:
-        """The obstore stores reading the remote file ``loc`` (a `sources._Location`) without a HEAD, or None (a
+        """The obstore stores reading the remote file ``loc`` (a `locations.Location`) without a HEAD, or None (a
         local file, a size not known from a listing or manifest, or a filesystem `store_for` leaves to pyarrow)."""
         if loc.fs is None or loc.size is None:  # its size unknown (not listed): pyarrow's open asks for it
             return None

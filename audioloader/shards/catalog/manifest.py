@@ -16,7 +16,7 @@ column         type                      what
                                          each schema once, not once a file)
 ``unit_rows``  list<int32>               rows of each record batch / row group / stripe: splits are
                                          planned from them exactly as from the files' footers
-``digest``     uint64                    the footer digest (`formats._FileMeta.digest`): checked when the
+``digest``     uint64                    the footer digest (`formats.scan.FileMeta.digest`): checked when the
                                          footer is first read, and what checkpoints record
 ``etag``       fixed_size_binary(16)     the object's MD5 ETag (S3: ``"<32 hex>"`` or ``"<32 hex>-<parts>"``)
 ``etag_parts``  int32                    its ``-<parts>`` suffix (-1: none), or a string column ``etag``
@@ -57,8 +57,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..errors import ShardReadError
-from .formats import FORMATS, _FileMeta
+from ...errors import ShardReadError
+from ..formats.scan import FORMATS, FileMeta
 
 MANIFEST_NAME = "_audioloader_manifest.arrow"
 #: Version of the layout; another one is refused with a message naming ``audioloader index``.
@@ -67,7 +67,7 @@ _MD5_ETAG = re.compile(r'^ETag:"([0-9a-f]{32})(?:-(\d+))?"$')
 _NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")
 
 
-def manifest_table(names: Sequence[str], metas: Sequence[_FileMeta], *, mtimes: bool = False) -> pa.Table:
+def manifest_table(names: Sequence[str], metas: Sequence[FileMeta], *, mtimes: bool = False) -> pa.Table:
     """The manifest of files ``names`` (relative to the manifest's folder, sorted) with their scanned metadata.
 
     ``mtimes``: keep the modification times (a manifest built from a listing for this machine's cache);
@@ -82,7 +82,7 @@ def manifest_table(names: Sequence[str], metas: Sequence[_FileMeta], *, mtimes: 
         unit_bytes=[_boundaries(m) for m in metas])
 
 
-def _boundaries(meta: _FileMeta) -> list[int] | None:
+def _boundaries(meta: FileMeta) -> list[int] | None:
     """A tar file's unit boundaries (its units are contiguous: each starts where the one before ends), or None."""
     if meta.format != "tar" or meta.blocks is None:
         return None
@@ -103,10 +103,10 @@ def manifest_columns(names: Sequence[str], *, sizes: Any, formats: Sequence[str]
 
     Args:
         names: file names relative to the folder, sorted, unique.
-        sizes: bytes a file (int64 array-like). formats: a `formats.FORMATS` name a file.
+        sizes: bytes a file (int64 array-like). formats: a `formats.scan.FORMATS` name a file.
         schemas: the distinct schemas, serialized (``schema.serialize().to_pybytes()``);
             schema_ids: the index of each file's schema in them.
-        unit_rows: rows of each unit, a sequence a file. digests: `_FileMeta.digest` (16 hex digits) a file.
+        unit_rows: rows of each unit, a sequence a file. digests: `FileMeta.digest` (16 hex digits) a file.
         etags: `identity.object_identity` a file (None: unknown). mtimes: ns a file, or None to leave them out.
         unit_bytes: a tar file's unit boundaries, None for other files (`_boundaries`); left out when all None.
     """
@@ -329,8 +329,8 @@ class Manifest:
     def mtime_ns(self, i: int) -> int | None:
         return None if self._mtimes is None else self._mtimes[i].as_py()
 
-    def meta(self, i: int) -> _FileMeta:
-        """File ``i``'s `_FileMeta` as far as the manifest knows it: no footer (``located`` False); a tar file's
+    def meta(self, i: int) -> FileMeta:
+        """File ``i``'s `FileMeta` as far as the manifest knows it: no footer (``located`` False); a tar file's
         units (checked against the file at its first read), a plain audio file's one unit (``located``)."""
         fmt, size = self.format(i), int(self.sizes[i])
         blocks = None
@@ -338,7 +338,7 @@ class Manifest:
             blocks = _blocks(self._unit_bytes[i].values.to_numpy())
         elif fmt == "audio_file":
             blocks = ((0, 0, size),)
-        return _FileMeta(fmt, size, self.schema(i), self.unit_rows(i), blocks=blocks,
+        return FileMeta(fmt, size, self.schema(i), self.unit_rows(i), blocks=blocks,
                          mtime_ns=self.mtime_ns(i), digest=self.digest(i), etag=self.etag(i),
                          located=fmt == "audio_file")
 
@@ -376,7 +376,7 @@ class Manifest:
         return Manifest, (pa.py_buffer(bytes(self._file.read_at(self.nbytes, 0))), self.where)
 
 
-def mismatch(expected: _FileMeta, found: _FileMeta) -> str | None:
+def mismatch(expected: FileMeta, found: FileMeta) -> str | None:
     """What differs between a file as a manifest describes it and as its first read found it, or None."""
     differences = []
     for what, a, b in (("size", expected.size, found.size), ("format", expected.format, found.format),

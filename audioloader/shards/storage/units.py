@@ -24,7 +24,7 @@ MAX_REQUEST_BYTES = 2 * 1024 * 1024
 
 
 def unit_ranges(meta: Any, unit: int, columns: Sequence[str]) -> list[tuple[int, int]] | None:
-    """``[(offset, length)]`` of the bytes of unit ``unit`` of a file (`formats._FileMeta`) that a read of
+    """``[(offset, length)]`` of the bytes of unit ``unit`` of a file (`formats.scan.FileMeta`) that a read of
     ``columns`` touches, ascending; None when unknown (ORC).
 
     IPC: the whole record batch message (every column: its buffers are contiguous, and a

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import DecodeError
-from .dataset import ShardDataset
+from ...errors import DecodeError
+from .shard_dataset import ShardDataset
 
 
 class AugmentRows:

@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .formats import orc_module
-from .remote import SparseFile
+from ..storage.remote import SparseFile
+from .scan import orc_module
 
 
 class _Handle:
@@ -22,7 +22,7 @@ class _Handle:
     mapped_range: tuple[int, int] | None = None
 
 
-class _IpcFileHandle(_Handle):
+class IpcFileHandle(_Handle):
     """Random access to one IPC file's record batches, projected to the used columns.
 
     ``f``: a memory map (``local``) or a remote file (a `SparseFile` holding the footer).
@@ -45,7 +45,7 @@ class _IpcFileHandle(_Handle):
         self._file.close()
 
 
-class _IpcStreamHandle(_Handle):
+class IpcStreamHandle(_Handle):
     """Random access to one IPC stream's record batches via the message offsets found at construction."""
 
     def __init__(self, f: Any, schema: pa.Schema, offsets: Sequence[int], columns: Sequence[str]):
@@ -60,7 +60,7 @@ class _IpcStreamHandle(_Handle):
         self._file.close()
 
 
-class _ParquetHandle(_Handle):
+class ParquetHandle(_Handle):
     """One Parquet file: a unit is a row group, read whole (Parquet cannot seek inside one)."""
 
     def __init__(self, f: Any, columns: Sequence[str], metadata: Any = None):
@@ -75,7 +75,7 @@ class _ParquetHandle(_Handle):
         self._file.close()
 
 
-class _OrcHandle(_Handle):
+class OrcHandle(_Handle):
     """One ORC file: a unit is a stripe, read whole (pyarrow reads ORC by stripe, like Parquet by row group)."""
 
     def __init__(self, f: Any, columns: Sequence[str]):
@@ -90,7 +90,7 @@ class _OrcHandle(_Handle):
         self._file.close()
 
 
-class _ConformedHandle(_Handle):
+class ConformedHandle(_Handle):
     """A handle whose batches are read into a target schema: a file of a source whose schemas evolved."""
 
     def __init__(self, handle: Any, schema: pa.Schema):
@@ -118,7 +118,7 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _audio_values(column: pa.Array, picks: Sequence[int] | None = None) -> tuple[list[Any], np.ndarray | None]:
+def audio_values(column: pa.Array, picks: Sequence[int] | None = None) -> tuple[list[Any], np.ndarray | None]:
     """Per-row zero-copy ``pyarrow.Buffer`` views (``None`` for nulls), and the null mask or None.
 
     For a struct column (Hugging Face Audio) the ``bytes`` field is used; a row is

@@ -33,10 +33,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .formats import _FileMeta
-from .machine_cache import cache_root
+from ..formats.scan import FileMeta, scan_all
+from ..sources.resolve import INDEX_NAME, resolve_source
+from ..storage.locations import filesystem_for, has_scheme
+from ..storage.machine_cache import cache_root
+from ..storage.retry import DEFAULT_RETRY
 from .manifest import replace_atomically
-from .sources import INDEX_NAME
 
 _VERSION = b"1"
 #: A store's modification times may be this coarse (S3: 1 s); see `matches`.
@@ -50,13 +52,13 @@ _SCHEMA = pa.schema([
 ], metadata={b"audioloader_index": _VERSION})
 
 
-def index_table(names: Sequence[str], metas: Sequence[_FileMeta], portable: bool = False) -> pa.Table:
+def index_table(names: Sequence[str], metas: Sequence[FileMeta], portable: bool = False) -> pa.Table:
     """The index of files ``names`` (relative to the index's folder) with their scanned metadata.
 
     ``portable``: for shards that will be copied elsewhere (``audioloader pack``): no modification
     times, which a copy changes; an entry is then checked by the file's size (and ETag) only.
     """
-    def tail(meta: _FileMeta) -> bytes | None:
+    def tail(meta: FileMeta) -> bytes | None:
         if meta.parquet_metadata is not None:
             sink = pa.BufferOutputStream()
             meta.parquet_metadata.write_metadata_file(sink)
@@ -100,8 +102,8 @@ def parse(data: Any) -> dict[str, dict[str, Any]]:
     return {row["name"]: row for row in table.to_pylist()}
 
 
-def meta_of(entry: dict[str, Any]) -> _FileMeta:
-    """The `_FileMeta` an index entry describes (no I/O)."""
+def meta_of(entry: dict[str, Any]) -> FileMeta:
+    """The `FileMeta` an index entry describes (no I/O)."""
     flat = entry["blocks"]
     blocks = None if flat is None else tuple(tuple(flat[i:i + 3]) for i in range(0, len(flat), 3))
     parquet_metadata = tail = None
@@ -109,7 +111,7 @@ def meta_of(entry: dict[str, Any]) -> _FileMeta:
         parquet_metadata = pq.read_metadata(pa.BufferReader(entry["tail"]))
     else:
         tail = entry["tail"]
-    return _FileMeta(entry["format"], entry["size"], pa.ipc.read_schema(pa.py_buffer(entry["schema"])),
+    return FileMeta(entry["format"], entry["size"], pa.ipc.read_schema(pa.py_buffer(entry["schema"])),
                      tuple(entry["unit_rows"]), None if entry["offsets"] is None else tuple(entry["offsets"]),
                      blocks=blocks, mtime_ns=entry["mtime_ns"], digest=entry["digest"], etag=entry["etag"],
                      parquet_metadata=parquet_metadata, tail=tail)
@@ -154,7 +156,7 @@ def _cached_entries(locations: Sequence[Any]) -> dict[str, dict[str, Any]]:
     return {f"{folder}/{name}": entry for name, entry in parse(pa.py_buffer(data)).items()}
 
 
-def indexed(locations: Sequence[Any], index_locations: Sequence[Any], remote: Any) -> tuple[dict[int, _FileMeta],
+def indexed(locations: Sequence[Any], index_locations: Sequence[Any], remote: Any) -> tuple[dict[int, FileMeta],
                                                                                                 dict[str, int]]:
     """``({position: meta}, stats)`` for the remote ``locations`` an index describes and still matches.
 
@@ -182,7 +184,7 @@ def indexed(locations: Sequence[Any], index_locations: Sequence[Any], remote: An
     return metas, {"indexed": len(metas), "stale": stale, "unindexed": len(locations) - len(metas) - stale}
 
 
-def remember(locations: Sequence[Any], metas: Sequence[_FileMeta]) -> None:
+def remember(locations: Sequence[Any], metas: Sequence[FileMeta]) -> None:
     """Cache the index of remote ``locations`` on this machine (best effort: a read-only home just skips it)."""
     folder = _folder([loc.fs_path for loc in locations])
     names = [loc.fs_path[len(folder) + 1:] for loc in locations]
@@ -198,17 +200,13 @@ def write_index(source: Any, filesystem: Any = None, portable: bool = False) -> 
     rewriting shards (a stale entry is not used, only scanned again). ``portable``: leave the
     modification times out (for local shards about to be uploaded: see `index_table`).
     """
-    from .formats import _scan_all
-    from .retry import DEFAULT_RETRY
-    from .sources import _filesystem_for, _is_url, resolve_source
-
     text = os.fspath(source)
     locations = resolve_source(text, filesystem)
-    metas = _scan_all(locations, DEFAULT_RETRY)
+    metas = scan_all(locations, DEFAULT_RETRY)
     folder = _folder([loc.fs_path for loc in locations])
     names = [loc.fs_path[len(folder) + 1:] for loc in locations]
     fs = locations[0].fs
-    if fs is None and filesystem is None and _is_url(text) and not text.startswith("file://"):
-        fs = _filesystem_for(text)[0]
+    if fs is None and filesystem is None and has_scheme(text) and not text.startswith("file://"):
+        fs = filesystem_for(text)[0]
     write_table(index_table(names, metas, portable), f"{folder}/{INDEX_NAME}", fs)
     return f"{_folder([loc.path for loc in locations])}/{INDEX_NAME}"

@@ -3,7 +3,7 @@
 ``cache_root()`` is ``$AUDIOLOADER_CACHE`` when set, else ``$XDG_CACHE_HOME/audioloader``
 (the XDG base directory rule), else ``~/.cache/audioloader``. Under it:
 
-- ``index/``: cached metadata indexes of remote folders (`audioloader.shards.index`);
+- ``index/``: cached metadata indexes of remote folders (`audioloader.shards.catalog.index`);
 - ``shared/``: files one process of the machine fetches or makes for all (`shared_file`): dataset manifests
   of remote folders and manifests built from a listing (`audioloader.shards.manifest_source`);
 - ``demo-v1/``, ``demo-v1-quick/``: the demo's synthetic dataset (``audioloader demo``);
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import ShardReadError
+from ...errors import ShardReadError
 
 try:
     import fcntl  # POSIX file locks

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import ShardReadError
+from ...errors import ShardReadError
 
 
 def check_local(path: str, size: int, mtime_ns: int | None) -> None:

@@ -20,24 +20,26 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..errors import ShardChangedError, ShardReadError
-from .changes import check_local
-from .file_table import remote_mask
-from .formats import (
-    _SCAN_THREADS_REMOTE,
-    _cheapest_column,
-    _FileMeta,
-    _open_local,
-    _scan_all,
-    _scan_file,
-    cache_identity,
-)
-from .identity import ETagCheck, md5_etag, object_identity
-from .manifest import mismatch
-from .readers import _ConformedHandle, _IpcFileHandle, _IpcStreamHandle, _OrcHandle, _ParquetHandle
-from .remote import PART_BYTES, Parts, RemoteFiles, SparseFile
-from .tar_format import PlainHandle, TarHandle
-from .units import coalesce, unit_ranges
+from ...errors import ShardChangedError, ShardReadError
+from ..catalog.file_table import remote_mask
+from ..catalog.manifest import mismatch
+from ..formats.readers import ConformedHandle as _ConformedHandle
+from ..formats.readers import IpcFileHandle as _IpcFileHandle
+from ..formats.readers import IpcStreamHandle as _IpcStreamHandle
+from ..formats.readers import OrcHandle as _OrcHandle
+from ..formats.readers import ParquetHandle as _ParquetHandle
+from ..formats.scan import SCAN_THREADS_REMOTE as _SCAN_THREADS_REMOTE
+from ..formats.scan import FileMeta as _FileMeta
+from ..formats.scan import cache_identity
+from ..formats.scan import cheapest_column as _cheapest_column
+from ..formats.scan import open_local as _open_local
+from ..formats.scan import scan_all as _scan_all
+from ..formats.scan import scan_file as _scan_file
+from ..formats.tar_format import PlainHandle, TarHandle
+from ..storage.changes import check_local
+from ..storage.identity import ETagCheck, md5_etag, object_identity
+from ..storage.remote import PART_BYTES, Parts, RemoteFiles, SparseFile
+from ..storage.units import coalesce, unit_ranges
 
 #: Bytes of small remote files a dataset keeps after their first read fetched them whole with their footer (files
 #: known from a manifest), so that their units cost no second request: 64 files of 256 KiB, what the read-ahead

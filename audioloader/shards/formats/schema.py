@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from ..errors import SchemaError
+from ...errors import SchemaError
 
 
 def _is_binary(t: pa.DataType) -> bool:
@@ -56,7 +56,7 @@ def _missing(paths: Sequence[str], role: str, name: str, names: Sequence[str]) -
     return SchemaError(f"{where}; available columns: {available}. {_FIXES[role]}")
 
 
-def _check_schema(path: str, schema: pa.Schema, audio: str, label: str | None) -> None:
+def check_schema(path: str, schema: pa.Schema, audio: str, label: str | None) -> None:
     """One file: it has the audio column, and the audio and label (where present) have usable types."""
     if schema.get_field_index(audio) < 0:
         raise _missing([path], "audio", audio, schema.names)
@@ -169,7 +169,7 @@ def _is_string(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
-def _label_names(schema: pa.Schema, label: str | None) -> list[str] | None:
+def label_names(schema: pa.Schema, label: str | None) -> list[str] | None:
     """Class names from our writer's ``audioloader`` metadata or a Hugging Face ClassLabel."""
     metadata = schema.metadata or {}
     try:

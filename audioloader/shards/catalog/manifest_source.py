@@ -30,17 +30,18 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from ..errors import redacted
+from ...errors import redacted
+from ..formats.scan import FileMeta, scan_all
+from ..sources.resolve import GLOB_CHARS, SHARD_EXTENSIONS, resolve_source
+from ..storage.identity import object_identity
+from ..storage.locations import Location, filesystem_for, has_scheme, url_for
+from ..storage.machine_cache import identity_path, shared_file
+from ..storage.retry import Retry, with_retries
 from .file_table import ManifestLocations, ManifestMetas
-from .formats import _FileMeta
-from .identity import object_identity
-from .machine_cache import identity_path, shared_file
 from .manifest import MANIFEST_NAME, Manifest, manifest_table, write_manifest
-from .retry import Retry, with_retries
-from .sources import _GLOB_CHARS, SHARD_EXTENSIONS, _filesystem_for, _is_url, _Location, _url_for
 
 #: ``build() -> (locations, metas)``: the folder listed and its files scanned (what construction does without one).
-Build = Callable[[], tuple[list[_Location], list[_FileMeta]]]
+Build = Callable[[], tuple[list[Location], list[FileMeta]]]
 
 
 @dataclass
@@ -49,9 +50,9 @@ class FromManifest:
 
     Attributes:
         manifest: the `Manifest` (memory-mapped where it is a file on this machine).
-        locations: every file's `_Location`, sorted, as `sources.resolve_source` gives them (`ManifestLocations`:
+        locations: every file's `Location`, sorted, as `resolve.resolve_source` gives them (`ManifestLocations`:
             made on demand from the manifest's columns).
-        metas: every file's `_FileMeta`: the manifest's (`ManifestMetas`, made on demand; footers not read:
+        metas: every file's `FileMeta`: the manifest's (`ManifestMetas`, made on demand; footers not read:
             ``located`` False), or, in the process that listed and scanned the folder, what it scanned (lists).
         origin: ``"local"`` (beside local shards), ``"store"`` (read from the store by this process),
             ``"machine"`` (published by another process of the machine), ``"listing"`` (this process listed
@@ -59,8 +60,8 @@ class FromManifest:
     """
 
     manifest: Manifest
-    locations: Sequence[_Location]
-    metas: Sequence[_FileMeta]
+    locations: Sequence[Location]
+    metas: Sequence[FileMeta]
     origin: str
 
 
@@ -93,17 +94,17 @@ def open_manifest(source: Any, filesystem: Any, retry: Retry, build: Build | Non
         source = os.fspath(source)
     if not isinstance(source, str):
         return None
-    if any(c in (urllib.parse.urlparse(source).path if _is_url(source) else source) for c in _GLOB_CHARS):
+    if any(c in (urllib.parse.urlparse(source).path if has_scheme(source) else source) for c in GLOB_CHARS):
         return None  # a glob
     if filesystem is not None and not isinstance(filesystem, pafs.LocalFileSystem):
         parsed = urllib.parse.urlparse(source)
-        fs_path = (parsed.netloc + parsed.path) if _is_url(source) else source
+        fs_path = (parsed.netloc + parsed.path) if has_scheme(source) else source
         return _remote(source, filesystem, fs_path.rstrip("/"), None, retry, build)
     if source.startswith("file://"):
         source = urllib.parse.unquote(urllib.parse.urlparse(source).path)
-    if filesystem is not None or not _is_url(source):
+    if filesystem is not None or not has_scheme(source):
         return _local(source)
-    fs, fs_path = _filesystem_for(source, retry)
+    fs, fs_path = filesystem_for(source, retry)
     if isinstance(fs, pafs.LocalFileSystem):
         return _local(fs_path)
     return _remote(source, fs, fs_path.rstrip("/"), urllib.parse.urlparse(source).scheme, retry, build)
@@ -130,7 +131,7 @@ def _remote(source: str, fs: Any, fs_path: str, scheme: str | None, retry: Retry
         return None  # a shard file
     else:
         folder, manifest_path = fs_path, f"{fs_path}/{MANIFEST_NAME}"
-    where = redacted(_url_for(scheme, manifest_path) if scheme else manifest_path)
+    where = redacted(url_for(scheme, manifest_path) if scheme else manifest_path)
     job = job_key()
     if job is None:  # alone on the machine: nothing to share
         data = _read_manifest(fs, manifest_path, where, retry)
@@ -214,18 +215,15 @@ def write_folder_manifest(source: Any, filesystem: Any = None) -> str:
     pack``, before an upload) has none: its files are checked by size and footer when first read. Write it again
     after adding, removing or rewriting shards: construction takes the files from it and lists nothing.
     """
-    from .formats import _scan_all
-    from .sources import resolve_source
-
     text = os.fspath(source)
     locations = resolve_source(text, filesystem, retry := Retry())
-    metas = _scan_all(locations, retry)
+    metas = scan_all(locations, retry)
     folder = os.path.commonprefix([loc.fs_path.rsplit("/", 1)[0] + "/" for loc in locations])  # noqa: RUF071
     folder = folder[:folder.rfind("/")]
     names = [loc.fs_path[len(folder) + 1:] for loc in locations]
     fs = locations[0].fs
-    if fs is None and filesystem is None and _is_url(text) and not text.startswith("file://"):
-        fs = _filesystem_for(text)[0]
+    if fs is None and filesystem is None and has_scheme(text) and not text.startswith("file://"):
+        fs = filesystem_for(text)[0]
     if fs is None:
         folder = folder if os.path.isabs(folder) else os.path.abspath(folder)
     write_manifest(manifest_table(names, metas), f"{folder}/{MANIFEST_NAME}", fs)

@@ -16,17 +16,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from ..errors import ShardReadError, redacted
+from ...errors import ShardReadError, redacted
+from ..storage.locations import Location, TableFile, filesystem_for, has_scheme, local_path, mtime_ns, url_for
+from ..storage.retry import DEFAULT_RETRY, Retry, with_retries
 from .pack_folders import PACK_JOURNAL, check_pack_folders
-from .retry import DEFAULT_RETRY, FSSpecHandler, Retry, with_retries
-from .tar_format import is_audio_name
 
 SHARD_EXTENSIONS = (".arrow", ".ipc", ".feather", ".parquet", ".pq", ".orc", ".tar", ".tar.gz", ".tgz")
 ACCEPTED = ("Arrow IPC file (.arrow/.feather v2), Arrow IPC stream (Hugging Face save_to_disk), Parquet, ORC or "
             "WebDataset tar (.tar); a folder without any of them: its audio files, one a row")
 
-_GLOB_CHARS = "*?["
-#: A folder's metadata index (see `audioloader.shards.index`); its leading underscore keeps it out of listings.
+#: Member / file extensions read as audio (lower case, without the dot).
+AUDIO_EXTENSIONS = ("flac", "wav", "mp3", "ogg", "opus", "oga", "m4a", "mp4", "aac", "webm", "mka", "wma", "aiff",
+                    "aif", "sph", "au")
+
+GLOB_CHARS = "*?["
+#: A folder's metadata index (see `audioloader.shards.catalog.index`); its leading underscore keeps it out of listings.
 INDEX_NAME = "_audioloader_index.arrow"
 
 
@@ -34,105 +38,10 @@ class SourceNotFoundError(ShardReadError, FileNotFoundError):
     """Nothing matches the shard source (a missing path, an empty glob, a folder without shards)."""
 
 
-@dataclass(frozen=True)
-class TableFile:
-    """What a table's metadata says about one of its data files.
-
-    Attributes:
-        format: ``"parquet"`` or ``"orc"``.
-        size: bytes.
-        rows: rows (the file must have exactly these: checked when it is scanned).
-        guarantee: a ``pyarrow.compute.Expression`` that every row of the file satisfies
-            (its partition values and column bounds), or None when not asked for.
-    """
-
-    format: str
-    size: int
-    rows: int
-    guarantee: Any = None
-
-
-@dataclass(frozen=True)
-class _Location:
-    """Where a file lives: ``fs is None`` means a local path we can memory-map.
-
-    ``mtime_ns``, ``size``: the modification time and size a remote listing reported (None: not
-    listed; local files are stat'ed when scanned). ``listed``: a table's metadata about the file (Iceberg).
-    """
-
-    path: str  # shown to users: local absolute path or URL
-    fs: Any
-    fs_path: str
-    mtime_ns: int | None = None
-    listed: TableFile | None = None
-    size: int | None = None
-    #: A tar of a set described by a manifest beside it: its rows (`tarred_sets.JoinedRows`).
-    joined: Any = field(default=None, compare=False, hash=False)
-
-
-def _is_url(text: str) -> bool:
-    scheme = urllib.parse.urlparse(text).scheme
-    return len(scheme) > 1 and "://" in text  # len > 1 keeps Windows drive letters local
-
-
-def local_path(text: str) -> str | None:
-    """The local path ``text`` names: ``text`` itself when it is no URL (a path, a glob; a Windows drive letter is
-    no scheme), the unquoted path of a ``file://`` URL; None for a URL of a store (``s3://``, any fsspec scheme).
-
-    The one rule for what is local, used by the dataset and by the tools (`audioloader.tools.remote_files`)."""
-    if not _is_url(text):
-        return text
-    parsed = urllib.parse.urlparse(text)
-    return urllib.parse.unquote(parsed.path) if parsed.scheme == "file" else None
-
-
-def _tuned_s3(fs: pafs.S3FileSystem, retry: Retry) -> pafs.S3FileSystem:
-    """The same S3 filesystem with ``retry.timeout`` and no retries of its own (`with_retries` does them,
-    so attempts are counted once and the final error can say how many there were)."""
-    options = fs.__reduce__()[1][0]  # the constructor's arguments, as pyarrow pickles them
-    if not options.get("proxy_options", {}).get("scheme"):
-        options["proxy_options"] = None
-    options.update(request_timeout=retry.timeout, connect_timeout=retry.timeout,
-                   retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1))
-    return pafs.S3FileSystem(**options)
-
-
-def _filesystem_for(url: str, retry: Retry = DEFAULT_RETRY) -> tuple[Any, str]:
-    """``(pyarrow filesystem, path in it)`` for a URL: pyarrow's own first, else fsspec."""
-    try:
-        fs, path = pafs.FileSystem.from_uri(url)
-        return (_tuned_s3(fs, retry) if isinstance(fs, pafs.S3FileSystem) else fs), path
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as arrow_error:
-        if "Unrecognized filesystem type" not in str(arrow_error):
-            raise ValueError(_refused_url_message(url, arrow_error)) from None
-        try:
-            import fsspec  # optional: covers hf://, memory://, az://, http(s)://, ...
-        except ImportError:
-            raise ValueError(f"cannot open {redacted(url)!r}: pyarrow has no filesystem for this scheme "
-                             f"({arrow_error}); install fsspec and the scheme's package "
-                             "(e.g. s3fs, gcsfs), or pass storage=al.Storage(filesystem=...)") from None
-        try:
-            fs, path = fsspec.core.url_to_fs(url)
-        except (ImportError, ValueError) as fsspec_error:
-            raise ValueError(f"cannot open {redacted(url)!r}: no filesystem for this scheme in pyarrow "
-                             f"({arrow_error}) or fsspec ({fsspec_error}); install the scheme's "
-                             "fsspec package or pass storage=al.Storage(filesystem=...)") from None
-        return pafs.PyFileSystem(FSSpecHandler(fs)), path  # a throttled request raises (retried), never 'missing'
-
-
-def _refused_url_message(url: str, arrow_error: Exception) -> str:
-    """pyarrow has a filesystem for the URL's scheme but refused the URL itself (an option it does not take in a
-    URL, such as ``session_token``): the cause first, then where such options go."""
-    scheme = url.split("://", 1)[0]
-    return (f"cannot open {redacted(url)!r}: pyarrow's {scheme}:// filesystem refused the URL: "
-            f"{redacted(str(arrow_error))}. Options pyarrow does not read from a URL (a session token, ...) go in "
-            f"a filesystem you build: storage=al.Storage(filesystem=pyarrow.fs.S3FileSystem(access_key=..., "
-            f"secret_key=..., session_token=...)) (or GcsFileSystem(...)), with the path without the option; "
-            f"or in the environment (AWS_SESSION_TOKEN, ...)")
-
-
-def _url_for(scheme: str, fs_path: str) -> str:
-    return fs_path if "://" in fs_path else f"{scheme}://{fs_path.lstrip('/')}"
+def is_audio_name(name: str) -> bool:
+    """Whether a file name has an audio extension (`AUDIO_EXTENSIONS`)."""
+    base = name.rsplit("/", 1)[-1]
+    return "." in base and base.rsplit(".", 1)[1].lower() in AUDIO_EXTENSIONS
 
 
 def _has_shard_extension(name: str) -> bool:
@@ -173,7 +82,7 @@ def _read_local_text(path: str) -> str:
 def _expand_local(item: str) -> tuple[list[str], str]:
     """Local files for one source entry, and a description of what was searched."""
     path = os.path.abspath(os.path.expanduser(item))
-    if any(c in item for c in _GLOB_CHARS):
+    if any(c in item for c in GLOB_CHARS):
         matches = sorted(glob.glob(path, recursive=True))
         files: list[str] = []
         for match in matches:
@@ -210,12 +119,8 @@ def _glob_match(path: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(path, pattern)
 
 
-def _mtime_ns(info: pafs.FileInfo) -> int | None:
-    return info.mtime_ns if info.mtime_ns is not None and info.mtime_ns > 0 else None
-
-
 def _listed(info: pafs.FileInfo) -> tuple[str, int | None, int | None]:
-    return info.path, _mtime_ns(info), info.size if info.size is not None and info.size >= 0 else None
+    return info.path, mtime_ns(info), info.size if info.size is not None and info.size >= 0 else None
 
 
 def _expand_remote(item: str, fs: Any, fs_path: str, retry: Retry,
@@ -234,9 +139,9 @@ def _expand_remote(item: str, fs: Any, fs_path: str, retry: Retry,
         return with_retries(lambda: fs.get_file_info(selector), what=f"the listing of {item!r}", retry=retry,
                             store=item)
 
-    if any(c in fs_path for c in _GLOB_CHARS):
+    if any(c in fs_path for c in GLOB_CHARS):
         parts = fs_path.split("/")
-        fixed = next(i for i, p in enumerate(parts) if any(c in p for c in _GLOB_CHARS))
+        fixed = next(i for i, p in enumerate(parts) if any(c in p for c in GLOB_CHARS))
         base = "/".join(parts[:fixed])
         infos = listing(pafs.FileSelector(base, recursive=True, allow_not_found=True))
         note_indexes(infos)
@@ -291,7 +196,7 @@ def _list_folder(listing: Callable[[Any], Any], fs_path: str) -> list[pafs.FileI
         return []
 
 
-def _expand(item: Any, filesystem: Any, retry: Retry, indexes: list[_Location]) -> tuple[list[_Location], str]:
+def _expand(item: Any, filesystem: Any, retry: Retry, indexes: list[Location]) -> tuple[list[Location], str]:
     if isinstance(item, os.PathLike):
         item = os.fspath(item)
     if isinstance(item, IcebergTable):
@@ -304,35 +209,35 @@ def _expand(item: Any, filesystem: Any, retry: Retry, indexes: list[_Location]) 
         raise TypeError(f"a shard source must be a path, URL, glob or a list of them; got {type(item).__name__}")
     if filesystem is not None and not isinstance(filesystem, pafs.LocalFileSystem):
         parsed = urllib.parse.urlparse(item)
-        fs_path = parsed.netloc + parsed.path if _is_url(item) else item
+        fs_path = parsed.netloc + parsed.path if has_scheme(item) else item
         found: list = []
         files, searched = _expand_remote(item, filesystem, fs_path, retry, found)
-        indexes.extend(_Location(p, filesystem, p, mtime, size=size) for p, mtime, size in found)
-        return [_Location(p, filesystem, p, mtime, size=size) for p, mtime, size in files], searched
+        indexes.extend(Location(p, filesystem, p, mtime, size=size) for p, mtime, size in found)
+        return [Location(p, filesystem, p, mtime, size=size) for p, mtime, size in files], searched
     item = local_path(item) or item  # a file:// URL is its local path
-    if filesystem is not None or not _is_url(item):
+    if filesystem is not None or not has_scheme(item):
         files, searched = _expand_local(item)
-        return [_Location(p, None, p) for p in files], searched
-    fs, fs_path = _filesystem_for(item, retry)
+        return [Location(p, None, p) for p in files], searched
+    fs, fs_path = filesystem_for(item, retry)
     if isinstance(fs, pafs.LocalFileSystem):
         files, searched = _expand_local(fs_path)
-        return [_Location(p, None, p) for p in files], searched
+        return [Location(p, None, p) for p in files], searched
     scheme = urllib.parse.urlparse(item).scheme
     found = []
     files, searched = _expand_remote(item, fs, fs_path, retry, found)
-    indexes.extend(_Location(_url_for(scheme, p), fs, p, mtime, size=size) for p, mtime, size in found)
-    return [_Location(_url_for(scheme, p), fs, p, mtime, size=size) for p, mtime, size in files], searched
+    indexes.extend(Location(url_for(scheme, p), fs, p, mtime, size=size) for p, mtime, size in found)
+    return [Location(url_for(scheme, p), fs, p, mtime, size=size) for p, mtime, size in files], searched
 
 
 def resolve_source(source: Any, filesystem: Any = None, retry: Retry = DEFAULT_RETRY,
-                   indexes: list[_Location] | None = None) -> list[_Location]:
+                   indexes: list[Location] | None = None) -> list[Location]:
     """Sorted, de-duplicated shard locations for a source (see `ShardDataset`); the metadata indexes that remote
     listings showed are appended to ``indexes``."""
     indexes = [] if indexes is None else indexes
     items = list(source) if isinstance(source, (list, tuple)) else [source]
     if not items:
         raise ValueError("the shard source is an empty list; pass a folder, glob, file or URL")
-    found: dict[str, _Location] = {}
+    found: dict[str, Location] = {}
     searched = []
     for item in items:
         locations, what = _expand(item, filesystem, retry, indexes)
@@ -429,7 +334,7 @@ def _iceberg_table(source: IcebergTable) -> Any:
 
 
 def resolve_iceberg(source: IcebergTable, filesystem: Any = None, retry: Retry = DEFAULT_RETRY,
-                    guarantees: bool = False) -> tuple[TableSnapshot, list[_Location]]:
+                    guarantees: bool = False) -> tuple[TableSnapshot, list[Location]]:
     """The snapshot ``source`` reads and its data files as locations sorted by path, each ``listed``.
 
     ``guarantees``: also build each file's `TableFile.guarantee` (for pruning by a filter).
@@ -465,24 +370,24 @@ def resolve_iceberg(source: IcebergTable, filesystem: Any = None, retry: Retry =
     return TableSnapshot(source.table, snapshot.snapshot_id, arrow_schema), sorted(locations, key=lambda x: x.path)
 
 
-def _data_file(url: str, filesystem: Any, retry: Retry, filesystems: dict, listed: TableFile) -> _Location:
+def _data_file(url: str, filesystem: Any, retry: Retry, filesystems: dict, listed: TableFile) -> Location:
     """A data file's location: local, on ``filesystem``, or on its URL's filesystem (one per scheme and bucket)."""
     parsed = urllib.parse.urlparse(url)
     if filesystem is not None and not isinstance(filesystem, pafs.LocalFileSystem):
-        path = parsed.netloc + parsed.path if _is_url(url) else url
-        return _Location(path, filesystem, path, listed=listed)
-    if not _is_url(url) or parsed.scheme == "file":
-        path = urllib.parse.unquote(parsed.path) if _is_url(url) else url
-        return _Location(path, None, path, listed=listed)
+        path = parsed.netloc + parsed.path if has_scheme(url) else url
+        return Location(path, filesystem, path, listed=listed)
+    if not has_scheme(url) or parsed.scheme == "file":
+        path = urllib.parse.unquote(parsed.path) if has_scheme(url) else url
+        return Location(path, None, path, listed=listed)
     key = (parsed.scheme, parsed.netloc)
     if key not in filesystems:
-        filesystems[key] = _filesystem_for(url, retry)[0]
+        filesystems[key] = filesystem_for(url, retry)[0]
     fs = filesystems[key]
     if isinstance(fs, pafs.LocalFileSystem):
-        return _Location(parsed.path, None, parsed.path, listed=listed)
+        return Location(parsed.path, None, parsed.path, listed=listed)
     if isinstance(fs, pafs.PyFileSystem):  # an fsspec filesystem: its own form of paths
-        return _Location(url, fs, _filesystem_for(url, retry)[1], listed=listed)
-    return _Location(url, fs, parsed.netloc + parsed.path, listed=listed)
+        return Location(url, fs, filesystem_for(url, retry)[1], listed=listed)
+    return Location(url, fs, parsed.netloc + parsed.path, listed=listed)
 
 
 def _guarantee(table: Any, schema: Any, arrow_schema: pa.Schema, data: Any) -> Any:

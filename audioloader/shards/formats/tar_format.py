@@ -35,11 +35,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..errors import ShardReadError
+from ...errors import ShardReadError
+from ..sources.resolve import AUDIO_EXTENSIONS
 
-#: Member / file extensions read as audio (lower case, without the dot).
-AUDIO_EXTENSIONS = ("flac", "wav", "mp3", "ogg", "opus", "oga", "m4a", "mp4", "aac", "webm", "mka", "wma", "aiff",
-                    "aif", "sph", "au")
 #: A unit of a tar holds whole samples up to this many bytes (at least one sample) ...
 UNIT_BYTES = 1024 * 1024
 #: ... and at most this many samples: what a random access (`ShardDataset.read_rows`) reads for one row.
@@ -51,12 +49,6 @@ _KEY, _AUDIO = "__key__", "audio"
 _NAMED = {"cls": ("label", pa.int64()), "txt": ("text", pa.string())}
 
 ReadAt = Callable[[int, int], Any]  # (offset, length) -> bytes-like
-
-
-def is_audio_name(name: str) -> bool:
-    """Whether a file name has an audio extension (`AUDIO_EXTENSIONS`)."""
-    base = name.rsplit("/", 1)[-1]
-    return "." in base and base.rsplit(".", 1)[1].lower() in AUDIO_EXTENSIONS
 
 
 def gzip_refusal(path: str) -> ShardReadError:
@@ -283,7 +275,7 @@ class TarHandle:
     """Reads a tar file's units: each unit's range in one read (a local file, or a remote one's bytes the
     read-ahead provided: `remote.SparseFile`), its members parsed from memory into a record batch of ``columns``.
 
-    ``f``: anything with ``read_at(nbytes, offset)``; ``meta``: the file's `formats._FileMeta`.
+    ``f``: anything with ``read_at(nbytes, offset)``; ``meta``: the file's `formats.scan.FileMeta`.
     """
 
     sparse: Any = None

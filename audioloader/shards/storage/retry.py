@@ -28,8 +28,8 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from .. import checks
-from ..errors import AccessDeniedError, ShardReadError, redacted
+from ... import checks
+from ...errors import AccessDeniedError, ShardReadError, redacted
 from .throttle import store_rate
 
 T = TypeVar("T")
@@ -77,6 +77,15 @@ class Retry:
 
 
 DEFAULT_RETRY = Retry()
+
+
+def checked_retry(retry: Any) -> Retry:
+    """``retry`` as given (None: `DEFAULT_RETRY`); anything but a `Retry` is a TypeError naming the argument."""
+    if retry is None:
+        return DEFAULT_RETRY
+    if not isinstance(retry, Retry):
+        raise TypeError(f"retry must be an audioloader.Retry, got {type(retry).__name__}")
+    return retry
 
 
 # Error codes of a refused request, as S3 (and S3-compatible stores) send them, as pyarrow's S3 filesystem writes

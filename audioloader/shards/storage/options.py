@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .. import checks
+from ... import checks
 from .cache import parse_bytes
 from .readahead import DEFAULT_READAHEAD_BYTES
 from .remote import DEFAULT_MAX_REQUESTS
@@ -47,6 +47,16 @@ class RemoteReads:
 
 
 DEFAULT_REMOTE_READS = RemoteReads()
+
+
+def checked_remote_reads(remote_reads: Any) -> RemoteReads:
+    """``remote_reads`` as given (None: `DEFAULT_REMOTE_READS`); anything but a `RemoteReads` is a TypeError naming
+    the argument."""
+    if remote_reads is None:
+        return DEFAULT_REMOTE_READS
+    if not isinstance(remote_reads, RemoteReads):
+        raise TypeError(f"remote_reads must be an audioloader.shards.RemoteReads, got {type(remote_reads).__name__}")
+    return remote_reads
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import json
 import re
 from collections.abc import Callable
 
-from ..errors import AudioLoaderError, redacted
+from ...errors import AudioLoaderError, redacted
 
 #: The journal `audioloader pack` keeps in its OUT folder: ``_audioloader_pack.json``, a part's
 #: ``_audioloader_pack-p0003of0016.json`` (`audioloader.tools.pack_journal`). ``{"done": true, ...}`` once finished.

@@ -29,9 +29,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from ..errors import ShardReadError
-from .retry import DEFAULT_RETRY, Retry, with_retries
-from .sources import SourceNotFoundError, _filesystem_for, _is_url, _Location, _url_for
+from ...errors import ShardReadError
+from ..storage.locations import Location, filesystem_for, has_scheme, url_for
+from ..storage.retry import DEFAULT_RETRY, Retry, with_retries
+from .resolve import SourceNotFoundError
 
 _BRACES = re.compile(r"\{(\d+)\.\.(\d+)\}")
 
@@ -83,9 +84,9 @@ def _opener(url: str, filesystem: Any, retry: Retry) -> tuple[Any, str, str | No
     """``(filesystem or None for local, its path, URL scheme or None)`` of a path or URL."""
     if filesystem is not None:
         parsed = urllib.parse.urlparse(url)
-        return filesystem, (parsed.netloc + parsed.path if _is_url(url) else url), None
-    if _is_url(url) and not url.startswith("file://"):
-        fs, path = _filesystem_for(url, retry)
+        return filesystem, (parsed.netloc + parsed.path if has_scheme(url) else url), None
+    if has_scheme(url) and not url.startswith("file://"):
+        fs, path = filesystem_for(url, retry)
         if isinstance(fs, pafs.LocalFileSystem):
             return None, path, None
         return fs, path, urllib.parse.urlparse(url).scheme
@@ -125,9 +126,9 @@ def _jsonl(data: bytes, where: str) -> list[dict[str, Any]]:
     return rows
 
 
-def _location(fs: Any, path: str, scheme: str | None, joined: JoinedRows) -> _Location:
+def _location(fs: Any, path: str, scheme: str | None, joined: JoinedRows) -> Location:
     # No size: a tar of a set is never taken from the metadata index (its rows come from the set's manifest).
-    return _Location(_url_for(scheme, path) if scheme else path, fs, path, joined=joined)
+    return Location(url_for(scheme, path) if scheme else path, fs, path, joined=joined)
 
 
 def _table(rows: list[dict[str, Any]], where: str) -> pa.Table:
@@ -153,8 +154,8 @@ class NemoTarred:
     manifest: str
     tars: str | Sequence[str]
 
-    def resolve_locations(self, filesystem: Any = None, retry: Retry = DEFAULT_RETRY) -> list[_Location]:
-        """One `_Location` a tar that has rows, each with its `JoinedRows`."""
+    def resolve_locations(self, filesystem: Any = None, retry: Retry = DEFAULT_RETRY) -> list[Location]:
+        """One `Location` a tar that has rows, each with its `JoinedRows`."""
         fs, path, _ = _opener(os.fspath(self.manifest), filesystem, retry)
         rows = _jsonl(_read_bytes(fs, path, f"NeMo manifest {self.manifest}", retry), str(self.manifest))
         tars = _expand_braces(self.tars) if isinstance(self.tars, str) else [os.fspath(t) for t in self.tars]
@@ -209,7 +210,7 @@ class LhotseShar:
 
     folder: str
 
-    def resolve_locations(self, filesystem: Any = None, retry: Retry = DEFAULT_RETRY) -> list[_Location]:
+    def resolve_locations(self, filesystem: Any = None, retry: Retry = DEFAULT_RETRY) -> list[Location]:
         fs, path, scheme = _opener(os.fspath(self.folder), filesystem, retry)
         path = path.rstrip("/")
         if fs is None:
@@ -287,7 +288,7 @@ class AudioFiles:
 
     manifest: str
 
-    def resolve_locations(self, filesystem: Any = None, retry: Retry = DEFAULT_RETRY) -> list[_Location]:
+    def resolve_locations(self, filesystem: Any = None, retry: Retry = DEFAULT_RETRY) -> list[Location]:
         where = os.fspath(self.manifest)
         fs, path, scheme = _opener(where, filesystem, retry)
         table = _read_rows(_read_bytes(fs, path, f"manifest {where}", retry), path.lower(), where)
@@ -300,7 +301,7 @@ class AudioFiles:
         for row, name in enumerate(table.column(column).to_pylist()):
             if not isinstance(name, str) or not name:
                 raise ShardReadError(f"{where}, row {row}: {column!r} is {name!r}, not a file's path")
-            if _is_url(name):
+            if has_scheme(name):
                 file_fs, file_path, file_scheme = _opener(name, filesystem, retry)
             else:
                 file_fs, file_scheme = fs, scheme
@@ -310,7 +311,7 @@ class AudioFiles:
                 raise ShardReadError(f"{where}: rows {seen[file_path]} and {row} both name {name!r}; list each "
                                      "file once (or pack the rows: `audioloader pack`)")
             joined = ListedRow(table, row, where)
-            locations.append(_Location(_url_for(file_scheme, file_path) if file_scheme else file_path, file_fs,
+            locations.append(Location(url_for(file_scheme, file_path) if file_scheme else file_path, file_fs,
                                        file_path, joined=joined))
         return locations
 

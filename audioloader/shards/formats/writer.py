@@ -32,7 +32,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .. import checks
+from ... import checks
 
 __all__ = ["FORMATS", "METADATA_KEY", "METADATA_VERSION", "ShardWriter", "shard_doc", "shard_metadata"]
 
