@@ -25,7 +25,6 @@ from ..catalog.file_table import (
     plan_splits,
     remote_mask,
 )
-from ..catalog.file_table import ShardFile as ShardFile  # where it was defined before
 from ..catalog.manifest_source import FromManifest, open_manifest
 from ..formats.filters import files_that_may_match, filter_columns, kept_positions, parquet_row_groups_that_may_match
 from ..formats.scan import FORMATS, listed_meta
