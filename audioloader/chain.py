@@ -1,8 +1,8 @@
 """The default chain of nodes, built in one function (`build_chain`), and the sources it starts from.
 
-Three steps, in this order: ``open_sources`` opens the loader's source (shards, an
-Iceberg table, a `Source` or a `Mix`) as datasets and checks them against each
-other; ``settle`` makes every setting final from them (the readers' interleave
+Three steps, in this order, after `options.resolve` checked every option: ``open_sources`` opens the
+loader's source (shards, an Iceberg table, a `Source` or a `Mix`) as datasets and checks them against each
+other (nothing is decided there); ``settle`` makes every setting final from them (the readers' interleave
 fitted to the byte budget, where the shuffle buffer sits, each reader's plan, the
 bucketing's edges, the batches each rank yields in evaluation, each node's group);
 ``build_chain`` wires the nodes, each given its group whole, readers first, source
@@ -28,10 +28,10 @@ from torchdata.nodes import BaseNode, PinMemory
 from . import checkpoint
 from .budget import lane_bytes
 from .checkpoint import Resume
-from .dsp.config import LengthPolicy, Segments
+from .dsp.config import Segments
 from .elastic import planned_batches, steps_in_step
 from .errors import CheckpointMismatchError
-from .mix import Mix, Source, check_columns, check_lengths, source_seed
+from .mix import Mix, Source, check_columns, source_seed
 from .nodes.arrow_shard_reader import ArrowShardReader
 from .nodes.batch_augment import BatchAugment
 from .nodes.batch_features import BatchFeatures
@@ -60,29 +60,22 @@ ARENA_BATCHES = 8
 
 @dataclass(frozen=True, kw_only=True)
 class Sources:
-    """The opened datasets of a loader's source and what the chain needs to know about them (no node; built
-    by keyword, whole).
+    """The opened datasets of a loader's source and what was opened (no node, no decision: those are the
+    `Settings`'; built by keyword, whole).
 
-    ``datasets``: one per source (the mix's in its order); ``lengths`` holds each
-    source's `LengthPolicy`; ``names`` the mix's source names (empty for one source);
-    ``stop``: the mix's stopping rule, decided (None for one source).
+    ``datasets``: one per source (the mix's in its order); ``names`` the mix's source names (empty for one
+    source); ``mix``: the `Mix` opened (None for one source); the columns, segments and decoder backends are the
+    sources' own (a mix's sources each read their own columns).
     """
 
     datasets: list[ShardDataset]
-    lengths: list[LengthPolicy]
     names: tuple[str, ...]
     mix: Mix | None
     has_labels: bool
-    duration_column: str | None
     audio_column: str | None = "audio"  # the single source's (a mix's sources have their own)
     label_column: str | None = "label"
     segments: Segments | None = None  # the single source's
-    stop: str | None = None
     decoders: tuple[str, ...] = ("auto",)  # each source's decoder backend (`Source.decoder`)
-
-    def seconds_of(self, row: RawSample) -> float:
-        """A row's duration for bucketing: its window's length (segments), its duration column, or its header."""
-        return row_seconds(row, self.duration_column, self.segments)
 
     def fetch(self) -> Callable[[Sequence[Key]], list[RawSample]]:
         """Random access to rows by key, picklable and holding no loader (restore, worker processes)."""
@@ -120,7 +113,8 @@ def settle(settings: Settings, sources: Sources) -> Settings:
 
     What is decided here, before any node exists: the readers' interleave, when the
     preset's (`budget.ShuffleSettings.fitted` to the shards' units), where the shuffle
-    buffer sits (``shuffle.before_decode``, `_before_decode`), each source's `ReadPlan`
+    buffer sits (``shuffle.before_decode``, `_before_decode`), the bucketing's duration column when the shards
+    have it (``duration_column``), each source's `ReadPlan`
     (``reads``: the splits every rank reads each pass), the bucketing's count and edges
     (``buckets``, `duration_buckets`), in evaluation the batches every rank yields
     (``num_batches``, `count_batches`), and the groups the other nodes take whole
@@ -128,7 +122,9 @@ def settle(settings: Settings, sources: Sources) -> Settings:
     """
     shuffle = settings.shuffle.fitted(lane_bytes(sources.datasets))
     shuffle = dataclasses.replace(shuffle, before_decode=_before_decode(settings, sources))
-    return _node_groups(_planned(dataclasses.replace(settings, shuffle=shuffle), sources), sources)
+    duration_column = _duration_column(settings, sources.datasets[0].schema)
+    settings = dataclasses.replace(settings, shuffle=shuffle, duration_column=duration_column)
+    return _node_groups(_planned(settings, sources), sources)
 
 
 def settle_for_checkpoint(settings: Settings, sources: Sources, resume: Resume,
@@ -288,7 +284,7 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
         rows = buffer(rows, restore=fetch_rows) if s.train else rows
         rows = bucketer = DurationBucketer(
             rows, limits=s.bucket_limits, drop_last=s.drop_last, restore=fetch_rows, stats=stats,
-            duration_fn=functools.partial(row_seconds, duration_column=sources.duration_column,
+            duration_fn=functools.partial(row_seconds, duration_column=s.duration_column,
                                           segments=sources.segments))
         samples = decode = decoder(rows)
     elif s.shuffle.before_decode:  # the buffer holds raw rows
@@ -318,7 +314,7 @@ def _readers(settings: Settings, sources: Sources, stats: LoaderStats) -> tuple[
     s, names = settings, sources.names
     return readers, WeightedMix(dict(zip(names, readers, strict=True)), dict(zip(names, sources.mix.weights,
                                                                                  strict=True)),
-                                stop=sources.stop, infinite=_endless_chain(s), seed=s.seed, rank=s.storage.rank,
+                                stop=s.stop, infinite=_endless_chain(s), seed=s.seed, rank=s.storage.rank,
                                 stats=stats)
 
 
@@ -328,7 +324,7 @@ def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: Bas
     # Memory-mapped shards: a worker process reads its rows itself (zero-copy there)
     # rather than getting the encoded audio copied over from here.
     fetch = sources.fetch() if all(_raw_rows_are_free(d) for d in sources.datasets) else None
-    length = sources.lengths[0] if len(set(sources.lengths)) == 1 else sources.lengths
+    length = s.lengths[0] if len(set(s.lengths)) == 1 else s.lengths
     return DecodeSpectrogram(
         rows, s.features, seed=s.seed, train=s.train, workers=s.workers, augment=s.augmentations,
         on_error=s.on_error, stats=stats, fetch=fetch, compute_features=s.device is None, length=length,
@@ -348,41 +344,39 @@ def _has_cuda() -> bool:
 # -- sources ------------------------------------------------------------------------------------------------
 
 
-def open_sources(source: Any, settings: Settings, stats: LoaderStats,
-                 mix_columns: tuple[str | None, str | None] = ("audio", "label")) -> Sources:
+def open_sources(source: Any, settings: Settings, stats: LoaderStats) -> Sources:
     """The datasets of ``source`` (shards, an `IcebergTable`, a `Source` or a `Mix`), checked against each other;
-    no node is built (`build_chain` builds the readers, with the settings `settle` makes final).
-    ``mix_columns``: the audio and label column a `Mix` records (0.2's flat keywords; its sources have their own)."""
+    no node is built and nothing decided (`settle` decides, with the options `options.resolve` checked)."""
     if isinstance(source, Mix):
-        return _open_mix(source, settings, stats, mix_columns)
-    return _open_one(source if isinstance(source, Source) else Source(source), settings)
-
-
-def _open_one(source: Source, settings: Settings) -> Sources:
-    duration_column, dataset = _with_duration_column(_dataset(source, settings), settings, source.segments)
-    return Sources(datasets=[dataset], lengths=[source.length or settings.length], names=(), mix=None,
-                   has_labels=source.label_column is not None, duration_column=duration_column,
+        return _open_mix(source, settings, stats)
+    source = source if isinstance(source, Source) else Source(source)
+    dataset = _with_extra_columns(_dataset(source, settings), settings, source.segments)
+    return Sources(datasets=[dataset], names=(), mix=None, has_labels=source.label_column is not None,
                    audio_column=source.audio_column, label_column=source.label_column, segments=source.segments,
                    decoders=(source.decoder,))
 
 
-def _with_duration_column(dataset: ShardDataset, settings: Settings,
-                          segments: Any = None) -> tuple[str | None, ShardDataset]:
-    """The bucketing's duration column when the shards have it (else None), and ``dataset`` reading it and the
-    segments' columns too (`ShardDataset.with_columns`: no file is read again)."""
+def _with_extra_columns(dataset: ShardDataset, settings: Settings, segments: Any = None) -> ShardDataset:
+    """``dataset`` reading, beside the loader's columns, the segments' columns and the bucketing's duration column
+    (when the shards have it) and token column (`ShardDataset.with_columns`: no file is read again)."""
     columns = list(settings.columns)
     if segments is not None:
         _check_segment_columns(dataset.schema, segments)
         columns += [c for c in segments.columns if c not in columns]
-    wanted = settings.batching.duration_column if settings.batching is not None else None
-    duration_column = wanted if wanted is not None and (wanted in columns or wanted in dataset.schema.names) else None
+    duration_column = _duration_column(settings, dataset.schema)
     if duration_column is not None and duration_column not in columns:
         columns.append(duration_column)
     tokens = settings.batching.token_column if settings.batching is not None else None
     if tokens is not None and tokens not in columns:
         _check_token_column(dataset.schema, tokens)
         columns.append(tokens)
-    return duration_column, dataset if columns == list(settings.columns) else dataset.with_columns(columns)
+    return dataset if columns == list(settings.columns) else dataset.with_columns(columns)
+
+
+def _duration_column(settings: Settings, schema: pa.Schema) -> str | None:
+    """The bucketing's duration column when the shards have it (``Bucketing.duration_column``), else None."""
+    wanted = settings.batching.duration_column if settings.batching is not None else None
+    return wanted if wanted is not None and (wanted in settings.columns or wanted in schema.names) else None
 
 
 def _check_token_column(schema: pa.Schema, name: str) -> None:
@@ -422,37 +416,14 @@ def _dataset(source: Source, settings: Settings) -> ShardDataset:
                         columns=settings.columns, filter=source.filter, storage=storage)
 
 
-def _open_mix(mix: Mix, settings: Settings, stats: LoaderStats, columns: tuple[str | None, str | None]) -> Sources:
-    """One dataset per source of the `Mix` (`build_chain` interleaves their readers with a `WeightedMix`)."""
-    s = settings
-    with_segments = [e.name for e in mix.entries if e.source.segments is not None]
-    if with_segments:
-        raise ValueError(f"Mix source(s) {with_segments} have segments=: a Mix does not take segments yet; read "
-                         "the segments of one source, or pack them into rows of their own (audioloader pack cuts "
-                         "them)")
-    if s.batching is not None:
-        raise ValueError("batching=Bucketing(...) does not take a Mix yet: bucket one source, or mix "
-                         "fixed-size batches (batch_size=)")
-    stop = mix.stop or ("cycle" if _endless_chain(s) else "all_exhausted")
-    if not s.train and stop != "all_exhausted":
-        raise ValueError(f"Mix(stop={stop!r}) with train=False: evaluation reads every row of every source "
-                         "exactly once (stop='all_exhausted', the default there); the weights then only set "
-                         "the interleaving. Leave stop out, or evaluate the sources one by one")
-    if stop == "cycle" and not s.infinite:
-        raise ValueError("Mix(stop='cycle') never ends, but infinite=False asks for passes that end: use "
-                         "stop='all_exhausted' (every row of every source once) or 'first_exhausted'")
-    labelled = {e.name: e.source.label_column is not None for e in mix.entries}
-    if len(set(labelled.values())) > 1:
-        raise ValueError(f"Mix sources disagree on labels {labelled}: batches have a label for every sample "
-                         "or for none; give every Source a label_column, or label_column=None to all")
-    lengths = [e.source.length or s.length for e in mix.entries]
-    # The loader's own length= is checked with them: it sets the batches' shape.
-    check_lengths(["length= of the loader", *mix.names], [s.length, *lengths], s.features)
+def _open_mix(mix: Mix, settings: Settings, stats: LoaderStats) -> Sources:
+    """One dataset per source of the `Mix` (its options were checked by `options.resolve`), their extra columns of
+    one type (`build_chain` interleaves their readers with a `WeightedMix`)."""
     datasets = [_mix_dataset(entry, settings) for entry in mix.entries]
-    check_columns(mix.names, [dataset.schema for dataset in datasets], s.columns)
+    check_columns(mix.names, [dataset.schema for dataset in datasets], settings.columns)
     stats.describe_sources(mix.names, mix.weights)
-    return Sources(datasets=datasets, lengths=lengths, names=mix.names, mix=mix, has_labels=all(labelled.values()),
-                   duration_column=None, audio_column=columns[0], label_column=columns[1], stop=stop,
+    return Sources(datasets=datasets, names=mix.names, mix=mix,
+                   has_labels=all(e.source.label_column is not None for e in mix.entries),
                    decoders=tuple(e.source.decoder for e in mix.entries))
 
 

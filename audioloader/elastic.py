@@ -18,13 +18,14 @@ state holds, `audioloader.nodes.held`):
 Everything left, over all old ranks, is cut into ``W'`` parts of equal rows
 (in training, after a seeded shuffle of the pieces; in evaluation in file
 order), and new rank ``r'`` reads part ``r'`` first: its reader's *carry*
-(`ArrowShardReader.start_from`). Keys keep their pass, so every row keeps its
+(the start of its `ReadPlan`, `Plan.started`). Keys keep their pass, so every row keeps its
 crop. After the carry, passes go on in the new layout. Deterministic: every new
 rank computes the same parts from the same list of states.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -40,7 +41,7 @@ from .nodes.arrow_shard_reader import ArrowShardReader
 from .nodes.bucket_rules import bucket_limits
 from .nodes.bucket_rules import plan as plan_buckets
 from .nodes.held import RowsHeld
-from .nodes.read_order import ReaderPosition, Segment, order_at
+from .nodes.read_order import ReaderPosition, ReadPlan, Segment, order_at
 from .samples import Key
 
 #: Rows per piece that buffered rows are grouped into before the parts are cut (they mix with the splits).
@@ -91,13 +92,17 @@ class Plan:
     rows_per_rank: list[int]
     last_pass: int
 
-    def state_for(self, reader: ArrowShardReader) -> dict[str, Any]:
-        """The reader state (with its carry) of ``reader``'s rank (a reader of the new layout)."""
-        part = self.parts[reader.rank]
+    def state_for(self, plan: ReadPlan) -> dict[str, Any]:
+        """The reader state (with its carry) of ``plan``'s rank (a `ReadPlan` of the new layout)."""
+        part = self.parts[plan.rank]
         if part:
             return {"pass": self.last_pass, "split_pos": 0, "row": 0, "carry": [s.to_list() for s in part]}
         # nothing left for this rank: at the end of the last pass
-        return {"pass": self.last_pass, "split_pos": len(reader.segments_for_pass(self.last_pass)), "row": 0}
+        return {"pass": self.last_pass, "split_pos": len(plan.splits_for_pass(self.last_pass)), "row": 0}
+
+    def started(self, plan: ReadPlan) -> ReadPlan:
+        """``plan`` (of the new layout) starting at its rank's part (`ReadPlan.starting_at`)."""
+        return plan.starting_at(self.state_for(plan))
 
 
 class _Pieces:
@@ -210,6 +215,16 @@ def plan(root: BaseNode, reader: ArrowShardReader, states: Sequence[dict[str, An
     return Plan(parts, [sum(reader.segment_rows(s) for s in part) for part in parts], last_pass)
 
 
+def resumed(settings: Any, sources: Any, start: Plan) -> Any:
+    """``settings`` (`chain.settle`'s) of a chain that starts at ``start``: its reader's plan starting at this rank's
+    part (`Plan.started`) and, in evaluation, its batcher's first pass the batches every new rank yields in the rest
+    of the pass (`batches_left`); every node of it is built so, and none is changed afterwards."""
+    layout = settings.batch_layout
+    if settings.num_batches is not None:
+        layout = dataclasses.replace(layout, first_pass_batches=batches_left(settings, sources, start))
+    return dataclasses.replace(settings, reads=(start.started(settings.reads[0]),), batch_layout=layout)
+
+
 def batches_left(settings: Any, sources: Any, start: Plan) -> int:
     """Eval, after an elastic resume from ``start``: batches every new rank yields in the rest of the pass (equal
     on all); ``settings`` and ``sources``: the loader's (`chain.settle`'s, `chain.Sources`)."""
@@ -235,11 +250,9 @@ def steps_in_step(settings: Any, sources: Any, start: Plan | None = None) -> int
     from .stats import LoaderStats
 
     s, fetch, counts = settings, sources.fetch(), []
-    seconds = functools.partial(row_seconds, duration_column=sources.duration_column, segments=sources.segments)
+    seconds = functools.partial(row_seconds, duration_column=s.duration_column, segments=sources.segments)
     for rank in range(s.storage.world_size):
-        rows = ArrowShardReader(sources.datasets[0], plan=s.reads[0].for_rank(rank))
-        if start is not None:
-            rows.start_from(start.state_for(rows))
+        rows = ArrowShardReader(sources.datasets[0], plan=_rank_plan(s.reads[0], rank, start))
         stats = LoaderStats()  # the buffer and the bucketer share its byte budget, as in the chain
         buffer = ShuffleBuffer(rows, limits=s.buffer_limits, seed=s.seed, rank=rank, restore=fetch, stats=stats)
         bucketer = DurationBucketer(buffer, limits=s.bucket_limits, drop_last=s.drop_last, restore=fetch,
@@ -255,12 +268,16 @@ def planned_batches(settings: Any, sources: Any, start: Plan | None = None) -> i
     from its carry."""
     s, counts = settings, []
     for rank in range(s.storage.world_size):
-        rows = ArrowShardReader(sources.datasets[0], plan=s.reads[0].for_rank(rank))
-        if start is not None:
-            rows.start_from(start.state_for(rows))
+        rows = ArrowShardReader(sources.datasets[0], plan=_rank_plan(s.reads[0], rank, start))
         limits = bucket_limits(s, None, False)
         rows = list(rows) if limits.token_column is not None else rows
         tokens = [float(r.extras.get(limits.token_column) or 0) for r in rows] if limits.token_column else None
-        counts.append(len(plan_buckets((sources.seconds_of(r) for r in rows), drop_last=s.drop_last, limits=limits,
-                                       tokens=tokens)))
+        counts.append(len(plan_buckets((s.seconds_of(r, sources.segments) for r in rows), drop_last=s.drop_last,
+                                       limits=limits, tokens=tokens)))
     return max(counts)
+
+
+def _rank_plan(plan: ReadPlan, rank: int, start: Plan | None) -> ReadPlan:
+    """The plan of rank ``rank`` (read once), from the pass's start or, after an elastic resume, ``start``'s carry."""
+    plan = plan.for_rank(rank)
+    return plan if start is None else start.started(plan)

@@ -179,6 +179,37 @@ def source_seed(seed: int, position: int) -> int:
     return seed if position == 0 else hashing.mix(seed, hashing.SALT_SOURCE, position) >> 1
 
 
+def resolve_mix(mix: Mix, *, train: bool, infinite: bool, batching: Any, length: LengthPolicy,
+                features: FeatureConfig) -> tuple[str, tuple[LengthPolicy, ...]]:
+    """A `Mix`'s options checked against the loader's (no file is opened): its stopping rule (``stop``, or the
+    mode's: ``"cycle"`` for infinite training, else ``"all_exhausted"``) and each source's `LengthPolicy` (its own,
+    else the loader's ``length``). ``ValueError`` naming the option and the fix."""
+    with_segments = [e.name for e in mix.entries if e.source.segments is not None]
+    if with_segments:
+        raise ValueError(f"Mix source(s) {with_segments} have segments=: a Mix does not take segments yet; read "
+                         "the segments of one source, or pack them into rows of their own (audioloader pack cuts "
+                         "them)")
+    if batching is not None:
+        raise ValueError("batching=Bucketing(...) does not take a Mix yet: bucket one source, or mix "
+                         "fixed-size batches (batch_size=)")
+    stop = mix.stop or ("cycle" if infinite and train else "all_exhausted")
+    if not train and stop != "all_exhausted":
+        raise ValueError(f"Mix(stop={stop!r}) with train=False: evaluation reads every row of every source "
+                         "exactly once (stop='all_exhausted', the default there); the weights then only set "
+                         "the interleaving. Leave stop out, or evaluate the sources one by one")
+    if stop == "cycle" and not infinite:
+        raise ValueError("Mix(stop='cycle') never ends, but infinite=False asks for passes that end: use "
+                         "stop='all_exhausted' (every row of every source once) or 'first_exhausted'")
+    labelled = {e.name: e.source.label_column is not None for e in mix.entries}
+    if len(set(labelled.values())) > 1:
+        raise ValueError(f"Mix sources disagree on labels {labelled}: batches have a label for every sample "
+                         "or for none; give every Source a label_column, or label_column=None to all")
+    lengths = tuple(e.source.length or length for e in mix.entries)
+    # The loader's own length= is checked with them: it sets the batches' shape.
+    check_lengths(["length= of the loader", *mix.names], [length, *lengths], features)
+    return stop, lengths
+
+
 def check_lengths(names: Sequence[str], lengths: Sequence[LengthPolicy], features: FeatureConfig) -> None:
     """Sources may differ in length policy only where their samples still stack into one batch."""
     variable = {name: length.variable_length for name, length in zip(names, lengths, strict=True)}
