@@ -25,7 +25,6 @@ from .budget import Shuffle
 from .chain import (
     Chain,
     build_chain,
-    note_shuffle_quality,
     open_sources,
     pinned_source,
     settle,
@@ -357,38 +356,38 @@ class AudioLoader:
                 f"resume with world_size={len(resume.states)}", {"world_size": (len(resume.states), self.world_size)})
         # Settled again with the checkpoint: the construction's settings, or those it was taken with.
         settings = settle_for_checkpoint(self._settled, self.sources, resume, self._settled_fingerprint)
-        if not resume.elastic:
-            self._start_at(settings, resume.states[0]["loader"])
-            return
-        # The rows the old ranks left of their pass, spread over the new ranks (`elastic.plan`, which reads the old
-        # states through a chain of these settings), become this rank's reader's start and batch count.
-        built = self._built_chain if settings is self.settings else None
-        chain = built or build_chain(settings, self.sources, self.stats_counters)
-        start = elastic.plan(chain.root, chain.reader, [state["loader"]["root"] for state in resume.states])
-        self._start_at(elastic.resumed(settings, self.sources, start), None)
+        state = None if resume.elastic else resume.states[0]["loader"]
+        if resume.elastic:
+            # The rows the old ranks left of their pass, spread over the new ranks (`elastic.plan`, which reads the
+            # old states through a chain of these settings), become this rank's reader's start and batch count.
+            built = self._built_chain if settings is self.settings else None
+            chain = built or build_chain(settings, self.sources, self.stats_counters)
+            start = elastic.plan(chain.root, chain.reader, [old["loader"]["root"] for old in resume.states])
+            settings = elastic.resumed(settings, self.sources, start)
+        self._start_at(settings, state)
 
     def _start_at(self, settings: Settings, state: dict[str, Any] | None) -> None:
-        """The next iteration starts at the chain state ``state`` (None: the start of the plan) of a chain of
-        ``settings``: the chain built already when it has them, else one built anew on first use."""
+        """The next iteration starts at the chain state ``state`` of a chain of ``settings`` (None: at the start its
+        settings hold, an elastic resume's, whose settings are always new): the chain built already when it has
+        them, else one built anew on first use."""
         if settings is self.settings and self._built_chain is not None:  # the running chain goes on from the state
-            self._stream.load_state_dict(state) if state is not None else self._stream.start_fresh()
+            self._stream.load_state_dict(state)
             return
         if self._built_chain is not None:  # taken with other settings: a new chain, built with them when first used
             self.shutdown()
             self._generation = self._built_stream.generation  # the live iterator goes on, from the loaded state
             self._built_chain = self._loader = None
         if settings is not self.settings:
-            self._use(settings)
+            self._use(settings, checkpoint.fingerprint(settings, self.sources))
         self._loaded = state
 
-    def _use(self, settings: Settings, fingerprint: dict[str, Any] | None = None) -> None:
-        """Final ``settings`` (`chain.settle`) for the chain built on first use, its checkpoints' fingerprint and
-        what ``stats()`` reports of them."""
-        self.settings = settings
-        self._fingerprint = fingerprint if fingerprint is not None else checkpoint.fingerprint(settings, self.sources)
-        note_shuffle_quality(settings, self.sources, self.stats_counters)
+    def _use(self, settings: Settings, fingerprint: dict[str, Any]) -> None:
+        """Final ``settings`` (`chain.settle`) for the chain built on first use, the ``fingerprint`` of its
+        checkpoints, and what ``stats()`` reports of them."""
+        self.settings, self._fingerprint = settings, fingerprint
         self._note_memory()
         self._note_buckets()
+        self._note_shuffle_quality()
 
     def _built(self) -> Chain:
         """The chain of ``self.settings``, built once, on first use (as torchdata resets lazily), with its `Loader`
@@ -403,6 +402,17 @@ class AudioLoader:
                 stream.load_state_dict(self._loaded)
             self._built_chain, self._built_stream, self._loaded = chain, stream, None
         return self._built_chain
+
+    def _note_shuffle_quality(self) -> None:
+        """Give ``stats.shuffle`` each source's splits of pass 0 on this rank (``(first global index, rows)``) and
+        the mix's weights, for its per-batch figures and their references (`stats.ShuffleQuality`)."""
+        split_rows = []
+        for dataset, reads in zip(self.sources.datasets, self.settings.reads, strict=True):
+            files = dataset.files
+            split_rows.append([(files[s.file_id].index_offset + s.start, s.num_rows)
+                               for s in reads.splits_for_pass(0)])
+        weights = self.sources.mix.weights if self.sources.mix is not None else [1.0]
+        self.stats_counters.shuffle.configure(split_rows, weights, self.settings.batch_size)
 
     def _note_buckets(self) -> None:
         """``stats()["bucketing"]``: how many duration buckets, their edges, and why that many."""

@@ -29,9 +29,9 @@ from . import checkpoint
 from .budget import lane_bytes
 from .checkpoint import Resume
 from .dsp.config import Segments
-from .elastic import planned_batches, steps_in_step
+from .elastic import count_batches
 from .errors import CheckpointMismatchError
-from .mix import Mix, Source, check_columns, source_seed
+from .mix import Mix, Source, check_source_columns
 from .nodes.arrow_shard_reader import ArrowShardReader
 from .nodes.batch_augment import BatchAugment
 from .nodes.batch_features import BatchFeatures
@@ -49,7 +49,6 @@ from .options import Settings
 from .samples import BadRow, Key, RawSample, Sample
 from .shards import IcebergTable, ShardDataset
 from .shards.formats import FORMATS
-from .shards.writer import shard_doc
 from .stats import LoaderStats
 from .workers.recycle import BatchArenas
 
@@ -117,7 +116,7 @@ def settle(settings: Settings, sources: Sources) -> Settings:
     have it (``duration_column``), each source's `ReadPlan`
     (``reads``: the splits every rank reads each pass), the bucketing's count and edges
     (``buckets``, `duration_buckets`), in evaluation the batches every rank yields
-    (``num_batches``, `count_batches`), and the groups the other nodes take whole
+    (``num_batches``, `elastic.count_batches`), and the groups the other nodes take whole
     (`_node_groups`: ``buffer_limits``, ``bucket_limits``, ``batch_layout``, ``arena_bytes``).
     """
     shuffle = settings.shuffle.fitted(lane_bytes(sources.datasets))
@@ -162,16 +161,18 @@ def settle_for_checkpoint(settings: Settings, sources: Sources, resume: Resume,
 
 
 def _planned(settings: Settings, sources: Sources) -> Settings:
-    """``settings`` with each source's `ReadPlan`, the bucketing's `Buckets` (unless known) and, in evaluation,
-    ``num_batches``, in that order (each needs the last); then come the other nodes' groups (`_node_groups`)."""
+    """``settings`` with each source's `ReadPlan` and the bucketing's `Buckets` (unless known), in that order (the
+    second needs the first); then come the nodes' groups and the batches a pass yields (`_node_groups`)."""
     settings = dataclasses.replace(settings, reads=read_plans(settings, sources))
     if settings.batching is not None and settings.buckets is None:
         settings = dataclasses.replace(settings, buckets=duration_buckets(settings, sources))
-    return dataclasses.replace(settings, num_batches=None if settings.train else count_batches(settings, sources))
+    return settings
 
 
 def _node_groups(settings: Settings, sources: Sources) -> Settings:
-    """``settings`` with the shuffle buffer's `BufferLimits`, the bucketer's `BucketLimits`, the batcher's
+    """``settings`` with the shuffle buffer's `BufferLimits`, the bucketer's `BucketLimits`, the batches every rank
+    yields in a pass where they are planned (``num_batches``: in evaluation, and in a training pass of ranks in
+    step, every rank as many as the rank that makes the most; `elastic.count_batches`), then the batcher's
     `BatchLayout` and the bytes of batch memory the decode processes write into (`batch_layout`)."""
     s, shuffle = settings, settings.shuffle
     buffer = BufferLimits(shuffle.buffer_size, shuffle.min_size, shuffle.buffer_max_bytes, shuffle.min_bytes,
@@ -179,13 +180,12 @@ def _node_groups(settings: Settings, sources: Sources) -> Settings:
     buckets = None
     if s.batching is not None:
         buckets = bucket_limits(s, shuffle.bucketer_max_bytes, shuffle.one_pass)
-    if buckets is not None and buckets.schedule is not None and s.train and not s.infinite:
-        # A pass of ranks in step: every rank yields as many batches as the rank that makes the most.
-        settings = dataclasses.replace(settings, buffer_limits=buffer, bucket_limits=buckets)
-        settings = dataclasses.replace(settings, num_batches=steps_in_step(settings, sources))
+    settings = dataclasses.replace(settings, buffer_limits=buffer, bucket_limits=buckets)
+    in_step = buckets is not None and buckets.schedule is not None and s.train and not s.infinite
+    if in_step or not s.train:
+        settings = dataclasses.replace(settings, num_batches=count_batches(settings, sources))
     layout, arena_bytes = batch_layout(settings, sources)
-    return dataclasses.replace(settings, buffer_limits=buffer, bucket_limits=buckets, batch_layout=layout,
-                               arena_bytes=arena_bytes)
+    return dataclasses.replace(settings, batch_layout=layout, arena_bytes=arena_bytes)
 
 
 def read_plans(settings: Settings, sources: Sources) -> tuple[ReadPlan, ...]:
@@ -195,7 +195,7 @@ def read_plans(settings: Settings, sources: Sources) -> tuple[ReadPlan, ...]:
     plans = []
     for position, dataset in enumerate(sources.datasets):
         try:
-            plans.append(ReadPlan.of(dataset, seed=source_seed(s.seed, position) if mixed else s.seed,
+            plans.append(ReadPlan.of(dataset, seed=s.seeds[position],
                                      rank=s.storage.rank, world_size=s.storage.world_size, shuffle=s.train,
                                      infinite=_endless_chain(s) and not mixed, interleave=s.shuffle.interleave))
         except Exception as error:
@@ -207,7 +207,7 @@ def read_plans(settings: Settings, sources: Sources) -> tuple[ReadPlan, ...]:
 
 def _endless_chain(settings: Settings) -> bool:
     """The chain's readers go on into the next pass themselves: ``infinite`` training. An infinite evaluation
-    loader's chain ends with its pass (every rank's equal batch count, with padding: `count_batches`); its
+    loader's chain ends with its pass (every rank's equal batch count, with padding: `elastic.count_batches`); its
     `Stream` starts the next, identical pass (``repeats``), so no batch ever mixes two passes."""
     return settings.infinite and settings.train
 
@@ -345,31 +345,37 @@ def _has_cuda() -> bool:
 
 
 def open_sources(source: Any, settings: Settings, stats: LoaderStats) -> Sources:
-    """The datasets of ``source`` (shards, an `IcebergTable`, a `Source` or a `Mix`), checked against each other;
-    no node is built and nothing decided (`settle` decides, with the options `options.resolve` checked)."""
-    if isinstance(source, Mix):
-        return _open_mix(source, settings, stats)
-    source = source if isinstance(source, Source) else Source(source)
-    dataset = _with_extra_columns(_dataset(source, settings), settings, source.segments)
-    return Sources(datasets=[dataset], names=(), mix=None, has_labels=source.label_column is not None,
-                   audio_column=source.audio_column, label_column=source.label_column, segments=source.segments,
-                   decoders=(source.decoder,))
+    """The datasets of ``source`` (shards, an `IcebergTable`, a `Source` or a `Mix`: a list of one source or the
+    mix's), their columns checked against the options and each other (`mix.check_source_columns`); no node is built
+    and nothing decided (`settle` decides, with the options `options.resolve` checked)."""
+    mix = source if isinstance(source, Mix) else None
+    ones = [e.source for e in mix.entries] if mix is not None else [
+        source if isinstance(source, Source) else Source(source)]
+    names = mix.names if mix is not None else ()
+    datasets = [_dataset(one, settings, name) for one, name in zip(ones, names or (None,), strict=True)]
+    tokens = settings.batching.token_column if settings.batching is not None else None
+    check_source_columns(names, [dataset.schema for dataset in datasets], settings.columns,
+                         [one.segments for one in ones], None if tokens in settings.columns else tokens)
+    if mix is not None:
+        stats.describe_sources(mix.names, mix.weights)
+    # Each dataset reads, beside the loader's columns, the segments', the duration and the token column.
+    datasets = [_with_extra_columns(dataset, settings, one.segments) for dataset, one in zip(datasets, ones,
+                                                                                           strict=True)]
+    # The single source's columns and segments (a mix's sources have their own, and no segments).
+    one = {} if mix is not None else {"audio_column": ones[0].audio_column, "label_column": ones[0].label_column,
+                                      "segments": ones[0].segments}
+    return Sources(datasets=datasets, names=names, mix=mix, has_labels=all(o.label_column is not None for o in ones),
+                   decoders=tuple(o.decoder for o in ones), **one)
 
 
-def _with_extra_columns(dataset: ShardDataset, settings: Settings, segments: Any = None) -> ShardDataset:
+def _with_extra_columns(dataset: ShardDataset, settings: Settings, segments: Segments | None) -> ShardDataset:
     """``dataset`` reading, beside the loader's columns, the segments' columns and the bucketing's duration column
     (when the shards have it) and token column (`ShardDataset.with_columns`: no file is read again)."""
     columns = list(settings.columns)
-    if segments is not None:
-        _check_segment_columns(dataset.schema, segments)
-        columns += [c for c in segments.columns if c not in columns]
+    columns += [c for c in (segments.columns if segments is not None else ()) if c not in columns]
     duration_column = _duration_column(settings, dataset.schema)
-    if duration_column is not None and duration_column not in columns:
-        columns.append(duration_column)
     tokens = settings.batching.token_column if settings.batching is not None else None
-    if tokens is not None and tokens not in columns:
-        _check_token_column(dataset.schema, tokens)
-        columns.append(tokens)
+    columns += [c for c in dict.fromkeys((duration_column, tokens)) if c is not None and c not in columns]
     return dataset if columns == list(settings.columns) else dataset.with_columns(columns)
 
 
@@ -379,60 +385,18 @@ def _duration_column(settings: Settings, schema: pa.Schema) -> str | None:
     return wanted if wanted is not None and (wanted in settings.columns or wanted in schema.names) else None
 
 
-def _check_token_column(schema: pa.Schema, name: str) -> None:
-    """The shards have an integer column of tokens per row (``Bucketing(token_column=...)``)."""
-    if name not in schema.names:
-        raise ValueError(f"Bucketing(token_column={name!r}): the shards have no column {name!r} (columns: "
-                         f"{', '.join(schema.names)}); write each row's token count with `audioloader pack "
-                         "--tokenizer MODULE:FUNCTION` (docs/speech.md, the token budget)")
-    if not pa.types.is_integer(schema.field(name).type):
-        raise ValueError(f"Bucketing(token_column={name!r}): column {name!r} has type {schema.field(name).type}; "
-                         "it must hold integer token counts")
-
-
-def _check_segment_columns(schema: pa.Schema, segments: Segments) -> None:
-    """The shards have numeric segment columns, and their rows are not segments ``audioloader pack`` already cut."""
-    for name in segments.columns:
-        if name not in schema.names:
-            raise ValueError(f"segments={segments}: the shards have no column {name!r} (columns: "
-                             f"{', '.join(schema.names)}); name the columns holding each row's window in seconds")
-        kind = schema.field(name).type
-        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
-            raise ValueError(f"segments={segments}: column {name!r} has type {kind}; the window needs numbers "
-                             "(seconds). Write the times as floats")
-    if shard_doc(schema).get("segments") == "cut":
-        raise ValueError(f"segments={segments}: these shards were packed from segments, and each row's audio is "
-                         "already its segment (audioloader pack cut it from its recording; the start/end columns "
-                         "only say where it was). Leave segments= out")
-
-
-def _dataset(source: Source, settings: Settings) -> ShardDataset:
-    """The `ShardDataset` of one source: its files, columns and filter, read as ``settings.storage`` says (with the
-    source's own filesystem, when it has one)."""
+def _dataset(source: Source, settings: Settings, name: str | None = None) -> ShardDataset:
+    """The `ShardDataset` of one source (of the mix's source ``name``): its files, columns and filter, read as
+    ``settings.storage`` says (with the source's own filesystem, when it has one)."""
     storage = settings.storage
     if source.filesystem is not None:
         storage = dataclasses.replace(storage, filesystem=source.filesystem)
-    return ShardDataset(source.data, audio_column=source.audio_column, label_column=source.label_column,
-                        columns=settings.columns, filter=source.filter, storage=storage)
-
-
-def _open_mix(mix: Mix, settings: Settings, stats: LoaderStats) -> Sources:
-    """One dataset per source of the `Mix` (its options were checked by `options.resolve`), their extra columns of
-    one type (`build_chain` interleaves their readers with a `WeightedMix`)."""
-    datasets = [_mix_dataset(entry, settings) for entry in mix.entries]
-    check_columns(mix.names, [dataset.schema for dataset in datasets], settings.columns)
-    stats.describe_sources(mix.names, mix.weights)
-    return Sources(datasets=datasets, names=mix.names, mix=mix,
-                   has_labels=all(e.source.label_column is not None for e in mix.entries),
-                   decoders=tuple(e.source.decoder for e in mix.entries))
-
-
-def _mix_dataset(entry: Any, settings: Settings) -> ShardDataset:
     try:
-        return _dataset(entry.source, settings)
+        return ShardDataset(source.data, audio_column=source.audio_column, label_column=source.label_column,
+                            columns=settings.columns, filter=source.filter, storage=storage)
     except Exception as error:
-        if hasattr(error, "add_note"):  # Python 3.11+
-            error.add_note(f"(in Mix source {entry.name!r})")
+        if name is not None and hasattr(error, "add_note"):  # Python 3.11+
+            error.add_note(f"(in Mix source {name!r})")
         raise
 
 
@@ -443,17 +407,6 @@ def pinned_source(source: Any, sources: Sources) -> Any:
         return source
     pinned = dataclasses.replace(table, snapshot_id=sources.datasets[0].table.snapshot_id)
     return dataclasses.replace(source, data=pinned) if isinstance(source, Source) else pinned
-
-
-def note_shuffle_quality(settings: Settings, sources: Sources, stats: LoaderStats) -> None:
-    """Give ``stats.shuffle`` each source's splits of pass 0 on this rank (``(first global index, rows)``) and the
-    mix's weights, for its per-batch figures and their references (`stats.ShuffleQuality`)."""
-    split_rows = []
-    for dataset, reads in zip(sources.datasets, settings.reads, strict=True):
-        files = dataset.files
-        split_rows.append([(files[s.file_id].index_offset + s.start, s.num_rows) for s in reads.splits_for_pass(0)])
-    stats.shuffle.configure(split_rows, sources.mix.weights if sources.mix is not None else [1.0],
-                            settings.batch_size)
 
 
 def _raw_rows_are_free(dataset: ShardDataset) -> bool:
@@ -493,17 +446,3 @@ def _restore_decoded(fetch: Callable[[Sequence[Key]], list[RawSample]], decoder:
             f"{bad[0].reason}); the data changed since the checkpoint was taken",
             {"rows": ([b.key.index for b in bad], None)})
     return list(decoded)
-
-
-# -- eval planning ------------------------------------------------------------------------------------------
-
-
-def count_batches(settings: Settings, sources: Sources) -> int:
-    """Eval: batches every rank yields (equal across ranks, see Batcher.num_batches), from ``settings.reads`` and,
-    with bucketing, ``settings.buckets``."""
-    if settings.batching is not None:
-        return planned_batches(settings, sources)
-    rows = [sum(counts) for counts in zip(*(plan.rows_per_rank() for plan in settings.reads), strict=True)]
-    if settings.drop_last:
-        return min(rows) // settings.batch_size
-    return math.ceil(max(rows) / settings.batch_size)

@@ -218,22 +218,25 @@ def plan(root: BaseNode, reader: ArrowShardReader, states: Sequence[dict[str, An
 def resumed(settings: Any, sources: Any, start: Plan) -> Any:
     """``settings`` (`chain.settle`'s) of a chain that starts at ``start``: its reader's plan starting at this rank's
     part (`Plan.started`) and, in evaluation, its batcher's first pass the batches every new rank yields in the rest
-    of the pass (`batches_left`); every node of it is built so, and none is changed afterwards."""
+    of the pass (`count_batches`); every node of it is built so, and none is changed afterwards."""
     layout = settings.batch_layout
     if settings.num_batches is not None:
-        layout = dataclasses.replace(layout, first_pass_batches=batches_left(settings, sources, start))
+        layout = dataclasses.replace(layout, first_pass_batches=count_batches(settings, sources, start))
     return dataclasses.replace(settings, reads=(start.started(settings.reads[0]),), batch_layout=layout)
 
 
-def batches_left(settings: Any, sources: Any, start: Plan) -> int:
-    """Eval, after an elastic resume from ``start``: batches every new rank yields in the rest of the pass (equal
-    on all); ``settings`` and ``sources``: the loader's (`chain.settle`'s, `chain.Sources`)."""
-    if settings.batching is None:
+def count_batches(settings: Any, sources: Any, start: Plan | None = None) -> int:
+    """Batches every rank yields in a pass (equal on all, see `Batcher`'s ``num_batches``) or, after an elastic
+    resume from ``start``, in the rest of it: from ``settings.reads`` (`chain.settle`'s) or ``start``'s parts and,
+    with bucketing, ``settings.buckets`` (a training pass of ranks in step: `steps_in_step`)."""
+    s = settings
+    if s.batching is not None:
+        return steps_in_step(s, sources, start) if s.train else planned_batches(s, sources, start)
+    if start is not None:
         rows = start.rows_per_rank
-        return min(rows) // settings.batch_size if settings.drop_last else math.ceil(max(rows) / settings.batch_size)
-    if settings.train:  # a pass of ranks in step (the only training with a planned count)
-        return steps_in_step(settings, sources, start)
-    return planned_batches(settings, sources, start)
+    else:
+        rows = [sum(counts) for counts in zip(*(plan.rows_per_rank() for plan in s.reads), strict=True)]
+    return min(rows) // s.batch_size if s.drop_last else math.ceil(max(rows) / s.batch_size)
 
 
 def steps_in_step(settings: Any, sources: Any, start: Plan | None = None) -> int:
@@ -252,7 +255,7 @@ def steps_in_step(settings: Any, sources: Any, start: Plan | None = None) -> int
     s, fetch, counts = settings, sources.fetch(), []
     seconds = functools.partial(row_seconds, duration_column=s.duration_column, segments=sources.segments)
     for rank in range(s.storage.world_size):
-        rows = ArrowShardReader(sources.datasets[0], plan=_rank_plan(s.reads[0], rank, start))
+        rows = _rank_rows(s, sources, rank, start)
         stats = LoaderStats()  # the buffer and the bucketer share its byte budget, as in the chain
         buffer = ShuffleBuffer(rows, limits=s.buffer_limits, seed=s.seed, rank=rank, restore=fetch, stats=stats)
         bucketer = DurationBucketer(buffer, limits=s.bucket_limits, drop_last=s.drop_last, restore=fetch,
@@ -268,7 +271,7 @@ def planned_batches(settings: Any, sources: Any, start: Plan | None = None) -> i
     from its carry."""
     s, counts = settings, []
     for rank in range(s.storage.world_size):
-        rows = ArrowShardReader(sources.datasets[0], plan=_rank_plan(s.reads[0], rank, start))
+        rows = _rank_rows(s, sources, rank, start)
         limits = bucket_limits(s, None, False)
         rows = list(rows) if limits.token_column is not None else rows
         tokens = [float(r.extras.get(limits.token_column) or 0) for r in rows] if limits.token_column else None
@@ -277,7 +280,8 @@ def planned_batches(settings: Any, sources: Any, start: Plan | None = None) -> i
     return max(counts)
 
 
-def _rank_plan(plan: ReadPlan, rank: int, start: Plan | None) -> ReadPlan:
-    """The plan of rank ``rank`` (read once), from the pass's start or, after an elastic resume, ``start``'s carry."""
-    plan = plan.for_rank(rank)
-    return plan if start is None else start.started(plan)
+def _rank_rows(settings: Any, sources: Any, rank: int, start: Plan | None) -> ArrowShardReader:
+    """A reader of rank ``rank``'s rows of a pass (read once), built as `chain.build_chain` builds it, from the
+    pass's start or, after an elastic resume, ``start``'s carry."""
+    plan = settings.reads[0].for_rank(rank)
+    return ArrowShardReader(sources.datasets[0], plan=plan if start is None else start.started(plan))

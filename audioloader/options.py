@@ -22,7 +22,7 @@ from . import checks
 from .budget import Shuffle, ShuffleSettings
 from .budget import resolve as resolve_shuffle
 from .errors import ON_ERROR_ACTIONS, OnError
-from .mix import Mix, Source, resolve_mix
+from .mix import Mix, Source, resolve_mix, source_seed
 from .nodes.bucket_rules import DEFAULT_NUM_BUCKETS, FULL_BATCHES_PER_BUCKET, Buckets  # noqa: F401 (their old home)
 from .nodes.duration_bucketer import row_seconds
 from .shards.splits import resolve_rank
@@ -391,6 +391,7 @@ class Settings:
     device: torch.device | None
     on_error: OnError
     lengths: tuple[Any, ...] = ()  # each source's `LengthPolicy` (its own, else ``length``), in the mix's order
+    seeds: tuple[int, ...] = ()  # each source's seed of its split order (a mix's: `mix.source_seed`)
     stop: str | None = None  # a mix's stopping rule, decided (`mix.resolve_mix`); None for one source
     duration_column: str | None = None  # with batching: the duration column the shards have (`chain.settle`)
     buckets: Buckets | None = None  # with batching: the count and edges (`chain.settle`)
@@ -455,11 +456,12 @@ def resolve(*, batch_size: Any, train: Any, seed: Any, infinite: Any, features: 
         on_error=resolve_on_error(on_error))
     if not isinstance(source, Mix):
         one = source.length if isinstance(source, Source) else None
-        return dataclasses.replace(settings, lengths=(one or length,))
-    # A mix's options, checked with the loader's before any file opens (`mix.resolve_mix`).
+        return dataclasses.replace(settings, lengths=(one or length,), seeds=(seed,))
+    # A mix's options, checked with the loader's before any file opens (`mix.resolve_mix`); each source's seed.
     stop, lengths = resolve_mix(source, train=train, infinite=infinite, batching=batching, length=length,
                                 features=features)
-    return dataclasses.replace(settings, stop=stop, lengths=lengths)
+    seeds = tuple(source_seed(seed, position) for position in range(len(source.entries)))
+    return dataclasses.replace(settings, stop=stop, lengths=lengths, seeds=seeds)
 
 
 def _column_names(columns: Any) -> tuple[str, ...]:

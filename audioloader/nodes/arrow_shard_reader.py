@@ -196,15 +196,15 @@ class ArrowShardReader(BaseNode[RawSample]):
         self.plan = plan if plan is not None else ReadPlan.of(
             self.dataset, seed=seed, rank=rank, world_size=world_size, shuffle=shuffle, infinite=infinite,
             interleave=interleave)
+        self._start = self.plan.start  # the plan's start (an elastic resume's), taken by the first reset(None)
+        if self._start is not None:
+            self.position_of(self._start)  # checked now: a start that does not fit fails here, not at reset
         if stats is not None:
             self._report_to(stats)
         self._readahead = _read_ahead(self.dataset, stats)
         self._pass_units: int | None = None
         self._ahead_from_here = True  # the read-ahead starts over at the next row (a new position)
         self._started = False
-        self._start = plan.start if plan is not None else None  # the plan's start, for the first reset(None)
-        if self._start is not None:
-            self.position_of(self._start)  # checked now: a start that does not fit fails here, not at reset
         self._walk_from(ReaderPosition(0, 0, 0))
 
     seed = property(lambda self: self.plan.seed)
