@@ -444,6 +444,7 @@ class AudioLoader:
 
     def stats(self) -> dict[str, Any]:
         """Counters (samples, batches, bad rows...), per-stage seconds, bad-row reports, buffer fill."""
+        self._built()  # a first use too: the nodes report what they hold (``"memory"``) from their construction on
         return self.stats_counters.snapshot()
 
     def shutdown(self) -> None:

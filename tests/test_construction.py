@@ -51,12 +51,12 @@ def test_construct_load_state_dict_iterate_builds_one_chain(folder, builds):
         assert len(builds) == 1
 
 
-@pytest.mark.parametrize("first_use", ["iter", "state_dict", "len", "reader"])
+@pytest.mark.parametrize("first_use", ["iter", "state_dict", "len", "reader", "stats"])
 def test_the_chain_is_built_on_first_use_and_only_once(folder, builds, first_use):
     with loader_for(folder, train=False) as loader:
         assert builds == []
         use = {"iter": lambda: next(iter(loader)), "state_dict": loader.state_dict, "len": lambda: len(loader),
-               "reader": lambda: loader.reader}[first_use]
+               "reader": lambda: loader.reader, "stats": loader.stats}[first_use]
         use()
         assert len(builds) == 1
         assert len(list(loader)) == len(loader)  # a new iter(): the next pass, whole
