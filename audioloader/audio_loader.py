@@ -8,7 +8,6 @@ The chain itself is built in `audioloader.chain`, its options are checked in
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import sys
@@ -24,8 +23,8 @@ import torch
 from . import checkpoint, elastic
 from .budget import Shuffle
 from .chain import (
+    Chain,
     build_chain,
-    note_shuffle_quality,
     open_sources,
     pinned_source,
     settle,
@@ -35,7 +34,7 @@ from .dsp.config import FeatureConfig, LengthPolicy
 from .errors import CheckpointMismatchError
 from .loader import Loader, Stream, StreamIterator, batches_ahead_of_framework, shutdown_keeping_error
 from .mix import Mix, Source
-from .options import Bucketing, OnError, Settings, Storage, Workers, fold_moved_keywords, resolve
+from .options import Bucketing, OnError, Settings, Storage, Workers, refuse_removed_keywords, resolve
 from .shards import IcebergTable
 from .stats import LoaderStats, bottleneck_line, feature_stage
 
@@ -98,8 +97,8 @@ class AudioLoader:
             or an `OnError` with the budget.
 
     0.2's flat keywords (``num_workers=``, ``shuffle_buffer_size=``, ``rank=``,
-    ``label_column=``, ...) still work for one release, with a ``FutureWarning`` naming
-    their new place (see CHANGELOG.md).
+    ``label_column=``, ...) were removed in 0.4: each is a ``TypeError`` naming the group
+    that holds it now (see CHANGELOG.md).
     """
 
     def __init__(
@@ -121,23 +120,25 @@ class AudioLoader:
         device: str | torch.device | None = None,
         drop_last: bool = False,
         on_error: str | OnError = "skip",
-        **moved: Any,
+        **removed: Any,
     ) -> None:
-        self._loader: Loader | None = None  # so __del__ works if construction fails
-        arguments = {name: value for name, value in locals().items() if name not in ("self", "__class__", "moved")}
-        arguments, source_fields = _fold(arguments, moved)
-        source = arguments["source"] = _with_source_fields(arguments["source"], source_fields)
-        resolved = resolve(**arguments)  # the arguments checked, the mode's presets filled in
+        self._built_chain: Chain | None = None  # built on first use (`_built`); set first: __del__ needs it
+        self._pid = os.getpid()
+        refuse_removed_keywords(removed)  # 0.2's flat keywords: a TypeError naming the group that holds each now
+        arguments = {name: value for name, value in locals().items() if name not in ("self", "__class__", "removed")}
+        # One line: the options checked (mix options too) -> the shards opened -> every setting final -> (the chain,
+        # built once on first use: iter(), state_dict(), len(), or a node asked for).
+        resolved = resolve(**arguments)
         self.stats_counters = LoaderStats(feature_stage(resolved.features.batch_key))
         self._bottleneck_every, self._bottleneck_to, self._batches_out = 0, None, 0  # see report_bottleneck
-        # A mix's columns are its sources'; 0.2 recorded the flat ones (the fingerprint still holds them).
-        mix_columns = (source_fields.get("audio_column", "audio"), source_fields.get("label_column", "label"))
-        # The shards opened; no node yet.
-        self.sources = open_sources(source, resolved, self.stats_counters, mix_columns=mix_columns)
+        self.sources = open_sources(source, resolved, self.stats_counters)
         # The arguments, to rebuild this loader elsewhere (pickling: see __reduce__).
         self._arguments = {**arguments, "source": pinned_source(source, self.sources)}
-        self._build(settle(resolved, self.sources))  # every setting final, then the chain
-        self._pid = os.getpid()
+        self._settled = settle(resolved, self.sources)  # what a checkpoint is settled against (`load_state_dict`)
+        self._settled_fingerprint = checkpoint.fingerprint(self._settled, self.sources)
+        self._generation = 0  # of the newest iterator, kept across the chains of one loader
+        self._loaded: dict[str, Any] | None = None  # a state loaded before the chain is built: its start
+        self._use(self._settled, self._settled_fingerprint)
         self._warned_prefetch = False  # the warning that a framework's look-ahead is unknown, given once
         self._warned_bad_rows = False  # the warning at the first bad row, given once (`_warn_bad_rows`)
 
@@ -168,14 +169,23 @@ class AudioLoader:
     rank = property(lambda self: self.settings.storage.rank)
     world_size = property(lambda self: self.settings.storage.world_size)
     mix = property(lambda self: self.sources.mix)
-    reader = property(lambda self: self._chain.reader)
-    readers = property(lambda self: self._chain.readers)
-    rows = property(lambda self: self._chain.rows)
+    reader = property(lambda self: self._built().reader)
+    readers = property(lambda self: self._built().readers)
+    rows = property(lambda self: self._built().rows)
     source_names = property(lambda self: self.sources.names)
-    decoder = property(lambda self: self._chain.decoder)
-    batcher = property(lambda self: self._chain.batcher)
+    decoder = property(lambda self: self._built().decoder)
+    batcher = property(lambda self: self._built().batcher)
     num_batches = property(lambda self: self.settings.num_batches)
-    _duration_column = property(lambda self: self.sources.duration_column)
+    _duration_column = property(lambda self: self.settings.duration_column)
+
+    @property
+    def _chain(self) -> Chain:
+        return self._built()
+
+    @property
+    def _stream(self) -> Stream:
+        self._built()
+        return self._built_stream
 
     # ------------------------------------------------------------- iteration
 
@@ -192,7 +202,7 @@ class AudioLoader:
         where the loaded state says. One ``next()`` at a time: a second thread calling
         ``next()`` during one gets ``RuntimeError`` (two consumers never share one stream).
         """
-        if self._loader is None:
+        if not hasattr(self, "settings"):
             raise RuntimeError("this AudioLoader failed to construct")
         self._check_process()
         return self._stream.iterator(self._next_batch)
@@ -283,11 +293,11 @@ class AudioLoader:
                             "torch.utils.data.DataLoader asked: iterate the AudioLoader directly instead of "
                             "wrapping it.)")
         if self.num_batches is not None:
-            return self._chain.batcher.batches_this_pass
-        if self.mix is not None and self.rows.stop == "first_exhausted":
+            return self.batcher.batches_this_pass
+        if self.settings.stop == "first_exhausted":
             raise TypeError("len() of a Mix(stop='first_exhausted') is not known before it runs (it ends when a "
                             "random draw first exhausts a source); use stop='all_exhausted' for a known length")
-        rows = sum(split.num_rows for reader in self.readers for split in reader.splits_for_pass(0))
+        rows = sum(split.num_rows for plan in self.settings.reads for split in plan.splits_for_pass(0))
         return rows // self.batch_size if self.drop_last else math.ceil(rows / self.batch_size)
 
     # ----------------------------------------------------------------- state
@@ -344,33 +354,65 @@ class AudioLoader:
                 f"this Mix checkpoint was saved on {len(resume.states)} ranks and this loader runs on "
                 f"{self.world_size}: a mix resumes only on the same number of ranks (its draws are per rank); "
                 f"resume with world_size={len(resume.states)}", {"world_size": (len(resume.states), self.world_size)})
-        settings = settle_for_checkpoint(self.settings, self.sources, resume, self._fingerprint)
-        if settings is not self.settings:  # taken with other settings: a new chain, built with them
-            self.shutdown()
-            generation = self._stream.generation
-            self._build(settings)
-            self._stream.generation = generation  # the live iterator goes on, from the loaded state
-        if resume.elastic:  # the rows the old ranks left of their pass, spread over the new ranks (`elastic.plan`)
-            start = elastic.plan(self._loader.root, self.reader, [state["loader"]["root"] for state in resume.states])
-            batches = None if self.num_batches is None else elastic.batches_left(self.settings, self.sources, start)
-            self.reader.start_from(start.state_for(self.reader))
-            if batches is not None:  # evaluation: the batches every new rank yields in the rest of the pass
-                self._chain.batcher.start_pass_with(batches)
-            self._stream.start_fresh()  # the next iteration starts the chain anew, at the reader's carry
-        else:
-            self._stream.load_state_dict(resume.states[0]["loader"])
+        # Settled again with the checkpoint: the construction's settings, or those it was taken with.
+        settings = settle_for_checkpoint(self._settled, self.sources, resume, self._settled_fingerprint)
+        state = None if resume.elastic else resume.states[0]["loader"]
+        if resume.elastic:
+            # The rows the old ranks left of their pass, spread over the new ranks (`elastic.plan`, which reads the
+            # old states through a chain of these settings), become this rank's reader's start and batch count.
+            built = self._built_chain if settings is self.settings else None
+            chain = built or build_chain(settings, self.sources, self.stats_counters)
+            start = elastic.plan(chain.root, chain.reader, [old["loader"]["root"] for old in resume.states])
+            settings = elastic.resumed(settings, self.sources, start)
+        self._start_at(settings, state)
 
-    def _build(self, settings: Settings) -> None:
-        """The chain, its `Loader` and `Stream`, and the fingerprint, from final ``settings`` (`chain.settle`)."""
-        self.settings = settings
-        self._chain = build_chain(settings, self.sources, self.stats_counters)
-        note_shuffle_quality(settings, self.sources, self.stats_counters)
-        self._loader = Loader(self._chain.root)
-        # Infinite loaders continue their stream on a new iter(); one-pass loaders start the next pass.
-        self._stream = Stream(self._loader, continues=settings.infinite, repeats=settings.infinite)
-        self._fingerprint = checkpoint.fingerprint(settings, self.sources)
+    def _start_at(self, settings: Settings, state: dict[str, Any] | None) -> None:
+        """The next iteration starts at the chain state ``state`` of a chain of ``settings`` (None: at the start its
+        settings hold, an elastic resume's, whose settings are always new): the chain built already when it has
+        them, else one built anew on first use."""
+        if settings is self.settings and self._built_chain is not None:  # the running chain goes on from the state
+            self._stream.load_state_dict(state)
+            return
+        if self._built_chain is not None:  # taken with other settings: a new chain, built with them when first used
+            self.shutdown()
+            self._generation = self._built_stream.generation  # the live iterator goes on, from the loaded state
+            self._built_chain = self._loader = None
+        if settings is not self.settings:
+            self._use(settings, checkpoint.fingerprint(settings, self.sources))
+        self._loaded = state
+
+    def _use(self, settings: Settings, fingerprint: dict[str, Any]) -> None:
+        """Final ``settings`` (`chain.settle`) for the chain built on first use, the ``fingerprint`` of its
+        checkpoints, and what ``stats()`` reports of them."""
+        self.settings, self._fingerprint = settings, fingerprint
         self._note_memory()
         self._note_buckets()
+        self._note_shuffle_quality()
+
+    def _built(self) -> Chain:
+        """The chain of ``self.settings``, built once, on first use (as torchdata resets lazily), with its `Loader`
+        and `Stream`, at the state loaded before (if any)."""
+        if self._built_chain is None:
+            chain = build_chain(self.settings, self.sources, self.stats_counters)
+            self._loader = Loader(chain.root)
+            # Infinite loaders continue their stream on a new iter(); one-pass loaders start the next pass.
+            stream = Stream(self._loader, continues=self.settings.infinite, repeats=self.settings.infinite)
+            stream.generation = self._generation
+            if self._loaded is not None:
+                stream.load_state_dict(self._loaded)
+            self._built_chain, self._built_stream, self._loaded = chain, stream, None
+        return self._built_chain
+
+    def _note_shuffle_quality(self) -> None:
+        """Give ``stats.shuffle`` each source's splits of pass 0 on this rank (``(first global index, rows)``) and
+        the mix's weights, for its per-batch figures and their references (`stats.ShuffleQuality`)."""
+        split_rows = []
+        for dataset, reads in zip(self.sources.datasets, self.settings.reads, strict=True):
+            files = dataset.files
+            split_rows.append([(files[s.file_id].index_offset + s.start, s.num_rows)
+                               for s in reads.splits_for_pass(0)])
+        weights = self.sources.mix.weights if self.sources.mix is not None else [1.0]
+        self.stats_counters.shuffle.configure(split_rows, weights, self.settings.batch_size)
 
     def _note_buckets(self) -> None:
         """``stats()["bucketing"]``: how many duration buckets, their edges, and why that many."""
@@ -394,14 +436,15 @@ class AudioLoader:
         continues where this one was. The arguments must pickle: functions passed
         as ``augment`` must be importable (module level, not lambdas).
         """
-        loader = self._loader
-        positioned = loader is not None and loader.positioned
+        loader = self._loader if self._built_chain is not None else None
+        positioned = self._loaded is not None or (loader is not None and loader.positioned)
         return _rebuild_audio_loader, (self._arguments, self.state_dict() if positioned else None)
 
     # ------------------------------------------------------------ lifecycle
 
     def stats(self) -> dict[str, Any]:
         """Counters (samples, batches, bad rows...), per-stage seconds, bad-row reports, buffer fill."""
+        self._built()  # a first use too: the nodes report what they hold (``"memory"``) from their construction on
         return self.stats_counters.snapshot()
 
     def shutdown(self) -> None:
@@ -410,8 +453,8 @@ class AudioLoader:
         A new iterator starts them again: an infinite loader where `state_dict()` says, a
         one-pass loader with its next pass.
         """
-        if self._loader is not None:
-            self._stream.stop()
+        if self._built_chain is not None:  # nothing runs before the chain is built
+            self._built_stream.stop()
             self._loader.shutdown()
 
     def __enter__(self) -> AudioLoader:
@@ -432,43 +475,6 @@ class AudioLoader:
 
 _FORKED_MESSAGE = ("this AudioLoader was started in process {pid}; a forked child cannot use its threads or worker "
                    "processes (it would wait forever): build the loader in the process that iterates it")
-
-
-def _fold(arguments: dict[str, Any], moved: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The constructor's arguments with 0.2's flat keywords folded into their groups (one warning each), and
-    the `Source` fields among them (``audio_column``, ``label_column``, ``filter``)."""
-    if not moved:
-        return arguments, {}
-    groups = {"workers": arguments["workers"] or Workers(), "shuffle": arguments["shuffle"] or Shuffle(),
-              "storage": arguments["storage"] or Storage(), "source": {}}
-    on_error = arguments["on_error"]
-    groups["on_error"] = on_error if isinstance(on_error, OnError) else OnError(action=on_error)
-    folded = fold_moved_keywords(groups, moved)
-    source_fields = folded.pop("source")
-    for name in ("workers", "shuffle", "storage", "on_error"):
-        if folded[name] is not groups[name] or arguments[name] is not None:
-            arguments[name] = folded[name]
-    return arguments, source_fields
-
-
-def _with_source_fields(source: Any, fields: dict[str, Any]) -> Any:
-    """``source`` with 0.2's flat ``audio_column=``/``label_column=``/``filter=`` applied: to the `Source`
-    of one source; a `Mix`'s sources have their own columns, and take the filter where they have none."""
-    if not fields:
-        return source
-    if isinstance(source, Mix):
-        if "filter" not in fields:
-            return source
-        entries = source.sources.items()
-        return Mix({name: (_filtered(data, fields["filter"]), weight) for name, (data, weight) in entries},
-                   stop=source.stop)
-    one = source if isinstance(source, Source) else Source(source)
-    return dataclasses.replace(one, **fields)
-
-
-def _filtered(data: Any, filter: Any) -> Source:
-    one = data if isinstance(data, Source) else Source(data)
-    return one if one.filter is not None else dataclasses.replace(one, filter=filter)
 
 
 def _rebuild_audio_loader(arguments: dict[str, Any], state: dict[str, Any] | None) -> AudioLoader:

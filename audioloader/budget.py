@@ -292,7 +292,7 @@ def tune_batch_sizes(source: Any, bucketing: Any, step: Any, *, columns: Sequenc
     with AudioLoader(source, batching=wanted, columns=columns, **options) as loader:
         settings, sources = loader.settings, loader.sources
         limits, fetch = settings.bucket_limits, sources.fetch()
-        if sources.duration_column is not None:  # a column to read: every row, so each bucket's worst is found
+        if settings.duration_column is not None:  # a column to read: every row, so each bucket's worst is found
             every = dataclasses.replace(settings.batching, estimate_rows=len(sources.datasets[0].kept_indices()))
             settings = dataclasses.replace(settings, batching=every)
         indices, seconds, tokens = bucket_sample(settings, sources)

@@ -1,8 +1,8 @@
 """The default chain of nodes, built in one function (`build_chain`), and the sources it starts from.
 
-Three steps, in this order: ``open_sources`` opens the loader's source (shards, an
-Iceberg table, a `Source` or a `Mix`) as datasets and checks them against each
-other; ``settle`` makes every setting final from them (the readers' interleave
+Three steps, in this order, after `options.resolve` checked every option: ``open_sources`` opens the
+loader's source (shards, an Iceberg table, a `Source` or a `Mix`) as datasets and checks them against each
+other (nothing is decided there); ``settle`` makes every setting final from them (the readers' interleave
 fitted to the byte budget, where the shuffle buffer sits, each reader's plan, the
 bucketing's edges, the batches each rank yields in evaluation, each node's group);
 ``build_chain`` wires the nodes, each given its group whole, readers first, source
@@ -28,10 +28,10 @@ from torchdata.nodes import BaseNode, PinMemory
 from . import checkpoint
 from .budget import lane_bytes
 from .checkpoint import Resume
-from .dsp.config import LengthPolicy, Segments
-from .elastic import planned_batches, steps_in_step
+from .dsp.config import Segments
+from .elastic import count_batches
 from .errors import CheckpointMismatchError
-from .mix import Mix, Source, check_columns, check_lengths, source_seed
+from .mix import Mix, Source, check_source_columns
 from .nodes.arrow_shard_reader import ArrowShardReader
 from .nodes.batch_augment import BatchAugment
 from .nodes.batch_features import BatchFeatures
@@ -49,7 +49,6 @@ from .options import Settings
 from .samples import BadRow, Key, RawSample, Sample
 from .shards import IcebergTable, ShardDataset
 from .shards.formats.scan import FORMATS
-from .shards.formats.writer import shard_doc
 from .stats import LoaderStats
 from .workers.recycle import BatchArenas
 
@@ -60,29 +59,22 @@ ARENA_BATCHES = 8
 
 @dataclass(frozen=True, kw_only=True)
 class Sources:
-    """The opened datasets of a loader's source and what the chain needs to know about them (no node; built
-    by keyword, whole).
+    """The opened datasets of a loader's source and what was opened (no node, no decision: those are the
+    `Settings`'; built by keyword, whole).
 
-    ``datasets``: one per source (the mix's in its order); ``lengths`` holds each
-    source's `LengthPolicy`; ``names`` the mix's source names (empty for one source);
-    ``stop``: the mix's stopping rule, decided (None for one source).
+    ``datasets``: one per source (the mix's in its order); ``names`` the mix's source names (empty for one
+    source); ``mix``: the `Mix` opened (None for one source); the columns, segments and decoder backends are the
+    sources' own (a mix's sources each read their own columns).
     """
 
     datasets: list[ShardDataset]
-    lengths: list[LengthPolicy]
     names: tuple[str, ...]
     mix: Mix | None
     has_labels: bool
-    duration_column: str | None
     audio_column: str | None = "audio"  # the single source's (a mix's sources have their own)
     label_column: str | None = "label"
     segments: Segments | None = None  # the single source's
-    stop: str | None = None
     decoders: tuple[str, ...] = ("auto",)  # each source's decoder backend (`Source.decoder`)
-
-    def seconds_of(self, row: RawSample) -> float:
-        """A row's duration for bucketing: its window's length (segments), its duration column, or its header."""
-        return row_seconds(row, self.duration_column, self.segments)
 
     def fetch(self) -> Callable[[Sequence[Key]], list[RawSample]]:
         """Random access to rows by key, picklable and holding no loader (restore, worker processes)."""
@@ -120,15 +112,18 @@ def settle(settings: Settings, sources: Sources) -> Settings:
 
     What is decided here, before any node exists: the readers' interleave, when the
     preset's (`budget.ShuffleSettings.fitted` to the shards' units), where the shuffle
-    buffer sits (``shuffle.before_decode``, `_before_decode`), each source's `ReadPlan`
+    buffer sits (``shuffle.before_decode``, `_before_decode`), the bucketing's duration column when the shards
+    have it (``duration_column``), each source's `ReadPlan`
     (``reads``: the splits every rank reads each pass), the bucketing's count and edges
     (``buckets``, `duration_buckets`), in evaluation the batches every rank yields
-    (``num_batches``, `count_batches`), and the groups the other nodes take whole
+    (``num_batches``, `elastic.count_batches`), and the groups the other nodes take whole
     (`_node_groups`: ``buffer_limits``, ``bucket_limits``, ``batch_layout``, ``arena_bytes``).
     """
     shuffle = settings.shuffle.fitted(lane_bytes(sources.datasets))
     shuffle = dataclasses.replace(shuffle, before_decode=_before_decode(settings, sources))
-    return _node_groups(_planned(dataclasses.replace(settings, shuffle=shuffle), sources), sources)
+    duration_column = _duration_column(settings, sources.datasets[0].schema)
+    settings = dataclasses.replace(settings, shuffle=shuffle, duration_column=duration_column)
+    return _node_groups(_planned(settings, sources), sources)
 
 
 def settle_for_checkpoint(settings: Settings, sources: Sources, resume: Resume,
@@ -166,16 +161,18 @@ def settle_for_checkpoint(settings: Settings, sources: Sources, resume: Resume,
 
 
 def _planned(settings: Settings, sources: Sources) -> Settings:
-    """``settings`` with each source's `ReadPlan`, the bucketing's `Buckets` (unless known) and, in evaluation,
-    ``num_batches``, in that order (each needs the last); then come the other nodes' groups (`_node_groups`)."""
+    """``settings`` with each source's `ReadPlan` and the bucketing's `Buckets` (unless known), in that order (the
+    second needs the first); then come the nodes' groups and the batches a pass yields (`_node_groups`)."""
     settings = dataclasses.replace(settings, reads=read_plans(settings, sources))
     if settings.batching is not None and settings.buckets is None:
         settings = dataclasses.replace(settings, buckets=duration_buckets(settings, sources))
-    return dataclasses.replace(settings, num_batches=None if settings.train else count_batches(settings, sources))
+    return settings
 
 
 def _node_groups(settings: Settings, sources: Sources) -> Settings:
-    """``settings`` with the shuffle buffer's `BufferLimits`, the bucketer's `BucketLimits`, the batcher's
+    """``settings`` with the shuffle buffer's `BufferLimits`, the bucketer's `BucketLimits`, the batches every rank
+    yields in a pass where they are planned (``num_batches``: in evaluation, and in a training pass of ranks in
+    step, every rank as many as the rank that makes the most; `elastic.count_batches`), then the batcher's
     `BatchLayout` and the bytes of batch memory the decode processes write into (`batch_layout`)."""
     s, shuffle = settings, settings.shuffle
     buffer = BufferLimits(shuffle.buffer_size, shuffle.min_size, shuffle.buffer_max_bytes, shuffle.min_bytes,
@@ -183,13 +180,12 @@ def _node_groups(settings: Settings, sources: Sources) -> Settings:
     buckets = None
     if s.batching is not None:
         buckets = bucket_limits(s, shuffle.bucketer_max_bytes, shuffle.one_pass)
-    if buckets is not None and buckets.schedule is not None and s.train and not s.infinite:
-        # A pass of ranks in step: every rank yields as many batches as the rank that makes the most.
-        settings = dataclasses.replace(settings, buffer_limits=buffer, bucket_limits=buckets)
-        settings = dataclasses.replace(settings, num_batches=steps_in_step(settings, sources))
+    settings = dataclasses.replace(settings, buffer_limits=buffer, bucket_limits=buckets)
+    in_step = buckets is not None and buckets.schedule is not None and s.train and not s.infinite
+    if in_step or not s.train:
+        settings = dataclasses.replace(settings, num_batches=count_batches(settings, sources))
     layout, arena_bytes = batch_layout(settings, sources)
-    return dataclasses.replace(settings, buffer_limits=buffer, bucket_limits=buckets, batch_layout=layout,
-                               arena_bytes=arena_bytes)
+    return dataclasses.replace(settings, batch_layout=layout, arena_bytes=arena_bytes)
 
 
 def read_plans(settings: Settings, sources: Sources) -> tuple[ReadPlan, ...]:
@@ -199,7 +195,7 @@ def read_plans(settings: Settings, sources: Sources) -> tuple[ReadPlan, ...]:
     plans = []
     for position, dataset in enumerate(sources.datasets):
         try:
-            plans.append(ReadPlan.of(dataset, seed=source_seed(s.seed, position) if mixed else s.seed,
+            plans.append(ReadPlan.of(dataset, seed=s.seeds[position],
                                      rank=s.storage.rank, world_size=s.storage.world_size, shuffle=s.train,
                                      infinite=_endless_chain(s) and not mixed, interleave=s.shuffle.interleave))
         except Exception as error:
@@ -211,7 +207,7 @@ def read_plans(settings: Settings, sources: Sources) -> tuple[ReadPlan, ...]:
 
 def _endless_chain(settings: Settings) -> bool:
     """The chain's readers go on into the next pass themselves: ``infinite`` training. An infinite evaluation
-    loader's chain ends with its pass (every rank's equal batch count, with padding: `count_batches`); its
+    loader's chain ends with its pass (every rank's equal batch count, with padding: `elastic.count_batches`); its
     `Stream` starts the next, identical pass (``repeats``), so no batch ever mixes two passes."""
     return settings.infinite and settings.train
 
@@ -288,7 +284,7 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
         rows = buffer(rows, restore=fetch_rows) if s.train else rows
         rows = bucketer = DurationBucketer(
             rows, limits=s.bucket_limits, drop_last=s.drop_last, restore=fetch_rows, stats=stats,
-            duration_fn=functools.partial(row_seconds, duration_column=sources.duration_column,
+            duration_fn=functools.partial(row_seconds, duration_column=s.duration_column,
                                           segments=sources.segments))
         samples = decode = decoder(rows)
     elif s.shuffle.before_decode:  # the buffer holds raw rows
@@ -318,7 +314,7 @@ def _readers(settings: Settings, sources: Sources, stats: LoaderStats) -> tuple[
     s, names = settings, sources.names
     return readers, WeightedMix(dict(zip(names, readers, strict=True)), dict(zip(names, sources.mix.weights,
                                                                                  strict=True)),
-                                stop=sources.stop, infinite=_endless_chain(s), seed=s.seed, rank=s.storage.rank,
+                                stop=s.stop, infinite=_endless_chain(s), seed=s.seed, rank=s.storage.rank,
                                 stats=stats)
 
 
@@ -328,7 +324,7 @@ def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: Bas
     # Memory-mapped shards: a worker process reads its rows itself (zero-copy there)
     # rather than getting the encoded audio copied over from here.
     fetch = sources.fetch() if all(_raw_rows_are_free(d) for d in sources.datasets) else None
-    length = sources.lengths[0] if len(set(sources.lengths)) == 1 else sources.lengths
+    length = s.lengths[0] if len(set(s.lengths)) == 1 else s.lengths
     return DecodeSpectrogram(
         rows, s.features, seed=s.seed, train=s.train, workers=s.workers, augment=s.augmentations,
         on_error=s.on_error, stats=stats, fetch=fetch, compute_features=s.device is None, length=length,
@@ -348,120 +344,59 @@ def _has_cuda() -> bool:
 # -- sources ------------------------------------------------------------------------------------------------
 
 
-def open_sources(source: Any, settings: Settings, stats: LoaderStats,
-                 mix_columns: tuple[str | None, str | None] = ("audio", "label")) -> Sources:
-    """The datasets of ``source`` (shards, an `IcebergTable`, a `Source` or a `Mix`), checked against each other;
-    no node is built (`build_chain` builds the readers, with the settings `settle` makes final).
-    ``mix_columns``: the audio and label column a `Mix` records (0.2's flat keywords; its sources have their own)."""
-    if isinstance(source, Mix):
-        return _open_mix(source, settings, stats, mix_columns)
-    return _open_one(source if isinstance(source, Source) else Source(source), settings)
-
-
-def _open_one(source: Source, settings: Settings) -> Sources:
-    duration_column, dataset = _with_duration_column(_dataset(source, settings), settings, source.segments)
-    return Sources(datasets=[dataset], lengths=[source.length or settings.length], names=(), mix=None,
-                   has_labels=source.label_column is not None, duration_column=duration_column,
-                   audio_column=source.audio_column, label_column=source.label_column, segments=source.segments,
-                   decoders=(source.decoder,))
-
-
-def _with_duration_column(dataset: ShardDataset, settings: Settings,
-                          segments: Any = None) -> tuple[str | None, ShardDataset]:
-    """The bucketing's duration column when the shards have it (else None), and ``dataset`` reading it and the
-    segments' columns too (`ShardDataset.with_columns`: no file is read again)."""
-    columns = list(settings.columns)
-    if segments is not None:
-        _check_segment_columns(dataset.schema, segments)
-        columns += [c for c in segments.columns if c not in columns]
-    wanted = settings.batching.duration_column if settings.batching is not None else None
-    duration_column = wanted if wanted is not None and (wanted in columns or wanted in dataset.schema.names) else None
-    if duration_column is not None and duration_column not in columns:
-        columns.append(duration_column)
+def open_sources(source: Any, settings: Settings, stats: LoaderStats) -> Sources:
+    """The datasets of ``source`` (shards, an `IcebergTable`, a `Source` or a `Mix`: a list of one source or the
+    mix's), their columns checked against the options and each other (`mix.check_source_columns`); no node is built
+    and nothing decided (`settle` decides, with the options `options.resolve` checked)."""
+    mix = source if isinstance(source, Mix) else None
+    ones = [e.source for e in mix.entries] if mix is not None else [
+        source if isinstance(source, Source) else Source(source)]
+    names = mix.names if mix is not None else ()
+    datasets = [_dataset(one, settings, name) for one, name in zip(ones, names or (None,), strict=True)]
     tokens = settings.batching.token_column if settings.batching is not None else None
-    if tokens is not None and tokens not in columns:
-        _check_token_column(dataset.schema, tokens)
-        columns.append(tokens)
-    return duration_column, dataset if columns == list(settings.columns) else dataset.with_columns(columns)
+    check_source_columns(names, [dataset.schema for dataset in datasets], settings.columns,
+                         [one.segments for one in ones], None if tokens in settings.columns else tokens)
+    if mix is not None:
+        stats.describe_sources(mix.names, mix.weights)
+    # Each dataset reads, beside the loader's columns, the segments', the duration and the token column.
+    datasets = [_with_extra_columns(dataset, settings, one.segments) for dataset, one in zip(datasets, ones,
+                                                                                           strict=True)]
+    # The single source's columns and segments (a mix's sources have their own, and no segments).
+    one = {} if mix is not None else {"audio_column": ones[0].audio_column, "label_column": ones[0].label_column,
+                                      "segments": ones[0].segments}
+    return Sources(datasets=datasets, names=names, mix=mix, has_labels=all(o.label_column is not None for o in ones),
+                   decoders=tuple(o.decoder for o in ones), **one)
 
 
-def _check_token_column(schema: pa.Schema, name: str) -> None:
-    """The shards have an integer column of tokens per row (``Bucketing(token_column=...)``)."""
-    if name not in schema.names:
-        raise ValueError(f"Bucketing(token_column={name!r}): the shards have no column {name!r} (columns: "
-                         f"{', '.join(schema.names)}); write each row's token count with `audioloader pack "
-                         "--tokenizer MODULE:FUNCTION` (docs/speech.md, the token budget)")
-    if not pa.types.is_integer(schema.field(name).type):
-        raise ValueError(f"Bucketing(token_column={name!r}): column {name!r} has type {schema.field(name).type}; "
-                         "it must hold integer token counts")
+def _with_extra_columns(dataset: ShardDataset, settings: Settings, segments: Segments | None) -> ShardDataset:
+    """``dataset`` reading, beside the loader's columns, the segments' columns and the bucketing's duration column
+    (when the shards have it) and token column (`ShardDataset.with_columns`: no file is read again)."""
+    columns = list(settings.columns)
+    columns += [c for c in (segments.columns if segments is not None else ()) if c not in columns]
+    duration_column = _duration_column(settings, dataset.schema)
+    tokens = settings.batching.token_column if settings.batching is not None else None
+    columns += [c for c in dict.fromkeys((duration_column, tokens)) if c is not None and c not in columns]
+    return dataset if columns == list(settings.columns) else dataset.with_columns(columns)
 
 
-def _check_segment_columns(schema: pa.Schema, segments: Segments) -> None:
-    """The shards have numeric segment columns, and their rows are not segments ``audioloader pack`` already cut."""
-    for name in segments.columns:
-        if name not in schema.names:
-            raise ValueError(f"segments={segments}: the shards have no column {name!r} (columns: "
-                             f"{', '.join(schema.names)}); name the columns holding each row's window in seconds")
-        kind = schema.field(name).type
-        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
-            raise ValueError(f"segments={segments}: column {name!r} has type {kind}; the window needs numbers "
-                             "(seconds). Write the times as floats")
-    if shard_doc(schema).get("segments") == "cut":
-        raise ValueError(f"segments={segments}: these shards were packed from segments, and each row's audio is "
-                         "already its segment (audioloader pack cut it from its recording; the start/end columns "
-                         "only say where it was). Leave segments= out")
+def _duration_column(settings: Settings, schema: pa.Schema) -> str | None:
+    """The bucketing's duration column when the shards have it (``Bucketing.duration_column``), else None."""
+    wanted = settings.batching.duration_column if settings.batching is not None else None
+    return wanted if wanted is not None and (wanted in settings.columns or wanted in schema.names) else None
 
 
-def _dataset(source: Source, settings: Settings) -> ShardDataset:
-    """The `ShardDataset` of one source: its files, columns and filter, read as ``settings.storage`` says (with the
-    source's own filesystem, when it has one)."""
+def _dataset(source: Source, settings: Settings, name: str | None = None) -> ShardDataset:
+    """The `ShardDataset` of one source (of the mix's source ``name``): its files, columns and filter, read as
+    ``settings.storage`` says (with the source's own filesystem, when it has one)."""
     storage = settings.storage
     if source.filesystem is not None:
         storage = dataclasses.replace(storage, filesystem=source.filesystem)
-    return ShardDataset(source.data, audio_column=source.audio_column, label_column=source.label_column,
-                        columns=settings.columns, filter=source.filter, storage=storage)
-
-
-def _open_mix(mix: Mix, settings: Settings, stats: LoaderStats, columns: tuple[str | None, str | None]) -> Sources:
-    """One dataset per source of the `Mix` (`build_chain` interleaves their readers with a `WeightedMix`)."""
-    s = settings
-    with_segments = [e.name for e in mix.entries if e.source.segments is not None]
-    if with_segments:
-        raise ValueError(f"Mix source(s) {with_segments} have segments=: a Mix does not take segments yet; read "
-                         "the segments of one source, or pack them into rows of their own (audioloader pack cuts "
-                         "them)")
-    if s.batching is not None:
-        raise ValueError("batching=Bucketing(...) does not take a Mix yet: bucket one source, or mix "
-                         "fixed-size batches (batch_size=)")
-    stop = mix.stop or ("cycle" if _endless_chain(s) else "all_exhausted")
-    if not s.train and stop != "all_exhausted":
-        raise ValueError(f"Mix(stop={stop!r}) with train=False: evaluation reads every row of every source "
-                         "exactly once (stop='all_exhausted', the default there); the weights then only set "
-                         "the interleaving. Leave stop out, or evaluate the sources one by one")
-    if stop == "cycle" and not s.infinite:
-        raise ValueError("Mix(stop='cycle') never ends, but infinite=False asks for passes that end: use "
-                         "stop='all_exhausted' (every row of every source once) or 'first_exhausted'")
-    labelled = {e.name: e.source.label_column is not None for e in mix.entries}
-    if len(set(labelled.values())) > 1:
-        raise ValueError(f"Mix sources disagree on labels {labelled}: batches have a label for every sample "
-                         "or for none; give every Source a label_column, or label_column=None to all")
-    lengths = [e.source.length or s.length for e in mix.entries]
-    # The loader's own length= is checked with them: it sets the batches' shape.
-    check_lengths(["length= of the loader", *mix.names], [s.length, *lengths], s.features)
-    datasets = [_mix_dataset(entry, settings) for entry in mix.entries]
-    check_columns(mix.names, [dataset.schema for dataset in datasets], s.columns)
-    stats.describe_sources(mix.names, mix.weights)
-    return Sources(datasets=datasets, lengths=lengths, names=mix.names, mix=mix, has_labels=all(labelled.values()),
-                   duration_column=None, audio_column=columns[0], label_column=columns[1], stop=stop,
-                   decoders=tuple(e.source.decoder for e in mix.entries))
-
-
-def _mix_dataset(entry: Any, settings: Settings) -> ShardDataset:
     try:
-        return _dataset(entry.source, settings)
+        return ShardDataset(source.data, audio_column=source.audio_column, label_column=source.label_column,
+                            columns=settings.columns, filter=source.filter, storage=storage)
     except Exception as error:
-        if hasattr(error, "add_note"):  # Python 3.11+
-            error.add_note(f"(in Mix source {entry.name!r})")
+        if name is not None and hasattr(error, "add_note"):  # Python 3.11+
+            error.add_note(f"(in Mix source {name!r})")
         raise
 
 
@@ -472,17 +407,6 @@ def pinned_source(source: Any, sources: Sources) -> Any:
         return source
     pinned = dataclasses.replace(table, snapshot_id=sources.datasets[0].table.snapshot_id)
     return dataclasses.replace(source, data=pinned) if isinstance(source, Source) else pinned
-
-
-def note_shuffle_quality(settings: Settings, sources: Sources, stats: LoaderStats) -> None:
-    """Give ``stats.shuffle`` each source's splits of pass 0 on this rank (``(first global index, rows)``) and the
-    mix's weights, for its per-batch figures and their references (`stats.ShuffleQuality`)."""
-    split_rows = []
-    for dataset, reads in zip(sources.datasets, settings.reads, strict=True):
-        files = dataset.files
-        split_rows.append([(files[s.file_id].index_offset + s.start, s.num_rows) for s in reads.splits_for_pass(0)])
-    stats.shuffle.configure(split_rows, sources.mix.weights if sources.mix is not None else [1.0],
-                            settings.batch_size)
 
 
 def _raw_rows_are_free(dataset: ShardDataset) -> bool:
@@ -522,17 +446,3 @@ def _restore_decoded(fetch: Callable[[Sequence[Key]], list[RawSample]], decoder:
             f"{bad[0].reason}); the data changed since the checkpoint was taken",
             {"rows": ([b.key.index for b in bad], None)})
     return list(decoded)
-
-
-# -- eval planning ------------------------------------------------------------------------------------------
-
-
-def count_batches(settings: Settings, sources: Sources) -> int:
-    """Eval: batches every rank yields (equal across ranks, see Batcher.num_batches), from ``settings.reads`` and,
-    with bucketing, ``settings.buckets``."""
-    if settings.batching is not None:
-        return planned_batches(settings, sources)
-    rows = [sum(counts) for counts in zip(*(plan.rows_per_rank() for plan in settings.reads), strict=True)]
-    if settings.drop_last:
-        return min(rows) // settings.batch_size
-    return math.ceil(max(rows) / settings.batch_size)

@@ -64,7 +64,7 @@ def _newer_fields(settings: Any, sources: Any) -> dict[str, Any]:
     if s.batching is not None:
         # The count used (given, fitted to the data, or a checkpoint's): a resume must bucket as the run did.
         extra["batching"] = {**s.batching.to_dict(), "num_buckets": s.buckets.count, "boundaries": s.buckets.boundaries,
-                             "duration_column": sources.duration_column, **s.buckets.fingerprint()}
+                             "duration_column": s.duration_column, **s.buckets.fingerprint()}
     if sources.segments is not None:
         extra["segments"] = sources.segments.to_dict()
     if any(decoder != "auto" for decoder in sources.decoders):  # a backend is part of the data's identity
@@ -75,7 +75,7 @@ def _newer_fields(settings: Any, sources: Any) -> dict[str, Any]:
         extra["mix"] = {"sources": [[e.name, e.weight, e.source.audio_column, e.source.label_column,
                                      None if e.source.length is None else e.source.length.to_dict()]
                                     for e in sources.mix.entries],
-                        "stop": sources.stop, "world_size": s.storage.world_size}
+                        "stop": s.stop, "world_size": s.storage.world_size}
     if s.augmentations is not None and s.augmentations.builtin:
         extra["augment"] = [{**described, "files": files_of(dataset)} if dataset is not None else described
                             for described, dataset in zip(s.augmentations.describe(),

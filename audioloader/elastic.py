@@ -18,13 +18,14 @@ state holds, `audioloader.nodes.held`):
 Everything left, over all old ranks, is cut into ``W'`` parts of equal rows
 (in training, after a seeded shuffle of the pieces; in evaluation in file
 order), and new rank ``r'`` reads part ``r'`` first: its reader's *carry*
-(`ArrowShardReader.start_from`). Keys keep their pass, so every row keeps its
+(the start of its `ReadPlan`, `Plan.started`). Keys keep their pass, so every row keeps its
 crop. After the carry, passes go on in the new layout. Deterministic: every new
 rank computes the same parts from the same list of states.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -40,7 +41,7 @@ from .nodes.arrow_shard_reader import ArrowShardReader
 from .nodes.bucket_rules import bucket_limits
 from .nodes.bucket_rules import plan as plan_buckets
 from .nodes.held import RowsHeld
-from .nodes.read_order import ReaderPosition, Segment, order_at
+from .nodes.read_order import ReaderPosition, ReadPlan, Segment, order_at
 from .samples import Key
 
 #: Rows per piece that buffered rows are grouped into before the parts are cut (they mix with the splits).
@@ -91,13 +92,17 @@ class Plan:
     rows_per_rank: list[int]
     last_pass: int
 
-    def state_for(self, reader: ArrowShardReader) -> dict[str, Any]:
-        """The reader state (with its carry) of ``reader``'s rank (a reader of the new layout)."""
-        part = self.parts[reader.rank]
+    def state_for(self, plan: ReadPlan) -> dict[str, Any]:
+        """The reader state (with its carry) of ``plan``'s rank (a `ReadPlan` of the new layout)."""
+        part = self.parts[plan.rank]
         if part:
             return {"pass": self.last_pass, "split_pos": 0, "row": 0, "carry": [s.to_list() for s in part]}
         # nothing left for this rank: at the end of the last pass
-        return {"pass": self.last_pass, "split_pos": len(reader.segments_for_pass(self.last_pass)), "row": 0}
+        return {"pass": self.last_pass, "split_pos": len(plan.splits_for_pass(self.last_pass)), "row": 0}
+
+    def started(self, plan: ReadPlan) -> ReadPlan:
+        """``plan`` (of the new layout) starting at its rank's part (`ReadPlan.starting_at`)."""
+        return plan.starting_at(self.state_for(plan))
 
 
 class _Pieces:
@@ -210,15 +215,28 @@ def plan(root: BaseNode, reader: ArrowShardReader, states: Sequence[dict[str, An
     return Plan(parts, [sum(reader.segment_rows(s) for s in part) for part in parts], last_pass)
 
 
-def batches_left(settings: Any, sources: Any, start: Plan) -> int:
-    """Eval, after an elastic resume from ``start``: batches every new rank yields in the rest of the pass (equal
-    on all); ``settings`` and ``sources``: the loader's (`chain.settle`'s, `chain.Sources`)."""
-    if settings.batching is None:
+def resumed(settings: Any, sources: Any, start: Plan) -> Any:
+    """``settings`` (`chain.settle`'s) of a chain that starts at ``start``: its reader's plan starting at this rank's
+    part (`Plan.started`) and, in evaluation, its batcher's first pass the batches every new rank yields in the rest
+    of the pass (`count_batches`); every node of it is built so, and none is changed afterwards."""
+    layout = settings.batch_layout
+    if settings.num_batches is not None:
+        layout = dataclasses.replace(layout, first_pass_batches=count_batches(settings, sources, start))
+    return dataclasses.replace(settings, reads=(start.started(settings.reads[0]),), batch_layout=layout)
+
+
+def count_batches(settings: Any, sources: Any, start: Plan | None = None) -> int:
+    """Batches every rank yields in a pass (equal on all, see `Batcher`'s ``num_batches``) or, after an elastic
+    resume from ``start``, in the rest of it: from ``settings.reads`` (`chain.settle`'s) or ``start``'s parts and,
+    with bucketing, ``settings.buckets`` (a training pass of ranks in step: `steps_in_step`)."""
+    s = settings
+    if s.batching is not None:
+        return steps_in_step(s, sources, start) if s.train else planned_batches(s, sources, start)
+    if start is not None:
         rows = start.rows_per_rank
-        return min(rows) // settings.batch_size if settings.drop_last else math.ceil(max(rows) / settings.batch_size)
-    if settings.train:  # a pass of ranks in step (the only training with a planned count)
-        return steps_in_step(settings, sources, start)
-    return planned_batches(settings, sources, start)
+    else:
+        rows = [sum(counts) for counts in zip(*(plan.rows_per_rank() for plan in s.reads), strict=True)]
+    return min(rows) // s.batch_size if s.drop_last else math.ceil(max(rows) / s.batch_size)
 
 
 def steps_in_step(settings: Any, sources: Any, start: Plan | None = None) -> int:
@@ -235,11 +253,9 @@ def steps_in_step(settings: Any, sources: Any, start: Plan | None = None) -> int
     from .stats import LoaderStats
 
     s, fetch, counts = settings, sources.fetch(), []
-    seconds = functools.partial(row_seconds, duration_column=sources.duration_column, segments=sources.segments)
+    seconds = functools.partial(row_seconds, duration_column=s.duration_column, segments=sources.segments)
     for rank in range(s.storage.world_size):
-        rows = ArrowShardReader(sources.datasets[0], plan=s.reads[0].for_rank(rank))
-        if start is not None:
-            rows.start_from(start.state_for(rows))
+        rows = _rank_rows(s, sources, rank, start)
         stats = LoaderStats()  # the buffer and the bucketer share its byte budget, as in the chain
         buffer = ShuffleBuffer(rows, limits=s.buffer_limits, seed=s.seed, rank=rank, restore=fetch, stats=stats)
         bucketer = DurationBucketer(buffer, limits=s.bucket_limits, drop_last=s.drop_last, restore=fetch,
@@ -255,12 +271,17 @@ def planned_batches(settings: Any, sources: Any, start: Plan | None = None) -> i
     from its carry."""
     s, counts = settings, []
     for rank in range(s.storage.world_size):
-        rows = ArrowShardReader(sources.datasets[0], plan=s.reads[0].for_rank(rank))
-        if start is not None:
-            rows.start_from(start.state_for(rows))
+        rows = _rank_rows(s, sources, rank, start)
         limits = bucket_limits(s, None, False)
         rows = list(rows) if limits.token_column is not None else rows
         tokens = [float(r.extras.get(limits.token_column) or 0) for r in rows] if limits.token_column else None
-        counts.append(len(plan_buckets((sources.seconds_of(r) for r in rows), drop_last=s.drop_last, limits=limits,
-                                       tokens=tokens)))
+        counts.append(len(plan_buckets((s.seconds_of(r, sources.segments) for r in rows), drop_last=s.drop_last,
+                                       limits=limits, tokens=tokens)))
     return max(counts)
+
+
+def _rank_rows(settings: Any, sources: Any, rank: int, start: Plan | None) -> ArrowShardReader:
+    """A reader of rank ``rank``'s rows of a pass (read once), built as `chain.build_chain` builds it, from the
+    pass's start or, after an elastic resume, ``start``'s carry."""
+    plan = settings.reads[0].for_rank(rank)
+    return ArrowShardReader(sources.datasets[0], plan=plan if start is None else start.started(plan))

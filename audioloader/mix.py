@@ -20,6 +20,7 @@ from torchdata.nodes import StopCriteria
 from .dsp import hashing
 from .dsp.config import FeatureConfig, LengthPolicy, Segments
 from .dsp.ffmpeg import BACKENDS as DECODERS
+from .shards.formats.writer import shard_doc
 
 #: When a mix ends (see `Mix`): the behaviours of `audioloader.nodes.WeightedMix`.
 STOP_CRITERIA = ("cycle", "first_exhausted", "all_exhausted")
@@ -179,6 +180,37 @@ def source_seed(seed: int, position: int) -> int:
     return seed if position == 0 else hashing.mix(seed, hashing.SALT_SOURCE, position) >> 1
 
 
+def resolve_mix(mix: Mix, *, train: bool, infinite: bool, batching: Any, length: LengthPolicy,
+                features: FeatureConfig) -> tuple[str, tuple[LengthPolicy, ...]]:
+    """A `Mix`'s options checked against the loader's (no file is opened): its stopping rule (``stop``, or the
+    mode's: ``"cycle"`` for infinite training, else ``"all_exhausted"``) and each source's `LengthPolicy` (its own,
+    else the loader's ``length``). ``ValueError`` naming the option and the fix."""
+    with_segments = [e.name for e in mix.entries if e.source.segments is not None]
+    if with_segments:
+        raise ValueError(f"Mix source(s) {with_segments} have segments=: a Mix does not take segments yet; read "
+                         "the segments of one source, or pack them into rows of their own (audioloader pack cuts "
+                         "them)")
+    if batching is not None:
+        raise ValueError("batching=Bucketing(...) does not take a Mix yet: bucket one source, or mix "
+                         "fixed-size batches (batch_size=)")
+    stop = mix.stop or ("cycle" if infinite and train else "all_exhausted")
+    if not train and stop != "all_exhausted":
+        raise ValueError(f"Mix(stop={stop!r}) with train=False: evaluation reads every row of every source "
+                         "exactly once (stop='all_exhausted', the default there); the weights then only set "
+                         "the interleaving. Leave stop out, or evaluate the sources one by one")
+    if stop == "cycle" and not infinite:
+        raise ValueError("Mix(stop='cycle') never ends, but infinite=False asks for passes that end: use "
+                         "stop='all_exhausted' (every row of every source once) or 'first_exhausted'")
+    labelled = {e.name: e.source.label_column is not None for e in mix.entries}
+    if len(set(labelled.values())) > 1:
+        raise ValueError(f"Mix sources disagree on labels {labelled}: batches have a label for every sample "
+                         "or for none; give every Source a label_column, or label_column=None to all")
+    lengths = tuple(e.source.length or length for e in mix.entries)
+    # The loader's own length= is checked with them: it sets the batches' shape.
+    check_lengths(["length= of the loader", *mix.names], [length, *lengths], features)
+    return stop, lengths
+
+
 def check_lengths(names: Sequence[str], lengths: Sequence[LengthPolicy], features: FeatureConfig) -> None:
     """Sources may differ in length policy only where their samples still stack into one batch."""
     variable = {name: length.variable_length for name, length in zip(names, lengths, strict=True)}
@@ -192,8 +224,16 @@ def check_lengths(names: Sequence[str], lengths: Sequence[LengthPolicy], feature
                              "stacks equal crops: give every source the same clip_seconds")
 
 
-def check_columns(names: Sequence[str], schemas: Sequence[pa.Schema], columns: Sequence[str]) -> None:
-    """The extra columns must have one type across sources (a batch holds one tensor or list per column)."""
+def check_source_columns(names: Sequence[str], schemas: Sequence[pa.Schema], columns: Sequence[str],
+                         segments: Sequence[Segments | None], token_column: str | None) -> None:
+    """The shards of each source (a mix's named ``names``; ``schemas`` and ``segments`` in their order) have the
+    columns the options name: numeric ``segments`` columns, rows not already cut by ``audioloader pack``, an integer
+    ``token_column``; and the loader's extra ``columns`` have one type across sources. ``ValueError`` naming the fix."""
+    for schema, windows in zip(schemas, segments, strict=True):
+        if windows is not None:
+            _check_segment_columns(schema, windows)
+        if token_column is not None:
+            _check_token_column(schema, token_column)
     first = schemas[0]
     for name, schema in zip(names[1:], schemas[1:], strict=True):
         for column in columns:
@@ -201,3 +241,30 @@ def check_columns(names: Sequence[str], schemas: Sequence[pa.Schema], columns: S
                 raise ValueError(f"column {column!r} is {first.field(column).type} in Mix source {names[0]!r} but "
                                  f"{schema.field(column).type} in {name!r}; one column must have one type in every "
                                  "source")
+
+
+def _check_token_column(schema: pa.Schema, name: str) -> None:
+    """The shards have an integer column of tokens per row (``Bucketing(token_column=...)``)."""
+    if name not in schema.names:
+        raise ValueError(f"Bucketing(token_column={name!r}): the shards have no column {name!r} (columns: "
+                         f"{', '.join(schema.names)}); write each row's token count with `audioloader pack "
+                         "--tokenizer MODULE:FUNCTION` (docs/speech.md, the token budget)")
+    if not pa.types.is_integer(schema.field(name).type):
+        raise ValueError(f"Bucketing(token_column={name!r}): column {name!r} has type {schema.field(name).type}; "
+                         "it must hold integer token counts")
+
+
+def _check_segment_columns(schema: pa.Schema, segments: Segments) -> None:
+    """The shards have numeric segment columns, and their rows are not segments ``audioloader pack`` already cut."""
+    for name in segments.columns:
+        if name not in schema.names:
+            raise ValueError(f"segments={segments}: the shards have no column {name!r} (columns: "
+                             f"{', '.join(schema.names)}); name the columns holding each row's window in seconds")
+        kind = schema.field(name).type
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+            raise ValueError(f"segments={segments}: column {name!r} has type {kind}; the window needs numbers "
+                             "(seconds). Write the times as floats")
+    if shard_doc(schema).get("segments") == "cut":
+        raise ValueError(f"segments={segments}: these shards were packed from segments, and each row's audio is "
+                         "already its segment (audioloader pack cut it from its recording; the start/end columns "
+                         "only say where it was). Leave segments= out")

@@ -21,8 +21,10 @@ import torch
 from . import checks
 from .budget import Shuffle, ShuffleSettings
 from .budget import resolve as resolve_shuffle
-from .errors import ON_ERROR_ACTIONS, DeprecatedKeywordWarning, OnError
+from .errors import ON_ERROR_ACTIONS, OnError
+from .mix import Mix, Source, resolve_mix, source_seed
 from .nodes.bucket_rules import DEFAULT_NUM_BUCKETS, FULL_BATCHES_PER_BUCKET, Buckets  # noqa: F401 (their old home)
+from .nodes.duration_bucketer import row_seconds
 from .shards.sources.splits import resolve_rank
 from .shards.storage.options import Storage  # the group lives with the shards it reads; its old home still names it
 from .workers import AUTO_WORKERS, Workers
@@ -218,9 +220,9 @@ _NEWER_FIELDS = ("quadratic_duration", "max_tokens", "token_column", "token_buck
                  "batch_sizes", "sync_buckets", "first")
 
 
-#: 0.2's flat keywords of `AudioLoader` that moved into a group: name -> (argument, field). Accepted for one
-#: more release with a ``FutureWarning`` naming the new form (`fold_moved_keywords`).
-MOVED_KEYWORDS = {
+#: 0.2's flat keywords of `AudioLoader`, removed in 0.4: name -> (argument, field) of the group that holds it now
+#: (`refuse_removed_keywords` names it in the error).
+REMOVED_KEYWORDS = {
     "num_workers": ("workers", "num_workers"),
     "worker_type": ("workers", "kind"),
     "start_method": ("workers", "start_method"),
@@ -244,45 +246,18 @@ _GROUP_CLASS_NAMES = {"workers": "Workers", "shuffle": "Shuffle", "storage": "St
                       "source": "Source"}
 
 
-def fold_moved_keywords(groups: dict[str, Any], moved: dict[str, Any]) -> dict[str, Any]:
-    """``groups`` (argument name -> group) with 0.2's flat keywords in ``moved`` folded in, one warning each.
-
-    An unknown keyword is a ``TypeError`` as Python would raise it; a keyword that
-    contradicts its group's field is a ``ValueError`` naming both (see `merge`).
-    """
-    unknown = sorted(set(moved) - set(MOVED_KEYWORDS))
-    if unknown:
-        raise TypeError(f"AudioLoader() got an unexpected keyword argument {unknown[0]!r}")
-    by_group: dict[str, dict[str, Any]] = {}
-    for name, value in moved.items():
-        argument, field = MOVED_KEYWORDS[name]
+def refuse_removed_keywords(given: dict[str, Any]) -> None:
+    """A ``TypeError`` for keywords `AudioLoader` does not take: one of 0.2's flat keywords (removed in 0.4) names
+    the group that holds it now; any other is refused as Python refuses an unknown keyword."""
+    for name in given:
+        if name not in REMOVED_KEYWORDS:
+            raise TypeError(f"AudioLoader() got an unexpected keyword argument {name!r}")
+        argument, field = REMOVED_KEYWORDS[name]
         cls = _GROUP_CLASS_NAMES[argument]
-        warnings.warn(f"AudioLoader({name}=...) is deprecated and will be removed in 0.4: pass "
-                      f"{argument}=al.{cls}({field}={value!r}) instead (see CHANGELOG.md)", DeprecatedKeywordWarning,
-                      stacklevel=4)
-        by_group.setdefault(argument, {})[field] = value
-    out = dict(groups)
-    for argument, fields in by_group.items():
-        out[argument] = merge(out[argument], **fields) if argument != "source" else fields
-    return out
-
-
-def merge(group: Any, **legacy: Any) -> Any:
-    """``group`` with the fields given as individual keyword arguments (not None) filled in.
-
-    A field given both ways with different values is a ``ValueError`` naming both.
-    """
-    changes = {}
-    for field, value in legacy.items():
-        if value is None:
-            continue
-        current = getattr(group, field)
-        default = next(f.default for f in dataclasses.fields(group) if f.name == field)
-        if current != default and current != value:
-            raise ValueError(f"{field}={value!r} conflicts with {type(group).__name__}({field}={current!r}); "
-                             "give it once")
-        changes[field] = value
-    return dataclasses.replace(group, **changes) if changes else group
+        instead = (f"al.{cls}(shards, {field}=...) as the source" if argument == "source" else
+                   f"{argument}=al.{cls}({field}=...)")
+        raise TypeError(f"AudioLoader({name}=...) was removed in 0.4: pass {instead} instead (0.2's flat "
+                        "keywords moved into option groups; see CHANGELOG.md)")
 
 
 # -- presets and resolution -----------------------------------------------------------------------------------
@@ -388,14 +363,16 @@ def resolve_device(device: Any, features: Any) -> torch.device | None:
 class Settings:
     """Every option of an `AudioLoader`, checked, with the mode's presets filled in (see `resolve`).
 
-    Where each setting becomes final: `resolve` checks the arguments and fills in the presets (every field
-    but those below); `chain.settle`, once the sources' shards are open and before any node is built,
-    decides what depends on the shards: ``shuffle.interleave`` and ``shuffle.lane_bytes`` (a preset's
-    interleave fitted to the byte budget and the shards' units), ``shuffle.before_decode`` (None until then),
-    ``buckets`` and ``num_batches``, and the nodes' own groups: each source's ``reads`` (the splits every rank
-    reads each pass), the buffer's, the bucketer's and the batcher's, and the batch memory;
-    `chain.settle_for_checkpoint` gives the settings a checkpoint was taken
-    with (its bucket count, a legacy buffer), from which the chain is built anew. Nodes never change them.
+    Where each setting becomes final: `resolve` checks the arguments (a `Mix`'s options too) and fills in the
+    presets (every field but those below; ``lengths`` and a mix's ``stop`` included); `chain.settle`, once the
+    sources' shards are open and before any node is built, decides what depends on the shards:
+    ``shuffle.interleave`` and ``shuffle.lane_bytes`` (a preset's interleave fitted to the byte budget and the
+    shards' units), ``shuffle.before_decode`` (None until then), ``duration_column``, ``buckets`` and
+    ``num_batches``, and the nodes' own groups: each source's ``reads`` (the splits every rank reads each pass),
+    the buffer's, the bucketer's and the batcher's, and the batch memory; `chain.settle_for_checkpoint` gives the
+    settings a checkpoint was taken with (its bucket count, a legacy buffer), and `elastic.resumed` those of an
+    elastic resume (the reader's start, the batcher's first pass), from which the chain is built. Nodes never
+    change them.
     """
 
     train: bool
@@ -413,6 +390,10 @@ class Settings:
     storage: Storage
     device: torch.device | None
     on_error: OnError
+    lengths: tuple[Any, ...] = ()  # each source's `LengthPolicy` (its own, else ``length``), in the mix's order
+    seeds: tuple[int, ...] = ()  # each source's seed of its split order (a mix's: `mix.source_seed`)
+    stop: str | None = None  # a mix's stopping rule, decided (`mix.resolve_mix`); None for one source
+    duration_column: str | None = None  # with batching: the duration column the shards have (`chain.settle`)
     buckets: Buckets | None = None  # with batching: the count and edges (`chain.settle`)
     num_batches: int | None = None  # evaluation: batches every rank yields (`chain.settle`)
     # The nodes' own groups (`chain.settle`), handed to each node whole by `chain.build_chain`:
@@ -421,6 +402,11 @@ class Settings:
     bucket_limits: Any = None  # with batching, the `nodes.duration_bucketer.BucketLimits`
     batch_layout: Any = None  # the batcher's `nodes.batcher.BatchLayout`
     arena_bytes: int = 0  # shared memory the decode processes write features into (`workers.recycle.BatchArenas`)
+
+    def seconds_of(self, row: Any, segments: Any = None) -> float:
+        """A row's duration for bucketing, in seconds: its window's length (``segments``, the source's), its
+        duration column (``duration_column``), or its audio header (`nodes.duration_bucketer.row_seconds`)."""
+        return row_seconds(row, self.duration_column, segments)
 
 
 def resolve(*, batch_size: Any, train: Any, seed: Any, infinite: Any, features: Any, length: Any, batching: Any,
@@ -460,15 +446,22 @@ def resolve(*, batch_size: Any, train: Any, seed: Any, infinite: Any, features: 
         raise ValueError("Shuffle(before_decode=False) with batching=Bucketing(...): the bucketer groups rows by "
                          "duration before they are decoded, so the buffer before it holds raw rows; leave "
                          "Shuffle(before_decode=...) out")
-    from .mix import Mix
-
     shuffle = resolve_shuffle(shuffle, train=train, bucketing=batching is not None, mixed=isinstance(source, Mix))
-    return Settings(
-        train=train, batch_size=batch_size, seed=seed, infinite=bool(preset.infinite if infinite is None else infinite),
-        drop_last=bool(drop_last), features=features, length=length, batching=batching, augmentations=augmentations,
+    infinite = bool(preset.infinite if infinite is None else infinite)
+    settings = Settings(
+        train=train, batch_size=batch_size, seed=seed, infinite=infinite, drop_last=bool(drop_last),
+        features=features, length=length, batching=batching, augmentations=augmentations,
         columns=_column_names(columns), shuffle=shuffle, workers=workers,
         storage=resolve_storage(checks.instance("storage", storage, Storage, default=Storage())), device=device,
         on_error=resolve_on_error(on_error))
+    if not isinstance(source, Mix):
+        one = source.length if isinstance(source, Source) else None
+        return dataclasses.replace(settings, lengths=(one or length,), seeds=(seed,))
+    # A mix's options, checked with the loader's before any file opens (`mix.resolve_mix`); each source's seed.
+    stop, lengths = resolve_mix(source, train=train, infinite=infinite, batching=batching, length=length,
+                                features=features)
+    seeds = tuple(source_seed(seed, position) for position in range(len(source.entries)))
+    return dataclasses.replace(settings, stop=stop, lengths=lengths, seeds=seeds)
 
 
 def _column_names(columns: Any) -> tuple[str, ...]:

@@ -175,15 +175,15 @@ def test_documentation_snippets_run(page, docs_data, tmp_path, monkeypatch):
     assert ran or all(b.not_run for b in python_blocks(page))
 
 
-def test_a_deprecated_keyword_fails_its_page(docs_data, tmp_path, monkeypatch):
-    """The docs stay on the current API: a snippet passing a flat keyword fails with the FutureWarning."""
+def test_a_removed_keyword_fails_its_page(docs_data, tmp_path, monkeypatch):
+    """The docs stay on the current API: a snippet passing one of 0.2's flat keywords fails with its TypeError."""
     page = tmp_path / "page.md"
     page.write_text('```python\nimport audioloader as al\n\n'
                     'al.AudioLoader("shards/", train=False, num_workers=0).shutdown()\n```\n', encoding="utf-8")
     shutil.copytree(docs_data / "shards", tmp_path / "shards")
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(AssertionError, match=r"page.md, the python block at line 1 failed \(DeprecatedKeywordWarning: "
-                                             r"AudioLoader\(num_workers=\.\.\.\) is deprecated"):
+    with pytest.raises(AssertionError, match=r"page.md, the python block at line 1 failed \(TypeError: "
+                                             r"AudioLoader\(num_workers=\.\.\.\) was removed in 0\.4"):
         run_page(page)
 
 

@@ -148,7 +148,7 @@ def test_infinite_training_continues_with_the_next_pass_in_the_new_layout(shards
         with loader_for(shards, rank, 3, batch_size=1, **options) as loader:
             loader.load_state_dict(states)
             carry = [al.nodes.arrow_shard_reader.Segment.from_list(s)
-                     for s in loader.reader._pending.get("carry", [])]
+                     for s in loader.reader.plan.start.get("carry", [])]
             n = sum(loader.reader.segment_rows(s) for s in carry)
             next_pass = sum(s.num_rows for s in loader.reader.splits_for_pass(2))
             it = iter(loader)

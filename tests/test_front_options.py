@@ -1,4 +1,4 @@
-"""The front's grouped, keyword-only options and 0.2's flat keywords (accepted for one release, with a warning)."""
+"""The front's grouped, keyword-only options; 0.2's flat keywords, removed in 0.4, are refused naming their group."""
 
 from __future__ import annotations
 
@@ -6,11 +6,9 @@ import inspect
 import pickle
 import warnings
 
-import pyarrow.compute as pc
 import pytest
 
 import audioloader as al
-from audioloader.errors import DeprecatedKeywordWarning
 from tests.helpers import SMALL, assert_same_batches, take
 
 
@@ -22,7 +20,7 @@ def grouped(source, **kwargs):
 
 
 def test_every_option_after_source_is_keyword_only_and_at_most_16():
-    parameters = [p for name, p in inspect.signature(al.AudioLoader).parameters.items() if name != "moved"]
+    parameters = [p for name, p in inspect.signature(al.AudioLoader).parameters.items() if name != "removed"]
     assert len(parameters) <= 16
     assert parameters[0].name == "source"
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters[1:])
@@ -30,48 +28,31 @@ def test_every_option_after_source_is_keyword_only_and_at_most_16():
         al.AudioLoader("shards/", 64)  # the batch size is keyword-only now
 
 
-COMMON = {"batch_size": 8, "features": SMALL, "seed": 1}
-GROUPS = {"storage": al.Storage(split_rows=4), "workers": al.Workers(num_workers=2, kind="thread"),
-          "shuffle": al.Shuffle(buffer_size=12, min_size=6)}
-FLAT = {"split_rows": 4, "num_workers": 2, "worker_type": "thread", "shuffle_buffer_size": 12, "shuffle_min_size": 6}
+#: Every flat keyword of 0.2 and the group (argument and class) its error names, removed in 0.4.
+REMOVED = {"num_workers": "workers=al.Workers(num_workers=", "worker_type": "workers=al.Workers(kind=",
+           "start_method": "workers=al.Workers(start_method=",
+           "prefetch_batches": "workers=al.Workers(prefetch_batches=",
+           "pin_memory": "workers=al.Workers(pin_memory=", "shuffle_buffer_size": "shuffle=al.Shuffle(buffer_size=",
+           "shuffle_min_size": "shuffle=al.Shuffle(min_size=",
+           "shuffle_before_decode": "shuffle=al.Shuffle(before_decode=",
+           "rank": "storage=al.Storage(rank=", "world_size": "storage=al.Storage(world_size=",
+           "split_rows": "storage=al.Storage(split_rows=", "filesystem": "storage=al.Storage(filesystem=",
+           "retry": "storage=al.Storage(retry=", "max_error_fraction": "on_error=al.OnError(max_fraction=",
+           "audio_column": "al.Source(shards, audio_column=", "label_column": "al.Source(shards, label_column=",
+           "filter": "al.Source(shards, filter="}
 
 
-def test_the_suite_fails_on_a_deprecated_keyword_although_its_warning_points_at_the_caller(ipc_shards):
-    # pyproject's filterwarnings turn audioloader's deprecation warnings into errors by their class: the warning's
-    # stack level points at this line (a test module), which a filter on the module "audioloader" would miss.
-    with pytest.raises(DeprecatedKeywordWarning, match=r"AudioLoader\(num_workers=\.\.\.\) is deprecated") as info:
-        al.AudioLoader(ipc_shards, num_workers=0)
-    assert isinstance(info.value, FutureWarning)
-    with pytest.warns(FutureWarning, match="num_workers"):  # recorded, not raised, under pytest.warns
-        al.AudioLoader(ipc_shards, num_workers=0).shutdown()
+@pytest.mark.parametrize("name", sorted(REMOVED))
+def test_each_flat_keyword_of_0_2_is_refused_naming_the_group_that_holds_it(ipc_shards, name):
+    with pytest.raises(TypeError) as info:
+        al.AudioLoader(ipc_shards, **{name: 1})
+    message = str(info.value)
+    assert message.startswith(f"AudioLoader({name}=...) was removed in 0.4") and REMOVED[name] in message
 
 
-@pytest.mark.parametrize("rank", [None, 1])
-def test_flat_keywords_of_0_2_warn_and_give_the_same_batches(ipc_shards, rank):
-    distributed = {} if rank is None else {"rank": rank, "world_size": 2}
-    with pytest.warns(FutureWarning, match=r"deprecated .* pass (workers|shuffle|storage)=al\."):
-        old = al.AudioLoader(ipc_shards, **COMMON, **FLAT, **distributed)
-    storage = al.Storage(split_rows=4, **distributed)
-    new = al.AudioLoader(ipc_shards, **COMMON, **{**GROUPS, "storage": storage})
-    assert_same_batches(take(old, 3), take(new, 3))
-    assert old.state_dict()["fingerprint"] == new.state_dict()["fingerprint"]
-    assert (old.num_workers, old.worker_type, old.shuffle_buffer_size, old.rank) == (2, "thread", 12, rank or 0)
-
-
-def test_flat_label_column_and_filter_fold_into_the_source(ipc_shards):
-    with pytest.warns(FutureWarning, match=r"source=al\.Source\(label_column=None\)|pass source=al\.Source"):
-        old = grouped(ipc_shards, train=False, label_column=None, filter=pc.field("label") >= 1)
-    new = grouped(al.Source(ipc_shards, label_column=None, filter=pc.field("label") >= 1), train=False)
-    a, b = list(old), list(new)
-    assert "label" not in a[0]
-    assert_same_batches(a, b)
-    assert old.state_dict()["fingerprint"] == new.state_dict()["fingerprint"]
-
-
-def test_a_flat_keyword_that_contradicts_its_group_names_both(ipc_shards):
-    with pytest.raises(ValueError, match="num_workers=2 conflicts with Workers"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        al.AudioLoader(ipc_shards, num_workers=2, workers=al.Workers(num_workers=3))
+def test_a_flat_keyword_is_refused_before_any_file_is_opened(tmp_path):
+    with pytest.raises(TypeError, match=r"num_workers=\.\.\.\) was removed in 0\.4: pass workers=al\.Workers"):
+        al.AudioLoader(tmp_path / "no such folder", num_workers=2)
 
 
 def test_an_unknown_keyword_is_a_type_error(ipc_shards):

@@ -300,7 +300,7 @@ def test_elastic_resume_delivers_the_row_set_aside_for_the_next_pass_once(tmp_pa
     for rank in range(3):
         with build(rank, 3) as loader:
             loader.load_state_dict(states)
-            carry = [al.nodes.arrow_shard_reader.Segment.from_list(s) for s in loader.reader._pending["carry"]]
+            carry = [al.nodes.arrow_shard_reader.Segment.from_list(s) for s in loader.reader.plan.start["carry"]]
             n = sum(loader.reader.segment_rows(s) for s in carry)
             carried += [b["index"].item() for b in take(loader, n)]  # one pass at a time: the carry comes first
     counts = Counter(before + carried)

@@ -304,20 +304,11 @@ def test_transcripts_reach_the_batch_as_lists_of_strings_from_a_hugging_face_cor
         assert got == {i: f"utterance number {i}" for i in range(12)}
 
 
-def test_old_keywords_and_option_groups_build_the_same_loader(corpus):
-    grouped = speech_loader(corpus, workers=al.Workers(num_workers=1, kind="thread", prefetch_batches=3),
-                            shuffle=al.Shuffle(buffer_size=16, min_size=8, before_decode=True))
-    with pytest.warns(FutureWarning, match="deprecated"):
-        flat = al.AudioLoader(al.Source(corpus, label_column=None), **SPEECH_OPTIONS, split_rows=6, num_workers=1,
-                              worker_type="thread", prefetch_batches=3, shuffle_buffer_size=16, shuffle_min_size=8,
-                              shuffle_before_decode=True)
-    for name in ("num_workers", "worker_type", "prefetch_batches", "shuffle_buffer_size", "shuffle_min_size",
-                 "shuffle_before_decode"):
-        assert getattr(grouped, name) == getattr(flat, name), name
-    assert_same_batches([next(iter(grouped))], [next(iter(flat))])
-    grouped.shutdown()
-    flat.shutdown()
-    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="num_workers=2 conflicts with Workers"):
+def test_old_keywords_are_refused_naming_their_option_group(corpus):
+    with pytest.raises(TypeError, match=r"AudioLoader\(shuffle_buffer_size=\.\.\.\) was removed in 0\.4: pass "
+                                        r"shuffle=al\.Shuffle\(buffer_size=\.\.\.\)"):
+        al.AudioLoader(al.Source(corpus, label_column=None), **SPEECH_OPTIONS, shuffle_buffer_size=16)
+    with pytest.raises(TypeError, match=r"pass workers=al\.Workers\(num_workers=\.\.\.\)"):
         al.AudioLoader(corpus, num_workers=2, workers=al.Workers(num_workers=1))
     with pytest.raises(TypeError, match=r"batching must be an audioloader\.Bucketing"):
         speech_loader(corpus, batching={"max_duration": 5})

@@ -18,8 +18,8 @@ shuffle buffer then mixes much better.
 State is ``{"pass", "split_pos", "row"}`` (interleaved: plus each lane's split and
 row, and the round robin's turn): resuming seeks straight to those rows.
 After a resume with another world size (`audioloader.elastic`) a rank first reads
-its share of what the old ranks left of their pass(es), the ``carry``: a list of
-`Segment` s kept in the state while it lasts, then goes on with the next pass.
+its share of what the old ranks left of their pass(es), the ``carry`` (its plan's
+``start``): a list of `Segment` s kept in the state while it lasts, then goes on with the next pass.
 """
 
 from __future__ import annotations
@@ -196,13 +196,15 @@ class ArrowShardReader(BaseNode[RawSample]):
         self.plan = plan if plan is not None else ReadPlan.of(
             self.dataset, seed=seed, rank=rank, world_size=world_size, shuffle=shuffle, infinite=infinite,
             interleave=interleave)
+        self._start = self.plan.start  # the plan's start (an elastic resume's), taken by the first reset(None)
+        if self._start is not None:
+            self.position_of(self._start)  # checked now: a start that does not fit fails here, not at reset
         if stats is not None:
             self._report_to(stats)
         self._readahead = _read_ahead(self.dataset, stats)
         self._pass_units: int | None = None
         self._ahead_from_here = True  # the read-ahead starts over at the next row (a new position)
         self._started = False
-        self._pending: dict[str, Any] | None = None  # a position to start from at the next reset(None)
         self._walk_from(ReaderPosition(0, 0, 0))
 
     seed = property(lambda self: self.plan.seed)
@@ -280,18 +282,13 @@ class ArrowShardReader(BaseNode[RawSample]):
             return len(segment.take)
         return self.dataset.kept_count(segment.file_id, segment.start, segment.stop)
 
-    def start_from(self, state: dict[str, Any]) -> None:
-        """Start the next fresh pass (``reset(None)``) at ``state`` instead (a carry: `audioloader.elastic`)."""
-        self.position_of(state)
-        self._pending = dict(state)
-
     # ----------------------------------------------------------------- torchdata contract
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         self._ahead_from_here = True
-        if initial_state is None and self._pending is not None:
-            initial_state, self._pending = self._pending, None
+        if initial_state is None and self._start is not None:  # the plan's start (`ReadPlan.start`), once
+            initial_state, self._start = self._start, None
         elif initial_state is None:
             # As torchdata's SamplerWrapper: a new pass only if this one was started,
             # so the Loader's end-of-epoch path (reset(state), StopIteration, reset(None)) advances.

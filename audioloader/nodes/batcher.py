@@ -48,11 +48,14 @@ class BatchLayout:
     time_axis: int | None = None
     follow_markers: bool = False
     sources: bool = False
+    first_pass_batches: int | None = None  # the first pass's batches instead of num_batches (an elastic resume's)
 
     def __post_init__(self) -> None:
         checks.count("batch_size", self.batch_size)
         if self.num_batches is not None and (not isinstance(self.num_batches, int) or self.num_batches < 0):
             raise ValueError(f"num_batches={self.num_batches!r} must be None or an integer >= 0")
+        if self.first_pass_batches is not None and (self.num_batches is None or self.first_pass_batches < 0):
+            raise ValueError(f"first_pass_batches={self.first_pass_batches!r}: an integer >= 0, with num_batches")
         if self.num_batches is not None and self.spectrogram_shape is None:
             raise ValueError("num_batches needs spectrogram_shape=(n_mels, frames) for padding entries")
         fields = {"spectrogram_shape": None if self.spectrogram_shape is None else tuple(self.spectrogram_shape),
@@ -153,20 +156,15 @@ class Batcher(BaseNode[dict]):
         self._exhausted = False
         self._memory = Recycler(BATCH_RECYCLE_BYTES)
         self.collate_from = collate_from
-        # num_batches for one pass only: the rest of a pass resumed on another world size (audioloader.elastic).
+        # num_batches for one pass only: the rest of a pass resumed on another world size (audioloader.elastic),
+        # the layout's first_pass_batches, taken by the first fresh pass.
         self._pass_batches: int | None = None
-        self._pending_batches: int | None = None
-
-    def start_pass_with(self, num_batches: int) -> None:
-        """The next fresh pass (``reset(None)``) yields ``num_batches`` batches instead of ``self.num_batches``."""
-        if self.num_batches is None:
-            raise ValueError("start_pass_with() needs a Batcher built with num_batches")
-        self._pending_batches = int(num_batches)
+        self._first_pass_batches = layout.first_pass_batches
 
     @property
     def batches_this_pass(self) -> int | None:
         """The batches of the pass under way (or about to start): ``num_batches`` unless overridden."""
-        for value in (self._pending_batches, self._pass_batches):
+        for value in (self._first_pass_batches, self._pass_batches):
             if value is not None:
                 return value
         return self.num_batches
@@ -175,7 +173,7 @@ class Batcher(BaseNode[dict]):
         super().reset(initial_state)
         if initial_state is None:
             self._yielded, self._exhausted = 0, False
-            self._pass_batches, self._pending_batches = self._pending_batches, None
+            self._pass_batches, self._first_pass_batches = self._first_pass_batches, None
             self.source.reset(None)
         else:
             self._yielded, self._exhausted = initial_state["yielded"], initial_state["exhausted"]

@@ -455,11 +455,11 @@ def bucket_sample(settings: Any, sources: Any) -> tuple[list[int], list[float], 
     n = len(kept)
     picks = kept[np.unique(np.linspace(0, n - 1, min(n, batching.estimate_rows)).round().astype(np.int64))]
     seconds: list[Any] = [None] * len(picks)
-    if sources.duration_column is not None and sources.segments is None:  # no audio read before the first batch
-        seconds = dataset.read_column(sources.duration_column, picks.tolist())
+    if settings.duration_column is not None and sources.segments is None:  # no audio read before the first batch
+        seconds = dataset.read_column(settings.duration_column, picks.tolist())
     missing = [k for k, value in enumerate(seconds) if value is None]
     for k, row in zip(missing, fetch_rows(dataset, [Key(int(picks[k]), 0) for k in missing]), strict=True):
-        seconds[k] = sources.seconds_of(row)
+        seconds[k] = settings.seconds_of(row, sources.segments)
     tokens = [0.0] * len(picks)
     if batching.token_column is not None:
         tokens = [0.0 if t is None else float(t) for t in dataset.read_column(batching.token_column, picks.tolist())]

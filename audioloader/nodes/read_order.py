@@ -349,7 +349,8 @@ class ReadPlan:
     A reader built with a plan only reads it (a chain's settings, plans included, are final before any node exists:
     `audioloader.chain.settle`). ``splits``: the dataset's splits, subdivided so every rank has one when rows allow
     (a `file_table.SplitTable` where there are enough already: columns, not a million objects);
-    ``balance``: with ``shuffle=False``, every rank's splits (`Balance`), the same every pass.
+    ``balance``: with ``shuffle=False``, every rank's splits (`Balance`), the same every pass; ``start``: a reader
+    state its first fresh pass starts at instead of the start of pass 0 (an elastic resume's carry: `starting_at`).
     """
 
     seed: int
@@ -360,6 +361,7 @@ class ReadPlan:
     interleave: int
     splits: Sequence[Split]
     balance: Balance | None
+    start: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, dataset: ShardDataset, *, seed: int = 0, rank: int | None = 0, world_size: int | None = 1,
@@ -377,7 +379,11 @@ class ReadPlan:
     def for_rank(self, rank: int) -> ReadPlan:
         """The plan of another rank of the same world size, read once (the batches a rank will make are planned
         by reading its rows: `audioloader.elastic.planned_batches`)."""
-        return dataclasses.replace(self, rank=rank, infinite=False)
+        return dataclasses.replace(self, rank=rank, infinite=False, start=None)
+
+    def starting_at(self, state: dict[str, Any]) -> ReadPlan:
+        """This plan, its reader's first fresh pass starting at the reader state ``state`` (`audioloader.elastic`)."""
+        return dataclasses.replace(self, start=dict(state))
 
     def splits_for_pass(self, pass_index: int) -> list[Split]:
         """This rank's splits for pass ``pass_index``, in read order."""
