@@ -38,6 +38,7 @@ from .nodes.batch_features import BatchFeatures
 from .nodes.batcher import Batcher, BatchLayout
 from .nodes.bucket_rules import bucket_limits, buckets_out_of_step, duration_buckets, in_step_ignored
 from .nodes.catch_failures import CatchFailures
+from .nodes.decode_config import DecodeConfig
 from .nodes.decode_spectrogram import DecodeSpectrogram
 from .nodes.duration_bucketer import DurationBucketer, row_seconds
 from .nodes.prefetcher import Prefetcher
@@ -270,7 +271,7 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
 
     def buffer(source: BaseNode, restore: Any) -> ShuffleBuffer:
         # The byte budget less the readers' lanes, shared with a bucketer after it (`audioloader.budget`).
-        held.append(ShuffleBuffer(source, limits=s.buffer_limits, seed=s.seed, rank=s.storage.rank, restore=restore,
+        held.append(ShuffleBuffer(source, s.buffer_limits, seed=s.seed, rank=s.storage.rank, restore=restore,
                                   stats=stats))
         return held[0]
 
@@ -287,7 +288,7 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
     if s.batching is not None:  # rows grouped by duration before they are decoded: only a batch's rows decode
         rows = buffer(rows, restore=fetch_rows) if s.train else rows
         rows = bucketer = DurationBucketer(
-            rows, limits=s.bucket_limits, drop_last=s.drop_last, restore=fetch_rows, stats=stats,
+            rows, s.bucket_limits, drop_last=s.drop_last, restore=fetch_rows, stats=stats,
             duration_fn=functools.partial(row_seconds, duration_column=sources.duration_column,
                                           segments=sources.segments))
         samples = decode = decoder(rows)
@@ -297,7 +298,7 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
         decode = decoder(rows)
         # A partial of a module function, not a bound method: the chain must not point back at the front.
         samples = buffer(decode, restore=functools.partial(_restore_decoded, fetch_rows, decode))
-    batcher = Batcher(samples, layout=s.batch_layout, stats=stats, collate_from=arenas)
+    batcher = Batcher(samples, s.batch_layout, stats=stats, collate_from=arenas)
     if s.device is None:  # features per sample, made by the decoder
         root: BaseNode = Prefetcher(CatchFailures(augmented(batcher)), prefetch_factor=s.workers.prefetch_batches)
         if s.workers.pin_memory and _has_cuda():
@@ -311,7 +312,7 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
 def _readers(settings: Settings, sources: Sources, stats: LoaderStats) -> tuple[list[ArrowShardReader], BaseNode]:
     """The readers of the sources (each reading its `ReadPlan`) and the node that reads from them: the one reader,
     or a `WeightedMix`."""
-    readers = [ArrowShardReader(dataset, plan=plan, stats=stats)
+    readers = [ArrowShardReader(dataset, plan, stats=stats)
                for dataset, plan in zip(sources.datasets, settings.reads, strict=True)]
     if sources.mix is None:
         return readers, readers[0]
@@ -329,11 +330,12 @@ def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: Bas
     # rather than getting the encoded audio copied over from here.
     fetch = sources.fetch() if all(_raw_rows_are_free(d) for d in sources.datasets) else None
     length = sources.lengths[0] if len(set(sources.lengths)) == 1 else sources.lengths
-    return DecodeSpectrogram(
-        rows, s.features, seed=s.seed, train=s.train, workers=s.workers, augment=s.augmentations,
-        on_error=s.on_error, stats=stats, fetch=fetch, compute_features=s.device is None, length=length,
-        segments=sources.segments, decoder=sources.decoders[0] if len(set(sources.decoders)) == 1 else sources.decoders,
-        max_bytes_in_flight=s.shuffle.decode_max_bytes, collate_into=collate_into)
+    config = DecodeConfig(
+        s.features, seed=s.seed, train=s.train, augment=s.augmentations, on_error=s.on_error,
+        compute_features=s.device is None, length=length, segments=sources.segments,
+        decoder=sources.decoders[0] if len(set(sources.decoders)) == 1 else sources.decoders,
+        max_bytes_in_flight=s.shuffle.decode_max_bytes)
+    return DecodeSpectrogram(rows, config, s.workers, stats=stats, fetch=fetch, collate_into=collate_into)
 
 
 def _has_cuda() -> bool:

@@ -167,4 +167,4 @@ def test_a_bad_worker_count_on_the_node_is_refused_with_the_choices(ipc_shards):
     from audioloader.nodes.arrow_shard_reader import ArrowShardReader
 
     with pytest.raises(ValueError, match=r"num_workers='auto2': must be an integer >= 0 .* or 'auto'"):
-        DecodeSpectrogram(ArrowShardReader(str(ipc_shards)), SMALL, num_workers="auto2", worker_type="process")
+        DecodeSpectrogram.of(ArrowShardReader.of(str(ipc_shards)), SMALL, num_workers="auto2", worker_type="process")

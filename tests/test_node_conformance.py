@@ -80,16 +80,16 @@ def rows(tmp_path_factory) -> Path:
 
 def eval_reader(folder: Path) -> ArrowShardReader:
     """Rows in a fixed order, one pass; a reset starts the same pass again."""
-    return ArrowShardReader(folder, seed=3, shuffle=False, split_rows=4, columns=["uid"])
+    return ArrowShardReader.of(folder, seed=3, shuffle=False, split_rows=4, columns=["uid"])
 
 
 def decoded(folder: Path, **kwargs) -> DecodeSpectrogram:
     options = {"seed": 1, "train": True, "num_workers": 0, **kwargs}
-    return DecodeSpectrogram(eval_reader(folder), SMALL, **options)
+    return DecodeSpectrogram.of(eval_reader(folder), SMALL, **options)
 
 
 def batches(folder: Path, **kwargs) -> Batcher:
-    return Batcher(decoded(folder), batch_size=5, columns=["uid"], tensor_columns=["uid"], **kwargs)
+    return Batcher.of(decoded(folder), batch_size=5, columns=["uid"], tensor_columns=["uid"], **kwargs)
 
 
 def audio_size(raw) -> tuple[int, int, int]:
@@ -99,12 +99,12 @@ def audio_size(raw) -> tuple[int, int, int]:
 
 def shuffle_buffer(folder: Path) -> ShuffleBuffer:
     reader = eval_reader(folder)
-    return ShuffleBuffer(reader, capacity=8, min_size=4, seed=2, restore=reader.fetch)
+    return ShuffleBuffer.of(reader, capacity=8, min_size=4, seed=2, restore=reader.fetch)
 
 
 def bucketer(folder: Path) -> DurationBucketer:
     reader = eval_reader(folder)
-    return DurationBucketer(reader, max_duration=1.2, boundaries=[0.32, 0.6], restore=reader.fetch)
+    return DurationBucketer.of(reader, max_duration=1.2, boundaries=[0.32, 0.6], restore=reader.fetch)
 
 
 def mix(folder: Path) -> WeightedMix:
@@ -115,7 +115,7 @@ def mix(folder: Path) -> WeightedMix:
 def augmented(folder: Path) -> BatchAugment:
     decode = decoded(folder, augment=[al.SpecAugment(max_freq_width=4, max_time_width=4), al.Mixup()],
                      compute_features=False)
-    waves = Batcher(decode, batch_size=5, features_key="waveform")
+    waves = Batcher.of(decode, batch_size=5, features_key="waveform")
     return BatchAugment(BatchFeatures(waves, SMALL, "cpu"), decode.augment, SMALL.batch_key)
 
 
@@ -130,7 +130,7 @@ class Case:
 CASES: dict[str, Case] = {
     "ArrowShardReader-eval": Case(eval_reader),
     "ArrowShardReader-train-interleave": Case(
-        lambda f: ArrowShardReader(f, seed=3, shuffle=True, infinite=True, split_rows=4, interleave=2),
+        lambda f: ArrowShardReader.of(f, seed=3, shuffle=True, infinite=True, split_rows=4, interleave=2),
         limit=30, next_pass_on_reset=True),  # crosses the end of pass 0 (23 rows)
     "ShuffleBuffer": Case(shuffle_buffer),
     "DurationBucketer": Case(bucketer),
@@ -146,7 +146,7 @@ CASES: dict[str, Case] = {
     "Batcher": Case(batches),
     "Batcher-eval-padding": Case(lambda f: batches(f, num_batches=7, spectrogram_shape=(SMALL.n_mels, 16))),
     "BatchFeatures": Case(lambda f: BatchFeatures(
-        Batcher(decoded(f, compute_features=False), batch_size=5, features_key="waveform"), SMALL, "cpu")),
+        Batcher.of(decoded(f, compute_features=False), batch_size=5, features_key="waveform"), SMALL, "cpu")),
     "BatchAugment": Case(augmented),
     "CatchFailures": Case(lambda f: CatchFailures(batches(f))),
     "Prefetcher": Case(lambda f: Prefetcher(batches(f), prefetch_factor=2)),

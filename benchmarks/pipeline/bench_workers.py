@@ -5,7 +5,7 @@ wire, memory, threads) replaces torchdata 0.11's ``torchdata.nodes.ParallelMappe
 which has worker processes (``method="process"``) and chunking (``prebatch=``) of its
 own. Here both run the same per-sample function over the same rows:
 
-- source: ``ArrowShardReader(shards, seed=0, shuffle=True, infinite=True)``, read in
+- source: ``ArrowShardReader.of(shards, seed=0, shuffle=True, infinite=True)``, read in
   the consuming process (as in the loader);
 - function: `SampleDecoder`, what `DecodeSpectrogram` runs per row: decode, mono,
   soxr to 32 kHz, a random 5 s crop seeded by the row's key, log-mel (n_fft 1024,
@@ -123,7 +123,7 @@ def build(spec: dict[str, Any]) -> Any:
     how = CONTENDERS[spec["contender"]]
     features = MelSpectrogramConfig(**FEATURES, log=True, log_offset=1e-6)
     prepare(features)  # the filterbank, built once before workers start (as DecodeSpectrogram does)
-    reader = ArrowShardReader(spec["source"], seed=0, shuffle=True, infinite=True)
+    reader = ArrowShardReader.of(spec["source"], seed=0, shuffle=True, infinite=True)
     decoder = SampleDecoder(features, seed=0, train=True, window=True, augment=None, stats=LoaderStats(),
                             fetch=reader.fetcher if how.fetch else None)
     workers = spec["workers"]
