@@ -271,7 +271,7 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
 
     def buffer(source: BaseNode, restore: Any) -> ShuffleBuffer:
         # The byte budget less the readers' lanes, shared with a bucketer after it (`audioloader.budget`).
-        held.append(ShuffleBuffer(source, s.buffer_limits, seed=s.seed, rank=s.storage.rank, restore=restore,
+        held.append(ShuffleBuffer(source, limits=s.buffer_limits, seed=s.seed, rank=s.storage.rank, restore=restore,
                                   stats=stats))
         return held[0]
 
@@ -288,7 +288,7 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
     if s.batching is not None:  # rows grouped by duration before they are decoded: only a batch's rows decode
         rows = buffer(rows, restore=fetch_rows) if s.train else rows
         rows = bucketer = DurationBucketer(
-            rows, s.bucket_limits, drop_last=s.drop_last, restore=fetch_rows, stats=stats,
+            rows, limits=s.bucket_limits, drop_last=s.drop_last, restore=fetch_rows, stats=stats,
             duration_fn=functools.partial(row_seconds, duration_column=sources.duration_column,
                                           segments=sources.segments))
         samples = decode = decoder(rows)
@@ -298,7 +298,7 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
         decode = decoder(rows)
         # A partial of a module function, not a bound method: the chain must not point back at the front.
         samples = buffer(decode, restore=functools.partial(_restore_decoded, fetch_rows, decode))
-    batcher = Batcher(samples, s.batch_layout, stats=stats, collate_from=arenas)
+    batcher = Batcher(samples, layout=s.batch_layout, stats=stats, collate_from=arenas)
     if s.device is None:  # features per sample, made by the decoder
         root: BaseNode = Prefetcher(CatchFailures(augmented(batcher)), prefetch_factor=s.workers.prefetch_batches)
         if s.workers.pin_memory and _has_cuda():
@@ -312,7 +312,7 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
 def _readers(settings: Settings, sources: Sources, stats: LoaderStats) -> tuple[list[ArrowShardReader], BaseNode]:
     """The readers of the sources (each reading its `ReadPlan`) and the node that reads from them: the one reader,
     or a `WeightedMix`."""
-    readers = [ArrowShardReader(dataset, plan, stats=stats)
+    readers = [ArrowShardReader(dataset, plan=plan, stats=stats)
                for dataset, plan in zip(sources.datasets, settings.reads, strict=True)]
     if sources.mix is None:
         return readers, readers[0]

@@ -409,7 +409,7 @@ def test_rows_in_flight_to_the_decode_workers_are_counted_and_bounded(backend):
 
     def run(cap):
         stats = LoaderStats()
-        mapper = ParallelMap(Rows(200, sizes=[1000] * 200), _weight, num_workers=2, backend=backend, chunk_size=4,
+        mapper = ParallelMap.of(Rows(200, sizes=[1000] * 200), _weight, num_workers=2, backend=backend, chunk_size=4,
                              depth=4, stats=stats, size_fn=size_of, max_bytes_in_flight=cap)
         mapper.reset(None)
         try:

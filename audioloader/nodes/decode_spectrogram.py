@@ -40,7 +40,7 @@ from .decode_config import (
     error_policy,
 )
 from .held import RowsHeld
-from .parallel_map import AUTO, ParallelMap
+from .parallel_map import AUTO, MapPool, ParallelMap
 
 #: ``fetch(keys) -> [RawSample]``: random access to rows by key (see `ArrowShardReader.fetch`).
 Fetch = Callable[[Sequence[Key]], Sequence[RawSample]]
@@ -323,10 +323,11 @@ class DecodeSpectrogram(BaseNode[Sample]):
                                       augment=self.augment, stats=self.stats, fetch=fetch,
                                       compute_features=c.compute_features, length=c.length, guard=c.guard,
                                       segments=c.segments, decoder=c.decoder)
-        self._mapper = ParallelMap(source, self._decoder, num_workers=self.num_workers, backend=workers.kind,
-                                   chunk_size=c.chunk_size, start_method=workers.start_method, stats=self.stats,
-                                   thread_initializer=self._pin_thread, what="decode worker", size_fn=held_bytes,
-                                   max_bytes_in_flight=c.max_bytes_in_flight, collate_into=collate_into)
+        pool = MapPool(self.num_workers, workers.kind, c.chunk_size, start_method=workers.start_method,
+                       thread_initializer=self._pin_thread, what="decode worker",
+                       max_bytes_in_flight=c.max_bytes_in_flight)
+        self._mapper = ParallelMap(source, self._decoder, pool, stats=self.stats, size_fn=held_bytes,
+                                   collate_into=collate_into)
         self._rows_seen = 0
         self._bad_rows = 0
         self._reports: deque[dict[str, Any]] = deque(maxlen=MAX_REPORTED_BAD_ROWS)
@@ -463,7 +464,8 @@ class DecodeSpectrogram(BaseNode[Sample]):
             f"{bad} of {seen} rows ({bad / seen:.2%}) could not be decoded, more than "
             f"max_error_fraction={self.max_error_fraction}. Latest: {reasons}. If this much bad audio is "
             "expected, raise the budget: AudioLoader(..., on_error=al.OnError(max_fraction=..., min_rows=...)) "
-            "(on a hand-built DecodeSpectrogram: max_error_fraction=..., error_budget_min_rows=...); "
+            "(on a hand-built DecodeSpectrogram: DecodeConfig(on_error=al.OnError(...)), or DecodeSpectrogram.of(..., "
+            "max_error_fraction=..., error_budget_min_rows=...)); "
             "loader.stats()['bad_rows'] lists every reason.",
             report=list(self._reports))
 

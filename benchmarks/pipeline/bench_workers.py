@@ -15,7 +15,7 @@ own. Here both run the same per-sample function over the same rows:
 
 Contenders (each in a fresh process, measured from outside by `audioloader.tools.bench.runner`):
 
-- ``al-process``: ``ParallelMap(backend="process")`` as `DecodeSpectrogram` builds it for
+- ``al-process``: ``ParallelMap.of(backend="process")`` as `DecodeSpectrogram` builds it for
   memory-mapped shards: rows travel as keys and the worker reads them (``fetch``), results
   come back through reusable shared-memory slots; chunks of 8, fork while the process has
   one thread (the library's default start);
@@ -23,7 +23,7 @@ Contenders (each in a fresh process, measured from outside by `audioloader.tools
   the transport alone, as torchdata gets the rows;
 - ``al-process-forkserver``: ``al-process`` started by a fork server (what it uses when other
   threads run);
-- ``al-thread``: ``ParallelMap(backend="thread")``, one torch thread per worker, chunks of 4;
+- ``al-thread``: ``ParallelMap.of(backend="thread")``, one torch thread per worker, chunks of 4;
 - ``td-process``: ``ParallelMapper(method="process", in_order=True)`` with its default
   ``multiprocessing_context`` (None: fork on Linux), the map function pickled as documented;
 - ``td-process-prebatch``: the same with ``prebatch=8`` (audioloader's chunk size);
@@ -129,7 +129,7 @@ def build(spec: dict[str, Any]) -> Any:
     workers = spec["workers"]
     if how.library == "audioloader":
         pin = functools.partial(pin_worker_to_one_thread, torch.get_num_threads()) if how.method == "thread" else None
-        return ParallelMap(reader, decoder, num_workers=workers, backend=how.method, start_method=how.context,
+        return ParallelMap.of(reader, decoder, num_workers=workers, backend=how.method, start_method=how.context,
                            thread_initializer=pin, stats=decoder.stats, what="decode worker")
     # torchdata's documented use: a picklable map function, results in the source's order. Its workers set
     # torch to one thread themselves (_apply_udf).
