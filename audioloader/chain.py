@@ -38,6 +38,7 @@ from .nodes.batch_features import BatchFeatures
 from .nodes.batcher import Batcher, BatchLayout
 from .nodes.bucket_rules import bucket_limits, buckets_out_of_step, duration_buckets, in_step_ignored
 from .nodes.catch_failures import CatchFailures
+from .nodes.decode_config import DecodeConfig
 from .nodes.decode_spectrogram import DecodeSpectrogram
 from .nodes.duration_bucketer import DurationBucketer, row_seconds
 from .nodes.prefetcher import Prefetcher
@@ -325,11 +326,12 @@ def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: Bas
     # rather than getting the encoded audio copied over from here.
     fetch = sources.fetch() if all(_raw_rows_are_free(d) for d in sources.datasets) else None
     length = s.lengths[0] if len(set(s.lengths)) == 1 else s.lengths
-    return DecodeSpectrogram(
-        rows, s.features, seed=s.seed, train=s.train, workers=s.workers, augment=s.augmentations,
-        on_error=s.on_error, stats=stats, fetch=fetch, compute_features=s.device is None, length=length,
-        segments=sources.segments, decoder=sources.decoders[0] if len(set(sources.decoders)) == 1 else sources.decoders,
-        max_bytes_in_flight=s.shuffle.decode_max_bytes, collate_into=collate_into)
+    config = DecodeConfig(
+        s.features, seed=s.seed, train=s.train, augment=s.augmentations, on_error=s.on_error,
+        compute_features=s.device is None, length=length, segments=sources.segments,
+        decoder=sources.decoders[0] if len(set(sources.decoders)) == 1 else sources.decoders,
+        max_bytes_in_flight=s.shuffle.decode_max_bytes)
+    return DecodeSpectrogram(rows, config, s.workers, stats=stats, fetch=fetch, collate_into=collate_into)
 
 
 def _has_cuda() -> bool:

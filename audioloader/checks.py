@@ -93,3 +93,11 @@ def instance(name: str, value: Any, cls: type, *, default: Any = None) -> Any:
     if not isinstance(value, cls):
         raise TypeError(f"{name} must be an audioloader.{cls.__name__}, got {type(value).__name__}")
     return value
+
+
+def node_fields(node: str, groups: str, given: Collection[str]) -> TypeError:
+    """The ``TypeError`` of a node built with its settings one by one: a node takes its settled ``groups``; the
+    fields go to its factory, ``node.of(...)``, which builds them."""
+    fields = f" ({', '.join(f'{name}=' for name in given)})" if given else ""
+    return TypeError(f"{node}(...) takes {groups}; to give the settings one by one{fields}, use {node}.of(...), "
+                     "which builds them")

@@ -49,8 +49,8 @@ def add_loudness(sample: al.Sample) -> al.Sample:
 
 def decode_then_shuffle(data: Path, seed: int, batch_size: int, workers: int) -> al.Loader:
     """Chain B. Returns an `audioloader.Loader` (torchdata's Loader with exact resume and clean shutdown)."""
-    reader = ArrowShardReader(data, seed=seed, shuffle=True, infinite=True)   # RawSample, encoded audio
-    decode = DecodeSpectrogram(reader, FEATURES, seed=seed, train=True, num_workers=workers)  # -> Sample
+    reader = ArrowShardReader.of(data, seed=seed, shuffle=True, infinite=True)   # RawSample, encoded audio
+    decode = DecodeSpectrogram.of(reader, FEATURES, seed=seed, train=True, num_workers=workers)  # -> Sample
     loudness = Mapper(decode, add_loudness)                                   # your own node
 
     def restore(keys):
@@ -59,8 +59,8 @@ def decode_then_shuffle(data: Path, seed: int, batch_size: int, workers: int) ->
         # only keys. (AudioLoader's version also fails loudly if a row no longer decodes.)
         return [add_loudness(s) for s in decode.decode_many(reader.fetch(keys))]
 
-    shuffle = ShuffleBuffer(loudness, capacity=128, min_size=64, seed=seed, restore=restore)
-    batches = Batcher(shuffle, batch_size, columns=["loudness"])
+    shuffle = ShuffleBuffer.of(loudness, capacity=128, min_size=64, seed=seed, restore=restore)
+    batches = Batcher.of(shuffle, batch_size, columns=["loudness"])
     # CatchFailures carries an exception out of the Prefetcher's thread intact (torchdata
     # 0.11 would turn it into a string and hang); Prefetcher prepares batches ahead.
     return al.Loader(Prefetcher(CatchFailures(batches), prefetch_factor=2))
@@ -68,11 +68,11 @@ def decode_then_shuffle(data: Path, seed: int, batch_size: int, workers: int) ->
 
 def shuffle_then_decode(data: Path, seed: int, batch_size: int, workers: int) -> al.Loader:
     """Chain A: the buffer holds raw rows; ``reader.fetch`` restores them from their keys."""
-    reader = ArrowShardReader(data, seed=seed, shuffle=True, infinite=True)
-    shuffle = ShuffleBuffer(reader, capacity=128, min_size=64, seed=seed, restore=reader.fetch)
-    decode = DecodeSpectrogram(shuffle, FEATURES, seed=seed, train=True, num_workers=workers)
+    reader = ArrowShardReader.of(data, seed=seed, shuffle=True, infinite=True)
+    shuffle = ShuffleBuffer.of(reader, capacity=128, min_size=64, seed=seed, restore=reader.fetch)
+    decode = DecodeSpectrogram.of(shuffle, FEATURES, seed=seed, train=True, num_workers=workers)
     loudness = Mapper(decode, add_loudness)
-    batches = Batcher(loudness, batch_size, columns=["loudness"])
+    batches = Batcher.of(loudness, batch_size, columns=["loudness"])
     return al.Loader(Prefetcher(CatchFailures(batches), prefetch_factor=2))
 
 

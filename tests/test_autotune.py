@@ -88,7 +88,7 @@ def test_the_count_stays_between_one_and_the_maximum():
 
 def test_workers_added_and_retired_mid_stream_keep_order_and_exactly_once():
     stats = LoaderStats()
-    node = ParallelMap(Items(120), tensor_of, num_workers=3, backend="process", chunk_size=3, stats=stats)
+    node = ParallelMap.of(Items(120), tensor_of, num_workers=3, backend="process", chunk_size=3, stats=stats)
     node.reset()
     got = []
     for count in (1, 3, 2, 1, 3):
@@ -107,12 +107,12 @@ def test_workers_added_and_retired_mid_stream_keep_order_and_exactly_once():
 
 
 def test_an_autotuned_pool_resumes_exactly_on_a_fixed_one():
-    node = ParallelMap(Items(40), slow_square, num_workers="auto", backend="process", chunk_size=3)
+    node = ParallelMap.of(Items(40), slow_square, num_workers="auto", backend="process", chunk_size=3)
     node.reset()
     head = [next(node) for _ in range(17)]
     state = node.state_dict()
     node.shutdown()
-    fixed = ParallelMap(Items(40), slow_square, num_workers=1, backend="process", chunk_size=5)
+    fixed = ParallelMap.of(Items(40), slow_square, num_workers=1, backend="process", chunk_size=5)
     fixed.reset(state)
     assert head + list(fixed) == [i * i for i in range(40)]
     fixed.shutdown()
@@ -167,4 +167,4 @@ def test_a_bad_worker_count_on_the_node_is_refused_with_the_choices(ipc_shards):
     from audioloader.nodes.arrow_shard_reader import ArrowShardReader
 
     with pytest.raises(ValueError, match=r"num_workers='auto2': must be an integer >= 0 .* or 'auto'"):
-        DecodeSpectrogram(ArrowShardReader(str(ipc_shards)), SMALL, num_workers="auto2", worker_type="process")
+        DecodeSpectrogram.of(ArrowShardReader.of(str(ipc_shards)), SMALL, num_workers="auto2", worker_type="process")

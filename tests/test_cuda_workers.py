@@ -98,10 +98,10 @@ def test_the_cuda_driver_in_the_process_also_rules_out_a_fork(monkeypatch):
 
 @linux_only
 def test_workers_are_not_forked_from_a_process_with_cuda_and_give_the_same_results(monkeypatch):
-    forked = drain(ParallelMap(Items(9), tensor_of, num_workers=2, **reference_workers()))
+    forked = drain(ParallelMap.of(Items(9), tensor_of, num_workers=2, **reference_workers()))
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     stats = LoaderStats()
-    node = ParallelMap(Items(9), tensor_of, num_workers=2, backend="process", stats=stats, what="decode worker")
+    node = ParallelMap.of(Items(9), tensor_of, num_workers=2, backend="process", stats=stats, what="decode worker")
     node.reset()
     try:
         assert os.getpid() not in worker_parents(node)  # started by the fork server, not forked from here
@@ -117,7 +117,7 @@ def test_workers_are_not_forked_from_a_process_with_cuda_and_give_the_same_resul
 
 
 def test_an_explicit_fork_is_refused_with_a_warning_when_cuda_is_initialised(cuda_initialised):
-    node = ParallelMap(Items(4), tensor_of, num_workers=1, backend="process", start_method="fork")
+    node = ParallelMap.of(Items(4), tensor_of, num_workers=1, backend="process", start_method="fork")
     with pytest.warns(RuntimeWarning, match="start with 'forkserver'.*CUDA is initialised"):
         node.reset()
     try:
@@ -188,7 +188,7 @@ def test_the_same_augmentation_in_threads_is_left_alone(shards):
 
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
 def test_inside_a_worker_cuda_is_out_of_sight_and_refused(no_cuda_here, method):
-    seen = drain(ParallelMap(Items(2), cuda_probe, num_workers=1, backend="process", start_method=method,
+    seen = drain(ParallelMap.of(Items(2), cuda_probe, num_workers=1, backend="process", start_method=method,
                              what="decode worker"))
     for probe in seen:
         assert probe["available"] is False and probe["marked"] == "1"

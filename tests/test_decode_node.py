@@ -19,6 +19,7 @@ from audioloader.dsp.audio import load_clip
 from audioloader.dsp.config import MelSpectrogramConfig
 from audioloader.dsp.features import log_mel
 from audioloader.errors import DecodeError, ErrorBudgetExceeded
+from audioloader.nodes.decode_config import DecodeConfig
 from audioloader.nodes.decode_spectrogram import DecodeSpectrogram
 from audioloader.samples import BadRow, Key, RawSample, Sample
 from audioloader.stats import LoaderStats
@@ -55,7 +56,7 @@ def rows(n: int, pass_index: int = 0) -> list[RawSample]:
 
 def node_over(items, **kwargs) -> DecodeSpectrogram:
     kwargs.setdefault("num_workers", 2)
-    return DecodeSpectrogram(IterableWrapper(items), CFG, **kwargs)
+    return DecodeSpectrogram.of(IterableWrapper(items), CFG, **kwargs)
 
 
 def run(items, **kwargs) -> list[Sample]:
@@ -273,16 +274,17 @@ def test_the_error_budget_comes_as_the_loaders_on_error_group():
 def test_who_decodes_comes_as_the_loaders_workers_group():
     """``workers=al.Workers(...)``, the group `AudioLoader` takes (kind and count decided), decodes as the keywords."""
     items = rows(6)
-    node = DecodeSpectrogram(IterableWrapper(items), CFG, workers=al.Workers(num_workers=2, kind="thread"))
+    node = DecodeSpectrogram(IterableWrapper(items), DecodeConfig(CFG), al.Workers(num_workers=2, kind="thread"))
     try:
         assert (node.num_workers, node.worker_type) == (2, "thread")
         assert_same(list(node), run(items, num_workers=2, worker_type="thread"))
     finally:
         node.shutdown()
-    with pytest.raises(ValueError, match="num_workers"):  # who decodes is said once, in the group
-        DecodeSpectrogram(IterableWrapper([]), CFG, workers=al.Workers(num_workers=2, kind="thread"), num_workers=1)
+    with pytest.raises(TypeError, match=r"\(num_workers=\).*DecodeSpectrogram\.of"):  # the groups, or the factory
+        DecodeSpectrogram(IterableWrapper([]), DecodeConfig(CFG), al.Workers(num_workers=2, kind="thread"),
+                          num_workers=1)
     with pytest.raises(ValueError, match="kind='thread' or 'process'"):  # "auto" is decided by AudioLoader
-        DecodeSpectrogram(IterableWrapper([]), CFG, workers=al.Workers(num_workers=2))
+        DecodeSpectrogram(IterableWrapper([]), DecodeConfig(CFG), al.Workers(num_workers=2))
 
 
 def test_error_budget_not_tripped_within_budget():
@@ -380,7 +382,7 @@ class ExplodingSource(BaseNode):
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_source_exception_reaches_caller_and_does_not_hang(num_workers):
-    node = DecodeSpectrogram(ExplodingSource(rows(8), fail_at=5), CFG, num_workers=num_workers)
+    node = DecodeSpectrogram.of(ExplodingSource(rows(8), fail_at=5), CFG, num_workers=num_workers)
     got = [next_within(node).key.index for _ in range(5)]
     assert got == [0, 1, 2, 3, 4]
     with pytest.raises(SourceBoom) as info:
@@ -477,7 +479,7 @@ def test_works_under_a_loader_with_resume():
 ])
 def test_invalid_arguments_name_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):
-        DecodeSpectrogram(IterableWrapper([]), CFG, **kwargs)
+        DecodeSpectrogram.of(IterableWrapper([]), CFG, **kwargs)
 
 
 @pytest.mark.parametrize("kwargs,name", [
@@ -487,14 +489,14 @@ def test_invalid_arguments_name_the_argument(kwargs, name):
 ])
 def test_wrong_types_name_the_argument(kwargs, name):
     with pytest.raises(TypeError, match=name):
-        DecodeSpectrogram(IterableWrapper([]), CFG, **kwargs)
+        DecodeSpectrogram.of(IterableWrapper([]), CFG, **kwargs)
 
 
 def test_wrong_source_and_features_types():
     with pytest.raises(TypeError, match="source"):
-        DecodeSpectrogram([raw(0)], CFG)
+        DecodeSpectrogram.of([raw(0)], CFG)
     with pytest.raises(TypeError, match="features"):
-        DecodeSpectrogram(IterableWrapper([]), {"sample_rate": 16000})
+        DecodeSpectrogram.of(IterableWrapper([]), {"sample_rate": 16000})
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")

@@ -86,7 +86,7 @@ def test_a_rank_holds_tens_of_bytes_a_file_from_a_manifest_of_200000_files(tmp_p
     tracemalloc.start()
     try:
         dataset = al.ShardDataset(tmp_path / "data")
-        reader = ArrowShardReader(dataset, rank=3, world_size=1024, shuffle=True, seed=0)
+        reader = ArrowShardReader.of(dataset, rank=3, world_size=1024, shuffle=True, seed=0)
         mine = reader.splits_for_pass(0)
         held, _ = tracemalloc.get_traced_memory()
     finally:

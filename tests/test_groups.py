@@ -1,4 +1,4 @@
-"""Settings groups passed whole: `ShardDataset(source, storage=...)` and `ArrowShardReader(..., storage=...)` read
+"""Settings groups passed whole: `ShardDataset(source, storage=...)` and `ArrowShardReader.of(..., storage=...)` read
 exactly what the same fields given one by one read; a field given both ways, or a share given twice, is refused by
 name. Augmentations are handed the reader of their rows; a mix's stop is resolved where the user gives it."""
 
@@ -56,23 +56,23 @@ def test_a_field_given_beside_the_group_is_refused_by_name(folder):
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_a_reader_takes_its_share_and_its_files_from_the_group(folder, shuffle):
     for rank in range(2):
-        grouped = ArrowShardReader(folder, storage=al.Storage(rank=rank, world_size=2, split_rows=4), shuffle=shuffle,
-                                   seed=3)
-        loose = ArrowShardReader(folder, rank=rank, world_size=2, split_rows=4, shuffle=shuffle, seed=3)
+        grouped = ArrowShardReader.of(folder, storage=al.Storage(rank=rank, world_size=2, split_rows=4),
+                                      shuffle=shuffle, seed=3)
+        loose = ArrowShardReader.of(folder, rank=rank, world_size=2, split_rows=4, shuffle=shuffle, seed=3)
         assert (grouped.rank, grouped.world_size) == (rank, 2)
         assert keys(grouped) == keys(loose)
 
 
 def test_a_share_given_twice_or_files_beside_a_dataset_are_refused(folder):
     with pytest.raises(ValueError, match=r"share once.*Storage\(rank=\.\.\., world_size=\.\.\.\)"):
-        ArrowShardReader(folder, storage=al.Storage(rank=0, world_size=2), rank=1, world_size=2)
+        ArrowShardReader.of(folder, storage=al.Storage(rank=0, world_size=2), rank=1, world_size=2)
     dataset = ShardDataset(folder, split_rows=4)
     with pytest.raises(ValueError, match="gives only this rank's share"):
-        ArrowShardReader(dataset, storage=al.Storage(split_rows=8))
+        ArrowShardReader.of(dataset, storage=al.Storage(split_rows=8))
     with pytest.raises(ValueError, match=r"ArrowShardReader\(storage=\.\.\., split_rows=\.\.\.\): give it once"):
-        ArrowShardReader(folder, storage=al.Storage(), split_rows=8)
-    shared = ArrowShardReader(dataset, storage=al.Storage(rank=1, world_size=2), shuffle=False)
-    assert keys(shared) == keys(ArrowShardReader(dataset, rank=1, world_size=2, shuffle=False))
+        ArrowShardReader.of(folder, storage=al.Storage(), split_rows=8)
+    shared = ArrowShardReader.of(dataset, storage=al.Storage(rank=1, world_size=2), shuffle=False)
+    assert keys(shared) == keys(ArrowShardReader.of(dataset, rank=1, world_size=2, shuffle=False))
 
 
 def test_augmentations_read_their_rows_through_the_reader_they_are_given(tmp_path):
@@ -89,7 +89,7 @@ def test_augmentations_read_their_rows_through_the_reader_they_are_given(tmp_pat
 
 def test_a_mix_stop_is_resolved_where_it_is_given_and_the_node_takes_the_value(folder):
     assert stop_criterion(StopCriteria.ALL_DATASETS_EXHAUSTED) == "all_exhausted"
-    readers = {"a": ArrowShardReader(folder, seed=0), "b": ArrowShardReader(folder, seed=1)}
+    readers = {"a": ArrowShardReader.of(folder, seed=0), "b": ArrowShardReader.of(folder, seed=1)}
     node = WeightedMix(readers, {"a": 1.0, "b": 1.0}, stop=stop_criterion(StopCriteria.FIRST_DATASET_EXHAUSTED))
     assert node.stop == "first_exhausted"
     with pytest.raises(ValueError, match=r"stop='never'.*must be one of.*stop_criterion"):
@@ -106,16 +106,17 @@ def test_a_reader_built_from_a_read_plan_reads_what_its_arguments_read(folder, s
         options = dict(seed=5, rank=rank, world_size=3, shuffle=shuffle, interleave=2)
         plan = ReadPlan.of(dataset, **options)
         planned = ArrowShardReader(dataset, plan=plan)
-        assert planned.plan is plan and keys(planned) == keys(ArrowShardReader(dataset, **options))
-        assert plan.splits_for_pass(1) == ArrowShardReader(dataset, **options).splits_for_pass(1)
+        assert planned.plan is plan and keys(planned) == keys(ArrowShardReader.of(dataset, **options))
+        assert plan.splits_for_pass(1) == ArrowShardReader.of(dataset, **options).splits_for_pass(1)
 
 
-def test_a_read_plan_holds_the_share_and_nothing_is_given_twice(folder):
+def test_a_read_plan_holds_the_share_and_the_reader_takes_nothing_beside_it(folder):
     dataset = ShardDataset(folder)
     plan = ReadPlan.of(dataset, rank=1, world_size=2)
-    with pytest.raises(ValueError, match=r"plan=\.\.\., seed=.*the plan holds seed"):
+    with pytest.raises(TypeError, match=r"ArrowShardReader\(\.\.\.\) takes a ShardDataset and its ReadPlan.*\(seed=\)"
+                                        r".*use ArrowShardReader\.of\(\.\.\.\)"):
         ArrowShardReader(dataset, plan=plan, seed=3)
-    with pytest.raises(ValueError, match="pass that dataset"):
+    with pytest.raises(TypeError, match=r"takes a ShardDataset and its ReadPlan.*ArrowShardReader\.of"):
         ArrowShardReader(folder, plan=plan)
     with pytest.raises(ValueError, match=r"rank=2 must be in \[0, world_size=2\)"):
         ReadPlan.of(dataset, rank=2, world_size=2)
@@ -124,25 +125,25 @@ def test_a_read_plan_holds_the_share_and_nothing_is_given_twice(folder):
 
 
 def test_buffer_bucketer_and_batcher_take_their_group_or_its_fields_and_check_them_once(folder):
-    rows = ArrowShardReader(folder, shuffle=False)
+    rows = ArrowShardReader.of(folder, shuffle=False)
     limits = BufferLimits(6, 2, one_pass=True)
-    assert keys(ShuffleBuffer(rows, limits=limits, seed=1)) == keys(ShuffleBuffer(rows, 6, 2, seed=1, one_pass=True))
+    assert keys(ShuffleBuffer(rows, limits=limits, seed=1)) == keys(ShuffleBuffer.of(rows, 6, 2, seed=1, one_pass=True))
     with pytest.raises(ValueError, match=r"min_size=9: must be an integer in \[0, capacity=6\]"):
-        ShuffleBuffer(rows, 6, 9)
-    with pytest.raises(ValueError, match=r"give each limit once, in BufferLimits"):
-        ShuffleBuffer(rows, 6, limits=limits)
-    bucketed = DurationBucketer(rows, limits=BucketLimits(0.05, (0.01, 0.03)), max_batch_size=None)
+        ShuffleBuffer.of(rows, 6, 9)
+    with pytest.raises(TypeError, match=r"takes its limits as one BufferLimits.*\(capacity=\).*ShuffleBuffer\.of"):
+        ShuffleBuffer(rows, limits=limits, capacity=6)
+    bucketed = DurationBucketer(rows, limits=BucketLimits(0.05, (0.01, 0.03)))
     assert bucketed.boundaries == [0.01, 0.03] and bucketed.max_duration == 0.05
     with pytest.raises(ValueError, match="must be ascending"):
-        DurationBucketer(rows, max_duration=1.0, boundaries=[2.0, 1.0])
-    with pytest.raises(ValueError, match=r"give each once, in BucketLimits"):
+        DurationBucketer.of(rows, max_duration=1.0, boundaries=[2.0, 1.0])
+    with pytest.raises(TypeError, match=r"one BucketLimits.*\(max_duration=\).*DurationBucketer\.of"):
         DurationBucketer(rows, max_duration=1.0, limits=BucketLimits(1.0))
     layout = BatchLayout(4, drop_last=True, columns=["uid"])
     assert (Batcher(rows, layout=layout).layout, Batcher(rows, layout=layout).drop_last) == (layout, True)
-    with pytest.raises(ValueError, match=r"give each once, in BatchLayout"):
-        Batcher(rows, 4, layout=layout)
+    with pytest.raises(TypeError, match=r"one BatchLayout.*\(batch_size=\).*Batcher\.of"):
+        Batcher(rows, layout=layout, batch_size=4)
     with pytest.raises(ValueError, match="num_batches needs spectrogram_shape"):
-        Batcher(rows, 4, num_batches=2)
+        Batcher.of(rows, 4, num_batches=2)
 
 
 @pytest.mark.parametrize("train", [True, False])

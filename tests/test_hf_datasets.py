@@ -42,7 +42,7 @@ def saved(hf_dataset, tmp_path_factory):
 def check_every_row_once(source, world_size: int = 2) -> None:
     seen = {}
     for rank in range(world_size):
-        for sample in ArrowShardReader(source, rank=rank, world_size=world_size, shuffle=False, split_rows=4):
+        for sample in ArrowShardReader.of(source, rank=rank, world_size=world_size, shuffle=False, split_rows=4):
             assert sample.key.index not in seen and sample.problem is None
             seen[sample.key.index] = (bytes(sample.audio), sample.label)
     assert seen == {i: (clip_bytes(i, **SHORT), i % len(NAMES)) for i in range(ROWS)}

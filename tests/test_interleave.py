@@ -40,7 +40,7 @@ def keys(reader, n=None) -> list[tuple[int, int]]:
 
 @pytest.mark.parametrize("interleave", [2, 4, 40])
 def test_every_row_once_per_pass_and_k_splits_in_each_round(dataset, interleave):
-    reader = ArrowShardReader(dataset, seed=3, interleave=interleave, infinite=True)
+    reader = ArrowShardReader.of(dataset, seed=3, interleave=interleave, infinite=True)
     two_passes = keys(reader, 2 * TOTAL)
     for pass_index in (0, 1):
         assert sorted(i for i, p in two_passes if p == pass_index) == list(range(TOTAL))
@@ -50,23 +50,23 @@ def test_every_row_once_per_pass_and_k_splits_in_each_round(dataset, interleave)
     # Consecutive rows come from one split only once one lane is left (the last rows of the pass: < 4).
     repeats = [n for n, (a, b) in enumerate(itertools.pairwise(order)) if a == b]
     assert len(repeats) < 4 and all(n > TOTAL - 5 for n in repeats), repeats
-    plain = [split_of(dataset, i) for i, _ in keys(ArrowShardReader(dataset, seed=3))]
+    plain = [split_of(dataset, i) for i, _ in keys(ArrowShardReader.of(dataset, seed=3))]
     assert sum(a == b for a, b in itertools.pairwise(plain)) == TOTAL - len(dataset.splits)
 
 
 def test_the_order_is_a_pure_function_of_the_seed(dataset):
     def order(seed):
-        return keys(ArrowShardReader(dataset, seed=seed, interleave=4))
+        return keys(ArrowShardReader.of(dataset, seed=seed, interleave=4))
 
     assert order(5) == order(5) and order(5) != order(6)
-    assert sorted(order(5)) == sorted(keys(ArrowShardReader(dataset, seed=5)))  # the same rows as without
+    assert sorted(order(5)) == sorted(keys(ArrowShardReader.of(dataset, seed=5)))  # the same rows as without
 
 
 @pytest.mark.parametrize("interleave", [3, 8])
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_resume_from_any_row_is_exact(dataset, interleave, shuffle):
     def reader():
-        return ArrowShardReader(dataset, seed=9, interleave=interleave, shuffle=shuffle, infinite=True,
+        return ArrowShardReader.of(dataset, seed=9, interleave=interleave, shuffle=shuffle, infinite=True,
                                 rank=1, world_size=2)
 
     reference = keys(reader(), 2 * TOTAL // 2 + 7)  # past the end of the rank's first pass
@@ -159,7 +159,7 @@ def test_interleave_is_in_the_fingerprint_and_checked(shards):
     with pytest.raises(ValueError, match=r"Shuffle\.interleave=0: must be an integer >= 1"):
         al.Shuffle(interleave=0)
     with pytest.raises(ValueError, match="interleave=0 must be an int >= 1"):
-        ArrowShardReader(shards, interleave=0)
+        ArrowShardReader.of(shards, interleave=0)
 
 
 def test_a_mix_of_interleaved_sources_reads_every_row_of_each_once(shards, tmp_path):

@@ -49,7 +49,7 @@ def requests_by_kind(proxy) -> Counter:
 
 
 def rows_of(dataset, **kwargs) -> list[tuple]:
-    return [(tuple(s.key), bytes(s.audio), s.label) for s in ArrowShardReader(dataset, **kwargs)]
+    return [(tuple(s.key), bytes(s.audio), s.label) for s in ArrowShardReader.of(dataset, **kwargs)]
 
 
 def loader(source, **kwargs) -> al.AudioLoader:

@@ -75,7 +75,7 @@ def size_of(item: Item) -> int:
 def test_the_buffer_holds_at_most_its_byte_budget_plus_one_item():
     sizes = np.random.default_rng(0).integers(100, 5000, 500).tolist()
     source = Rows(500, passes=4, sizes=sizes)
-    buffer = ShuffleBuffer(source, capacity=10**6, min_size=10**6, max_bytes=20_000, size_fn=size_of, one_pass=True)
+    buffer = ShuffleBuffer.of(source, capacity=10**6, min_size=10**6, max_bytes=20_000, size_fn=size_of, one_pass=True)
     it = iter(buffer)
     for _ in range(1500):
         next(it)
@@ -91,14 +91,14 @@ def test_the_buffer_holds_at_most_its_byte_budget_plus_one_item():
 @pytest.mark.parametrize(("min_bytes", "first_fill"), [(5_000, 5), (None, 40), (10**9, 40)])
 def test_the_first_item_waits_for_min_size_rows_or_min_bytes_whichever_comes_first(min_bytes, first_fill):
     source = Rows(1000, sizes=[1000] * 1000)
-    buffer = ShuffleBuffer(source, capacity=100, min_size=40, min_bytes=min_bytes, size_fn=size_of)
+    buffer = ShuffleBuffer.of(source, capacity=100, min_size=40, min_bytes=min_bytes, size_fn=size_of)
     next(iter(buffer))
     assert source.pulled == first_fill + 2  # the first fill, then two pulls for the first emit
 
 
 def test_a_buffer_larger_than_a_pass_delivers_each_pass_whole_and_says_it_was_capped():
     source = Rows(30, passes=5)
-    buffer = ShuffleBuffer(source, capacity=1000, min_size=800, size_fn=size_of, one_pass=True)
+    buffer = ShuffleBuffer.of(source, capacity=1000, min_size=800, size_fn=size_of, one_pass=True)
     out = list(buffer)
     assert len(out) == 150
     for p in range(5):
@@ -111,14 +111,14 @@ def test_a_buffer_larger_than_a_pass_delivers_each_pass_whole_and_says_it_was_ca
 
 
 def test_without_one_pass_the_buffer_mixes_passes():
-    out = list(ShuffleBuffer(Rows(30, passes=5), capacity=1000, min_size=800, size_fn=size_of))
+    out = list(ShuffleBuffer.of(Rows(30, passes=5), capacity=1000, min_size=800, size_fn=size_of))
     assert len({item.key.index for item in out[:30]}) < 30  # what one pass prevents: repeats
 
 
 def test_a_bucket_never_holds_an_utterance_twice_and_its_bytes_are_bounded():
     seconds = np.random.default_rng(1).uniform(0.5, 3.0, 20).tolist()
     source = Rows(20, passes=6, sizes=[int(1000 * s) for s in seconds])
-    bucketer = DurationBucketer(source, max_duration=30.0, boundaries=[1.5], distinct=True, max_bytes=8_000,
+    bucketer = DurationBucketer.of(source, max_duration=30.0, boundaries=[1.5], distinct=True, max_bytes=8_000,
                                 duration_fn=lambda item: seconds[item.key.index], size_fn=size_of)
     batch, batches = [], []
     for item in bucketer:
@@ -135,7 +135,7 @@ def test_a_bucket_never_holds_an_utterance_twice_and_its_bytes_are_bounded():
 
 def test_a_node_state_keeps_the_item_set_aside_for_the_next_pass():
     def run(state=None, n=40):
-        buffer = ShuffleBuffer(Rows(12, passes=6), capacity=100, min_size=50, size_fn=size_of, one_pass=True)
+        buffer = ShuffleBuffer.of(Rows(12, passes=6), capacity=100, min_size=50, size_fn=size_of, one_pass=True)
         buffer.reset(state)
         items = [buffer.next().key for _ in range(n)]
         return items, buffer
@@ -235,7 +235,7 @@ def test_interleave_of_the_preset_fits_the_budget(tmp_path, parquet_speech):
     ipc = speech_corpus(tmp_path / "ipc", 20, fmt="arrow")
     with speech_loader(ipc) as loader:
         assert loader.interleave == budget.MAX_INTERLEAVE  # memory-mapped: a lane costs nothing
-    unit = budget.lane_bytes([al.nodes.ArrowShardReader(parquet_speech, label_column=None).dataset])
+    unit = budget.lane_bytes([al.nodes.ArrowShardReader.of(parquet_speech, label_column=None).dataset])
     assert unit > 0
     with speech_loader(parquet_speech, shuffle=al.Shuffle(max_bytes=8 * unit)) as loader:
         assert loader.interleave == 4  # half of the budget
@@ -396,7 +396,7 @@ def test_a_checkpoint_with_other_settings_gets_a_chain_built_with_them(tmp_path)
 
 
 def test_durations_for_the_bucket_edges_are_read_from_their_column_alone(parquet_speech, tmp_path):
-    dataset = al.nodes.ArrowShardReader(parquet_speech, label_column=None, columns=["duration"]).dataset
+    dataset = al.nodes.ArrowShardReader.of(parquet_speech, label_column=None, columns=["duration"]).dataset
     picks = [59, 0, 17, 17, 33, 5]
     rows = dataset.read_rows(picks)
     assert dataset.read_column("duration", picks) == [row.extras["duration"] for row in rows]
@@ -409,7 +409,7 @@ def test_rows_in_flight_to_the_decode_workers_are_counted_and_bounded(backend):
 
     def run(cap):
         stats = LoaderStats()
-        mapper = ParallelMap(Rows(200, sizes=[1000] * 200), _weight, num_workers=2, backend=backend, chunk_size=4,
+        mapper = ParallelMap.of(Rows(200, sizes=[1000] * 200), _weight, num_workers=2, backend=backend, chunk_size=4,
                              depth=4, stats=stats, size_fn=size_of, max_bytes_in_flight=cap)
         mapper.reset(None)
         try:

@@ -41,7 +41,7 @@ def flip(wave: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def readers(root: Path, **kwargs) -> dict[str, ArrowShardReader]:
-    return {name: ArrowShardReader(root / name, seed=s, split_rows=4, **kwargs) for s, name in enumerate(ROWS)}
+    return {name: ArrowShardReader.of(root / name, seed=s, split_rows=4, **kwargs) for s, name in enumerate(ROWS)}
 
 
 def keys_of(node) -> list[al.Key]:

@@ -45,15 +45,22 @@ from audioloader.nodes import (
     BatchAugment,
     Batcher,
     BatchFeatures,
+    BatchLayout,
+    BucketLimits,
+    BufferLimits,
     CatchFailures,
+    DecodeConfig,
     DecodeSpectrogram,
     DurationBucketer,
+    MapPool,
     ParallelMap,
     Prefetcher,
+    ReadPlan,
     ShuffleBuffer,
     WeightedMix,
 )
 from audioloader.nodes.held import RowsHeld
+from audioloader.shards import ShardDataset
 from tests.helpers import SMALL, encode, roundtrip, tone, write_ipc_file
 
 #: Durations of the rows (s), cycled: shorter and longer than SMALL's 0.25 s crop, for the bucketer's buckets.
@@ -78,18 +85,25 @@ def rows(tmp_path_factory) -> Path:
 # -- the registry ------------------------------------------------------------------------------------------
 
 
+# Each node is built as `chain.build_chain` builds it: its source and its settled group(s).
+
+
 def eval_reader(folder: Path) -> ArrowShardReader:
     """Rows in a fixed order, one pass; a reset starts the same pass again."""
-    return ArrowShardReader(folder, seed=3, shuffle=False, split_rows=4, columns=["uid"])
+    dataset = ShardDataset(folder, split_rows=4, columns=["uid"])
+    return ArrowShardReader(dataset, ReadPlan.of(dataset, seed=3, shuffle=False))
 
 
-def decoded(folder: Path, **kwargs) -> DecodeSpectrogram:
-    options = {"seed": 1, "train": True, "num_workers": 0, **kwargs}
-    return DecodeSpectrogram(eval_reader(folder), SMALL, **options)
+INLINE = al.Workers(num_workers=0, kind="thread")
 
 
-def batches(folder: Path, **kwargs) -> Batcher:
-    return Batcher(decoded(folder), batch_size=5, columns=["uid"], tensor_columns=["uid"], **kwargs)
+def decoded(folder: Path, workers: al.Workers = INLINE, fetch=None, **config) -> DecodeSpectrogram:
+    return DecodeSpectrogram(eval_reader(folder), DecodeConfig(SMALL, **{"seed": 1, "train": True, **config}),
+                             workers, fetch=fetch)
+
+
+def batches(folder: Path, **layout) -> Batcher:
+    return Batcher(decoded(folder), BatchLayout(5, columns=["uid"], tensor_columns=["uid"], **layout))
 
 
 def audio_size(raw) -> tuple[int, int, int]:
@@ -99,12 +113,12 @@ def audio_size(raw) -> tuple[int, int, int]:
 
 def shuffle_buffer(folder: Path) -> ShuffleBuffer:
     reader = eval_reader(folder)
-    return ShuffleBuffer(reader, capacity=8, min_size=4, seed=2, restore=reader.fetch)
+    return ShuffleBuffer(reader, BufferLimits(8, 4), seed=2, restore=reader.fetch)
 
 
 def bucketer(folder: Path) -> DurationBucketer:
     reader = eval_reader(folder)
-    return DurationBucketer(reader, max_duration=1.2, boundaries=[0.32, 0.6], restore=reader.fetch)
+    return DurationBucketer(reader, BucketLimits(1.2, (0.32, 0.6)), restore=reader.fetch)
 
 
 def mix(folder: Path) -> WeightedMix:
@@ -115,7 +129,7 @@ def mix(folder: Path) -> WeightedMix:
 def augmented(folder: Path) -> BatchAugment:
     decode = decoded(folder, augment=[al.SpecAugment(max_freq_width=4, max_time_width=4), al.Mixup()],
                      compute_features=False)
-    waves = Batcher(decode, batch_size=5, features_key="waveform")
+    waves = Batcher(decode, BatchLayout(5, features_key="waveform"))
     return BatchAugment(BatchFeatures(waves, SMALL, "cpu"), decode.augment, SMALL.batch_key)
 
 
@@ -129,24 +143,24 @@ class Case:
 
 CASES: dict[str, Case] = {
     "ArrowShardReader-eval": Case(eval_reader),
-    "ArrowShardReader-train-interleave": Case(
-        lambda f: ArrowShardReader(f, seed=3, shuffle=True, infinite=True, split_rows=4, interleave=2),
+    "ArrowShardReader-train-interleave": Case(  # the hand-composed form: the fields one by one
+        lambda f: ArrowShardReader.of(f, seed=3, shuffle=True, infinite=True, split_rows=4, interleave=2),
         limit=30, next_pass_on_reset=True),  # crosses the end of pass 0 (23 rows)
     "ShuffleBuffer": Case(shuffle_buffer),
     "DurationBucketer": Case(bucketer),
     "WeightedMix": Case(mix, next_pass_on_reset=True),
     "DecodeSpectrogram-inline": Case(decoded),
-    "DecodeSpectrogram-threads": Case(lambda f: decoded(f, num_workers=2, worker_type="thread")),
-    "DecodeSpectrogram-processes": Case(lambda f: decoded(f, num_workers=2, worker_type="process",
+    "DecodeSpectrogram-threads": Case(lambda f: decoded(f, al.Workers(num_workers=2, kind="thread"))),
+    "DecodeSpectrogram-processes": Case(lambda f: decoded(f, al.Workers(num_workers=2, kind="process"),
                                                           fetch=eval_reader(f).fetcher), pickles=False),
-    "ParallelMap-inline": Case(lambda f: ParallelMap(eval_reader(f), audio_size, num_workers=0)),
-    "ParallelMap-threads": Case(lambda f: ParallelMap(eval_reader(f), audio_size, num_workers=2, chunk_size=3)),
-    "ParallelMap-processes": Case(lambda f: ParallelMap(eval_reader(f), audio_size, num_workers=2,
-                                                        backend="process", chunk_size=3), pickles=False),
+    "ParallelMap-inline": Case(lambda f: ParallelMap(eval_reader(f), audio_size, MapPool(0))),
+    "ParallelMap-threads": Case(lambda f: ParallelMap(eval_reader(f), audio_size, MapPool(2, chunk_size=3))),
+    "ParallelMap-processes": Case(lambda f: ParallelMap(eval_reader(f), audio_size,
+                                                        MapPool(2, "process", chunk_size=3)), pickles=False),
     "Batcher": Case(batches),
     "Batcher-eval-padding": Case(lambda f: batches(f, num_batches=7, spectrogram_shape=(SMALL.n_mels, 16))),
     "BatchFeatures": Case(lambda f: BatchFeatures(
-        Batcher(decoded(f, compute_features=False), batch_size=5, features_key="waveform"), SMALL, "cpu")),
+        Batcher(decoded(f, compute_features=False), BatchLayout(5, features_key="waveform")), SMALL, "cpu")),
     "BatchAugment": Case(augmented),
     "CatchFailures": Case(lambda f: CatchFailures(batches(f))),
     "Prefetcher": Case(lambda f: Prefetcher(batches(f), prefetch_factor=2)),

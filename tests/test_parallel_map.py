@@ -96,7 +96,7 @@ class Items(BaseNode):
 
 
 def mapper(job, n=40, num_workers=2, backend="thread", **kwargs) -> ParallelMap:
-    return ParallelMap(Items(n), job, num_workers=num_workers, backend=backend, **kwargs)
+    return ParallelMap.of(Items(n), job, num_workers=num_workers, backend=backend, **kwargs)
 
 
 def drain(node) -> list:
@@ -148,11 +148,11 @@ def test_resume_skips_items_instead_of_mapping_them_again():
         calls.append(i)
         return i
 
-    node = ParallelMap(Items(20), record, num_workers=0)
+    node = ParallelMap.of(Items(20), record, num_workers=0)
     [next(node) for _ in range(7)]
     state = node.state_dict()
     calls.clear()
-    again = ParallelMap(Items(20), record, num_workers=0)
+    again = ParallelMap.of(Items(20), record, num_workers=0)
     again.reset(state)
     assert list(again) == list(range(7, 20))
     assert calls == list(range(7, 20))
@@ -164,7 +164,7 @@ def test_accepts_torchdata_parallel_mapper_states():
 
 
 def drain_from(state) -> list:
-    node = ParallelMap(Items(12), int, num_workers=2)
+    node = ParallelMap.of(Items(12), int, num_workers=2)
     node.reset(state)
     return drain(node)
 
@@ -183,7 +183,7 @@ def test_job_exception_is_raised_in_place_then_iteration_goes_on(num_workers, ba
 
 @pytest.mark.parametrize(("num_workers", "backend"), SETUPS)
 def test_source_exception_comes_after_earlier_items_then_the_node_ends(num_workers, backend):
-    node = ParallelMap(Items(20, fail_at=6), slow_square, num_workers=num_workers, backend=backend)
+    node = ParallelMap.of(Items(20, fail_at=6), slow_square, num_workers=num_workers, backend=backend)
     assert [next(node) for _ in range(6)] == [i * i for i in range(6)]
     with pytest.raises(Boom) as info:
         next(node)
@@ -208,7 +208,7 @@ def test_unpicklable_job_is_refused_with_the_fix():
 
 def test_worker_stats_reach_the_consumer():
     stats = LoaderStats()
-    drain(ParallelMap(Items(6), CountingJob(), num_workers=2, backend="process", chunk_size=2, stats=stats))
+    drain(ParallelMap.of(Items(6), CountingJob(), num_workers=2, backend="process", chunk_size=2, stats=stats))
     assert stats.snapshot()["seconds"]["work"] == pytest.approx(3.0)
 
 
@@ -270,7 +270,7 @@ class LoggedSlowSquare:
 def test_reset_mid_stream_stops_thread_chunks_after_their_current_item():
     GATE.clear()
     STARTED.clear()
-    node = ParallelMap(Epochs(400), gated_square, num_workers=2, backend="thread", chunk_size=20)
+    node = ParallelMap.of(Epochs(400), gated_square, num_workers=2, backend="thread", chunk_size=20)
     node.reset()
     assert next(node) == 0  # chunk 0 done; chunks 1-4 (80 items) are in flight, the running ones blocked
     node.reset()
@@ -283,7 +283,7 @@ def test_reset_mid_stream_stops_thread_chunks_after_their_current_item():
 
 def test_reset_mid_stream_stops_process_chunks_and_keeps_the_workers(tmp_path):
     job = LoggedSlowSquare(tmp_path / "started.log")
-    node = ParallelMap(Epochs(400), job, num_workers=2, backend="process", chunk_size=20)
+    node = ParallelMap.of(Epochs(400), job, num_workers=2, backend="process", chunk_size=20)
     node.reset()
     workers = [worker.process.pid for worker in node._pool._workers]
     assert next(node) == 0  # chunk 0 is done; chunks 1-4 (80 items of 0.25 s) are in flight
@@ -349,7 +349,7 @@ def test_workers_stuck_in_a_job_exit_when_the_consumer_is_killed(method):
         import multiprocessing, time
         from tests.test_parallel_map import Items, sleep_an_hour
         from audioloader.nodes.parallel_map import ParallelMap
-        node = ParallelMap(Items(8), sleep_an_hour, num_workers=2, backend="process", start_method={method!r})
+        node = ParallelMap.of(Items(8), sleep_an_hour, num_workers=2, backend="process", start_method={method!r})
         node.reset()
         print(*[p.pid for p in multiprocessing.active_children() if p.name.startswith("audioloader")], flush=True)
         next(node)
@@ -389,7 +389,7 @@ def test_shutdown_from_another_thread_ends_a_waiting_consumer():
 
 def test_under_a_loader_resume_across_backends():
     def build(backend):
-        return Loader(ParallelMap(Items(25), slow_square, num_workers=2, backend=backend, chunk_size=3))
+        return Loader(ParallelMap.of(Items(25), slow_square, num_workers=2, backend=backend, chunk_size=3))
 
     loader = build("process")
     it = iter(loader)
@@ -425,7 +425,7 @@ def test_forked_child_cannot_use_the_parents_workers():
 def test_every_start_method_gives_the_same_results(method):
     pool = ProcessPool(slow_square, 1, start_method=method)
     assert pool.start_method == method
-    node = ParallelMap(Items(5), tensor_of, num_workers=2, backend="process", start_method=method)
+    node = ParallelMap.of(Items(5), tensor_of, num_workers=2, backend="process", start_method=method)
     got = drain(node)
     assert [r["i"] for r in got] == list(range(5)) and torch.equal(got[4]["data"], torch.full((300, 7), 4.0))
 

@@ -34,11 +34,11 @@ def units_read(dataset: ShardDataset, monkeypatch) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize("rows_before", [0, 1, 10, 20])
 def test_units_ahead_are_the_units_the_reader_reads(dataset, monkeypatch, interleave, shuffle, rows_before):
-    reader = ArrowShardReader(dataset, seed=3, rank=1, world_size=2, shuffle=shuffle, interleave=interleave)
+    reader = ArrowShardReader.of(dataset, seed=3, rank=1, world_size=2, shuffle=shuffle, interleave=interleave)
     reader.reset(None)
     for _ in range(rows_before):
         next(reader)
-    resumed = ArrowShardReader(dataset, seed=3, rank=1, world_size=2, shuffle=shuffle, interleave=interleave)
+    resumed = ArrowShardReader.of(dataset, seed=3, rank=1, world_size=2, shuffle=shuffle, interleave=interleave)
     resumed.reset(reader.get_state())
     expected = list(units_ahead(resumed, resumed.position()))
     read = units_read(dataset, monkeypatch)
@@ -49,11 +49,11 @@ def test_units_ahead_are_the_units_the_reader_reads(dataset, monkeypatch, interl
 
 @pytest.mark.parametrize("interleave", [1, 3])
 def test_units_ahead_of_an_infinite_reader_go_on_into_the_next_passes(dataset, monkeypatch, interleave):
-    reader = ArrowShardReader(dataset, seed=3, infinite=True, interleave=interleave)
+    reader = ArrowShardReader.of(dataset, seed=3, infinite=True, interleave=interleave)
     reader.reset(None)
     for _ in range(20):
         next(reader)
-    resumed = ArrowShardReader(dataset, seed=3, infinite=True, interleave=interleave)
+    resumed = ArrowShardReader.of(dataset, seed=3, infinite=True, interleave=interleave)
     resumed.reset(reader.get_state())
     expected = list(itertools.islice(units_ahead(resumed, resumed.position()), 60))
     read = units_read(dataset, monkeypatch)
@@ -64,7 +64,7 @@ def test_units_ahead_of_an_infinite_reader_go_on_into_the_next_passes(dataset, m
 
 @pytest.mark.parametrize("interleave", [1, 3])
 def test_the_position_is_what_the_state_holds(dataset, interleave):
-    reader = ArrowShardReader(dataset, seed=3, infinite=True, interleave=interleave)
+    reader = ArrowShardReader.of(dataset, seed=3, infinite=True, interleave=interleave)
     reader.reset(None)
     for rows in (0, 1, 7, 40, 100):
         for _ in range(rows):

@@ -56,8 +56,8 @@ def test_rows_equal_local_and_the_budget_holds(s3, data, proxy, fmt, mode):
     budget = int(2.5 * UNIT_BYTES)  # a few units: the window turns over many times in a pass
     for rank in range(2):
         arguments = dict(seed=5, rank=rank, world_size=2, split_rows=4, **MODES[mode])
-        expected = rows_of(ArrowShardReader(str(local), **arguments))
-        reader = ArrowShardReader(s3.url(prefix), retry=FAST, remote_reads=RemoteReads(readahead_bytes=budget),
+        expected = rows_of(ArrowShardReader.of(str(local), **arguments))
+        reader = ArrowShardReader.of(s3.url(prefix), retry=FAST, remote_reads=RemoteReads(readahead_bytes=budget),
                                   **arguments)
         assert rows_of(reader) == expected
         ahead = reader._readahead
@@ -68,7 +68,7 @@ def test_rows_equal_local_and_the_budget_holds(s3, data, proxy, fmt, mode):
 @pytest.mark.parametrize("fmt", ["ipc_file", "parquet"])
 def test_requests_are_coalesced_and_in_flight_together(s3, data, proxy, fmt):
     _, prefix = data[fmt]
-    reader = ArrowShardReader(s3.url(prefix), shuffle=False, split_rows=4, retry=FAST)
+    reader = ArrowShardReader.of(s3.url(prefix), shuffle=False, split_rows=4, retry=FAST)
     units = sum(len(f.batch_rows) for f in reader.dataset.files)
     proxy.clear()
     proxy.hold()  # requests wait at the proxy: the reader's first row needs the read-ahead's requests
@@ -92,9 +92,9 @@ def test_a_long_read_goes_out_as_parts_in_flight_together(s3, data, proxy, fmt, 
     local, prefix = data[fmt]
     monkeypatch.setattr(remote, "PART_BYTES", 8 * 1024)  # a unit (~51 KB) in 7 parts
     arguments = dict(seed=3, shuffle=True, split_rows=4)
-    expected = rows_of(ArrowShardReader(str(local), **arguments))
+    expected = rows_of(ArrowShardReader.of(str(local), **arguments))
     proxy.inject("503", 1, path=f"/{prefix}/part-00001")
-    reader = ArrowShardReader(s3.url(prefix), retry=FAST, remote_reads=RemoteReads(readahead_bytes=UNIT_BYTES),
+    reader = ArrowShardReader.of(s3.url(prefix), retry=FAST, remote_reads=RemoteReads(readahead_bytes=UNIT_BYTES),
                               **arguments)
     proxy.clear()
     proxy.hold()
@@ -105,7 +105,7 @@ def test_a_long_read_goes_out_as_parts_in_flight_together(s3, data, proxy, fmt, 
     finally:
         proxy.release()
         first.join()
-    reader = ArrowShardReader(s3.url(prefix), retry=FAST, remote_reads=RemoteReads(readahead_bytes=UNIT_BYTES),
+    reader = ArrowShardReader.of(s3.url(prefix), retry=FAST, remote_reads=RemoteReads(readahead_bytes=UNIT_BYTES),
                               **arguments)
     assert rows_of(reader) == expected
     assert reader._readahead.misses == 0
@@ -118,16 +118,16 @@ def test_resume_at_random_cuts_is_exact_under_latency_and_faults(s3, data, proxy
     _, prefix = data["ipc_file"]
     arguments = dict(seed=2, shuffle=True, infinite=True, split_rows=4, interleave=2, retry=FAST,
                      remote_reads=RemoteReads(readahead_bytes=3 * UNIT_BYTES))
-    reference = take(ArrowShardReader(s3.url(prefix), **arguments), 2 * sum(ROWS))
+    reference = take(ArrowShardReader.of(s3.url(prefix), **arguments), 2 * sum(ROWS))
     proxy.configure(latency=0.005, bandwidth=None)
     cuts = sorted(random.Random(7).sample(range(1, len(reference)), 4))
-    reader = ArrowShardReader(s3.url(prefix), **arguments)
+    reader = ArrowShardReader.of(s3.url(prefix), **arguments)
     got = take(reader, cuts[0])
     for cut, after in zip(cuts, [*cuts[1:], len(reference)], strict=True):
         state = reader.get_state()
         for kind in ("503", "reset", "stall"):
             proxy.inject(kind, 1, path=f"/{prefix}/part-")
-        reader = ArrowShardReader(s3.url(prefix), **arguments)
+        reader = ArrowShardReader.of(s3.url(prefix), **arguments)
         reader.reset(state)
         got += take(reader, after - cut)
     assert got == reference
@@ -142,7 +142,7 @@ def test_eval_reads_every_row_once_under_latency_and_faults(s3, data, proxy):
     proxy.inject("stall", 1, path=f"/{prefix}/part-00000")
     indices = []
     for rank in range(2):
-        reader = ArrowShardReader(s3.url(prefix), shuffle=False, rank=rank, world_size=2, split_rows=4, retry=FAST,
+        reader = ArrowShardReader.of(s3.url(prefix), shuffle=False, rank=rank, world_size=2, split_rows=4, retry=FAST,
                                   remote_reads=RemoteReads(readahead_bytes=2 * UNIT_BYTES))
         indices += [sample.key.index for sample in reader]
     assert sorted(indices) == list(range(sum(ROWS)))
@@ -152,8 +152,8 @@ def test_eval_reads_every_row_once_under_latency_and_faults(s3, data, proxy):
 def test_random_access_fetches_units_concurrently(s3, data, proxy):
     local, prefix = data["parquet"]
     keys = [al.Key(i, 0) for i in random.Random(3).sample(range(sum(ROWS)), 30)]
-    remote = ArrowShardReader(s3.url(prefix), split_rows=4, retry=FAST)
-    expected = rows_of(ArrowShardReader(str(local), split_rows=4).fetch(keys))
+    remote = ArrowShardReader.of(s3.url(prefix), split_rows=4, retry=FAST)
+    expected = rows_of(ArrowShardReader.of(str(local), split_rows=4).fetch(keys))
     proxy.clear()
     proxy.hold()
     result: list = []
@@ -173,8 +173,8 @@ def test_random_access_fetches_long_units_in_parts(s3, data, proxy, fmt, monkeyp
     local, prefix = data[fmt]
     monkeypatch.setattr(remote, "PART_BYTES", 8 * 1024)
     keys = [al.Key(i, 0) for i in random.Random(5).sample(range(sum(ROWS)), 12)]
-    expected = rows_of(ArrowShardReader(str(local), split_rows=4).fetch(keys))
-    reader = ArrowShardReader(s3.url(prefix), split_rows=4, retry=FAST)
+    expected = rows_of(ArrowShardReader.of(str(local), split_rows=4).fetch(keys))
+    reader = ArrowShardReader.of(s3.url(prefix), split_rows=4, retry=FAST)
     proxy.clear()
     assert rows_of(reader.fetch(keys)) == expected
     gets = [r for r in proxy.log("GET") if "/part-" in r.path and not r.fault]
@@ -231,7 +231,7 @@ def test_construction_requests_without_and_with_an_index(s3, proxy, tmp_path, mo
     assert sum(counts.values()) <= 7
     assert indexed.index_stats == {"indexed": 24, "stale": 0, "unindexed": 0}
     assert indexed.files == dataset.files and indexed.identity() == dataset.identity()
-    assert rows_of(ArrowShardReader(indexed, shuffle=False)) == rows_of(ArrowShardReader(dataset, shuffle=False))
+    assert rows_of(ArrowShardReader.of(indexed, shuffle=False)) == rows_of(ArrowShardReader.of(dataset, shuffle=False))
 
 
 def test_a_remote_folder_is_listed_in_one_call(s3, proxy, tmp_path, monkeypatch):
@@ -276,8 +276,8 @@ def test_a_stale_index_entry_is_not_used(s3, proxy, tmp_path, monkeypatch):
     dataset = al.ShardDataset(s3.url("ahead/stale"), retry=FAST)
     assert dataset.index_stats == {"indexed": 1, "stale": 1, "unindexed": 0}
     assert [f.num_rows for f in dataset.files] == [6, 9]
-    expected = rows_of(ArrowShardReader(str(folder), shuffle=False))
-    assert rows_of(ArrowShardReader(dataset, shuffle=False)) == expected
+    expected = rows_of(ArrowShardReader.of(str(folder), shuffle=False))
+    assert rows_of(ArrowShardReader.of(dataset, shuffle=False)) == expected
 
 
 def test_a_cached_entry_is_trusted_only_when_scanned_after_the_mtime_resolution():

@@ -80,7 +80,7 @@ def test_a_worker_process_that_cannot_read_its_rows_reports_the_error():
     # Worker processes read the rows of local shards themselves (`prepare`); a failed read
     # there reaches the caller as the same exception, not as a dead worker.
     rows = [RawSample(Key(i, 0), clip_bytes(i, 0.3, 8000), 0, {}, "x.arrow", i) for i in range(4)]
-    node = DecodeSpectrogram(IterableWrapper(rows), SMALL, num_workers=1, worker_type="process",
+    node = DecodeSpectrogram.of(IterableWrapper(rows), SMALL, num_workers=1, worker_type="process",
                              fetch=failing_fetch)
     try:
         with pytest.raises(al.ShardReadError, match="changed while it was being read"):

@@ -34,7 +34,7 @@ def indices(items):
 
 
 def test_buffer_emits_a_permutation_of_its_source():
-    buf = ShuffleBuffer(CountingSource(500), capacity=64, min_size=32, seed=3)
+    buf = ShuffleBuffer.of(CountingSource(500), capacity=64, min_size=32, seed=3)
     out = indices(drain(buf))
     assert sorted(out) == list(range(500))
     assert out != list(range(500))
@@ -42,7 +42,7 @@ def test_buffer_emits_a_permutation_of_its_source():
 
 def test_buffer_holds_min_size_before_first_emit():
     source = CountingSource(100)
-    buf = ShuffleBuffer(source, capacity=50, min_size=40, seed=0)
+    buf = ShuffleBuffer.of(source, capacity=50, min_size=40, seed=0)
     buf.reset()
     next(buf)
     # min fill 40, then one replacement pull and one growth pull before the first emit
@@ -51,13 +51,13 @@ def test_buffer_holds_min_size_before_first_emit():
 
 
 def test_buffer_drains_when_source_smaller_than_min_size():
-    buf = ShuffleBuffer(CountingSource(10), capacity=100, min_size=80, seed=0)
+    buf = ShuffleBuffer.of(CountingSource(10), capacity=100, min_size=80, seed=0)
     assert sorted(indices(drain(buf))) == list(range(10))
 
 
 def test_buffer_grows_one_per_emit_up_to_capacity():
     source = CountingSource(1000)
-    buf = ShuffleBuffer(source, capacity=20, min_size=0, seed=0)
+    buf = ShuffleBuffer.of(source, capacity=20, min_size=0, seed=0)
     buf.reset()
     sizes = []
     for _ in range(30):
@@ -69,7 +69,7 @@ def test_buffer_grows_one_per_emit_up_to_capacity():
 
 def test_buffer_order_depends_on_seed_and_rank_only():
     def run(seed, rank):
-        return indices(drain(ShuffleBuffer(CountingSource(300), 50, 10, seed=seed, rank=rank)))
+        return indices(drain(ShuffleBuffer.of(CountingSource(300), 50, 10, seed=seed, rank=rank)))
 
     assert run(1, 0) == run(1, 0)
     assert run(1, 0) != run(2, 0)
@@ -79,19 +79,19 @@ def test_buffer_order_depends_on_seed_and_rank_only():
 @pytest.mark.parametrize("with_restore", [True, False])
 def test_buffer_resumes_exactly_at_every_position(with_restore):
     restore = restore_items if with_restore else None
-    ref = indices(drain(ShuffleBuffer(CountingSource(120), 30, 20, seed=7, restore=restore)))
+    ref = indices(drain(ShuffleBuffer.of(CountingSource(120), 30, 20, seed=7, restore=restore)))
     for cut in range(0, 121, 7):
-        buf = ShuffleBuffer(CountingSource(120), 30, 20, seed=7, restore=restore)
+        buf = ShuffleBuffer.of(CountingSource(120), 30, 20, seed=7, restore=restore)
         buf.reset()
         head = indices(drain(buf, limit=cut))
         state = buf.state_dict()
-        resumed = ShuffleBuffer(CountingSource(120), 30, 20, seed=7, restore=restore)
+        resumed = ShuffleBuffer.of(CountingSource(120), 30, 20, seed=7, restore=restore)
         resumed.reset(state)
         assert head + indices(drain(resumed)) == ref, f"cut at {cut}"
 
 
 def test_buffer_state_holds_keys_not_items_and_is_small():
-    buf = ShuffleBuffer(CountingSource(30000), capacity=10000, min_size=10000, seed=0, restore=restore_items)
+    buf = ShuffleBuffer.of(CountingSource(30000), capacity=10000, min_size=10000, seed=0, restore=restore_items)
     buf.reset()
     next(buf)
     state = buf.state_dict()
@@ -105,14 +105,14 @@ def test_buffer_state_holds_keys_not_items_and_is_small():
 
 
 def test_buffer_restore_with_wrong_keys_is_an_error():
-    buf = ShuffleBuffer(CountingSource(50), 10, 5, seed=0, restore=restore_items)
+    buf = ShuffleBuffer.of(CountingSource(50), 10, 5, seed=0, restore=restore_items)
     buf.reset()
     next(buf)
     state = buf.state_dict()
     def wrong_restore(keys):
         return [Item(Key(k.index + 1, 0)) for k in keys]
 
-    bad = ShuffleBuffer(CountingSource(50), 10, 5, seed=0, restore=wrong_restore)
+    bad = ShuffleBuffer.of(CountingSource(50), 10, 5, seed=0, restore=wrong_restore)
     with pytest.raises(RuntimeError, match="data changed"):
         bad.reset(state)
 
@@ -120,7 +120,7 @@ def test_buffer_restore_with_wrong_keys_is_an_error():
 @pytest.mark.parametrize(("capacity", "min_size"), [(0, 0), (10, 11), (10, -1)])
 def test_buffer_rejects_bad_sizes(capacity, min_size):
     with pytest.raises(ValueError, match=r"capacity|min_size"):
-        ShuffleBuffer(CountingSource(1), capacity, min_size)
+        ShuffleBuffer.of(CountingSource(1), capacity, min_size)
 
 
 def make_samples(n, *, label=True, extras=True):
@@ -133,7 +133,7 @@ def make_samples(n, *, label=True, extras=True):
 
 
 def test_batcher_collates_dict_of_tensors():
-    batcher = Batcher(IterableWrapper(make_samples(10)), batch_size=4)
+    batcher = Batcher.of(IterableWrapper(make_samples(10)), batch_size=4)
     batches = drain(batcher)
     assert [b["spectrogram"].shape for b in batches] == [(4, 4, 6), (4, 4, 6), (2, 4, 6)]
     first = batches[0]
@@ -146,16 +146,16 @@ def test_batcher_collates_dict_of_tensors():
 
 
 def test_batcher_drop_last():
-    assert len(drain(Batcher(IterableWrapper(make_samples(10)), 4, drop_last=True))) == 2
+    assert len(drain(Batcher.of(IterableWrapper(make_samples(10)), 4, drop_last=True))) == 2
 
 
 def test_batcher_without_labels_has_no_label_key():
-    batch = next(iter(Batcher(IterableWrapper(make_samples(3, label=False)), 2)))
+    batch = next(iter(Batcher.of(IterableWrapper(make_samples(3, label=False)), 2)))
     assert "label" not in batch
 
 
 def test_batcher_pads_to_num_batches_with_invalid_entries():
-    batcher = Batcher(IterableWrapper(make_samples(5)), 4, num_batches=4, spectrogram_shape=(4, 6),
+    batcher = Batcher.of(IterableWrapper(make_samples(5)), 4, num_batches=4, spectrogram_shape=(4, 6),
                       columns=["uid", "name"], tensor_columns=["uid"])
     batches = drain(batcher)
     assert len(batches) == 4
@@ -168,28 +168,28 @@ def test_batcher_pads_to_num_batches_with_invalid_entries():
 
 
 def test_batcher_num_batches_truncates():
-    batcher = Batcher(IterableWrapper(make_samples(20)), 4, num_batches=2, spectrogram_shape=(4, 6))
+    batcher = Batcher.of(IterableWrapper(make_samples(20)), 4, num_batches=2, spectrogram_shape=(4, 6))
     assert len(drain(batcher)) == 2
 
 
 def test_batcher_resume_mid_stream():
     samples = make_samples(23)
-    ref = [b["index"].tolist() for b in drain(Batcher(IterableWrapper(samples), 5))]
+    ref = [b["index"].tolist() for b in drain(Batcher.of(IterableWrapper(samples), 5))]
     for cut in range(len(ref) + 1):
-        batcher = Batcher(IterableWrapper(samples), 5)
+        batcher = Batcher.of(IterableWrapper(samples), 5)
         batcher.reset()
         head = [b["index"].tolist() for b in drain(batcher, cut)]
         state = batcher.state_dict()
-        again = Batcher(IterableWrapper(samples), 5)
+        again = Batcher.of(IterableWrapper(samples), 5)
         again.reset(state)
         assert head + [b["index"].tolist() for b in drain(again)] == ref
 
 
 def test_batcher_rejects_bad_arguments():
     with pytest.raises(ValueError, match="batch_size"):
-        Batcher(IterableWrapper([]), 0)
+        Batcher.of(IterableWrapper([]), 0)
     with pytest.raises(ValueError, match="spectrogram_shape"):
-        Batcher(IterableWrapper([]), 2, num_batches=3)
+        Batcher.of(IterableWrapper([]), 2, num_batches=3)
 
 
 def test_buffer_resume_random_cuts_with_passes():
@@ -203,11 +203,11 @@ def test_buffer_resume_random_cuts_with_passes():
             self.pos += 1
             return Item(Key((self.pos - 1) % 17, (self.pos - 1) // 17))
 
-    ref = [tuple(i.key) for i in drain(ShuffleBuffer(PassSource(100), 25, 10, seed=5, restore=restore_items))]
+    ref = [tuple(i.key) for i in drain(ShuffleBuffer.of(PassSource(100), 25, 10, seed=5, restore=restore_items))]
     for cut in rng.sample(range(100), 10):
-        buf = ShuffleBuffer(PassSource(100), 25, 10, seed=5, restore=restore_items)
+        buf = ShuffleBuffer.of(PassSource(100), 25, 10, seed=5, restore=restore_items)
         buf.reset()
         head = [tuple(i.key) for i in drain(buf, cut)]
-        again = ShuffleBuffer(PassSource(100), 25, 10, seed=5, restore=restore_items)
+        again = ShuffleBuffer.of(PassSource(100), 25, 10, seed=5, restore=restore_items)
         again.reset(buf.state_dict())
         assert head + [tuple(i.key) for i in drain(again)] == ref

@@ -16,7 +16,7 @@ from tests.helpers import SMALL, CountingSource, Item, take
 @pytest.mark.parametrize(("capacity", "min_size"), [(1, 0), (7, 3), (50, 50)])
 def test_displacement_is_the_distance_between_arrival_and_emission(capacity, min_size):
     stats = LoaderStats()
-    buffer = ShuffleBuffer(CountingSource(300), capacity, min_size, seed=4, stats=stats)
+    buffer = ShuffleBuffer.of(CountingSource(300), capacity, min_size, seed=4, stats=stats)
     emitted = [item.key.index for item in buffer]
     expected = sum(abs(position - index) for position, index in enumerate(emitted)) / len(emitted)
     figures = stats.snapshot()["shuffle"]
@@ -28,10 +28,10 @@ def test_displacement_is_the_distance_between_arrival_and_emission(capacity, min
 
 def test_items_restored_from_a_checkpoint_are_not_counted():
     stats = LoaderStats()
-    first = ShuffleBuffer(CountingSource(100), 10, 10, seed=4, restore=lambda keys: [Item(k) for k in keys])
+    first = ShuffleBuffer.of(CountingSource(100), 10, 10, seed=4, restore=lambda keys: [Item(k) for k in keys])
     for _ in range(30):
         next(first)
-    resumed = ShuffleBuffer(CountingSource(100), 10, 10, seed=4, restore=lambda keys: [Item(k) for k in keys],
+    resumed = ShuffleBuffer.of(CountingSource(100), 10, 10, seed=4, restore=lambda keys: [Item(k) for k in keys],
                             stats=stats)
     state = first.state_dict()
     restored = len(state["indices"])

@@ -84,7 +84,7 @@ def test_whole_utterances_come_padded_with_lengths_and_mask(corpus):
 def test_padded_features_equal_each_utterances_own(corpus):
     with speech_loader(corpus, train=False, features=MEL) as loader:
         batch = next(iter(loader))
-    reader = al.nodes.ArrowShardReader(corpus, label_column=None)
+    reader = al.nodes.ArrowShardReader.of(corpus, label_column=None)
     for i, index in enumerate(batch["index"].tolist()):
         raw = reader.fetch([al.Key(index, 0)])[0]
         wave = load_clip(raw.audio, RATE, None, train=False, draw=lambda n: 0)
@@ -160,7 +160,7 @@ def test_bucketing_on_a_large_mixed_set_reaches_090(tmp_path):
     assert sum(sizes) == 400
     padded = real = 0
     bounds = estimate_boundaries(seconds, 16)
-    bucketer = DurationBucketer(_Rows(seconds), max_duration=120.0, boundaries=bounds,
+    bucketer = DurationBucketer.of(_Rows(seconds), max_duration=120.0, boundaries=bounds,
                                 duration_fn=lambda item: item[1])
     batch: list[float] = []
     for item in bucketer:
@@ -207,7 +207,7 @@ def test_plan_counts_what_the_node_emits():
     seconds = durations(200, seed=9)
     bounds = estimate_boundaries(seconds, 6)
     for max_batch_size, drop_last in ((None, False), (4, False), (None, True)):
-        bucketer = DurationBucketer(_Rows(seconds), max_duration=7.0, boundaries=bounds,
+        bucketer = DurationBucketer.of(_Rows(seconds), max_duration=7.0, boundaries=bounds,
                                     max_batch_size=max_batch_size, drop_last=drop_last,
                                     duration_fn=lambda item: item[1])
         sizes, count = [], 0

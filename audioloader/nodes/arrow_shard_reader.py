@@ -103,20 +103,6 @@ class _Lane:
         self.i = 0
 
 
-def _check_plan_alone(source: Any, seed: int, rank: int | None, world_size: int | None, shuffle: bool,
-                      infinite: bool, interleave: int, storage: Storage | None) -> None:
-    """``plan=`` holds the share and the order: beside it, a `ShardDataset` and none of the fields it holds."""
-    if not isinstance(source, ShardDataset):
-        raise ValueError("ArrowShardReader(plan=...) reads the ShardDataset the plan was made for: pass that "
-                         f"dataset, not {type(source).__name__} (ReadPlan.of(dataset, ...))")
-    given = {"seed": (seed, 0), "rank": (rank, 0), "world_size": (world_size, 1), "shuffle": (shuffle, True),
-             "infinite": (infinite, False), "interleave": (interleave, 1), "storage": (storage, None)}
-    for name, (value, default) in given.items():
-        if value != default:
-            raise ValueError(f"ArrowShardReader(plan=..., {name}=...): the plan holds {name}; give it once, to "
-                             "ReadPlan.of(dataset, ...)")
-
-
 def _read_ahead(dataset: ShardDataset, stats: LoaderStats | None) -> ReadAhead | None:
     """The read-ahead of a dataset's remote files (`audioloader.shards.storage.readahead`), or None: no remote file, a
     budget of 0, or a cache (files it keeps are read from their local copies)."""
@@ -130,37 +116,19 @@ class ArrowShardReader(BaseNode[RawSample]):
     """Yields one `RawSample` per row of the shards (this rank's share), audio still encoded.
 
     Args:
-        source_or_dataset: a `ShardDataset`, or a source for one (folder, glob, file,
-            URL or a list of them; see `ShardDataset`).
-        storage: how the files are read and this rank's share, as one group (`Storage`; its rank and world size
-            then replace ``rank``/``world_size``). With a `ShardDataset` it gives only the share.
-        audio_column, label_column, columns, split_rows, filesystem, retry, filter, cache_dir, cache_limit: passed to
-            `ShardDataset` (when a dataset is given they must match it or be left at their defaults).
-        seed: seeds the split order of each pass (``shuffle=True``).
-        rank, world_size: this process's share; ``None`` takes them from torch.distributed.
-        shuffle: ``True`` for training order (seeded split permutation per pass),
-            ``False`` for a balanced, fixed evaluation order.
-        infinite: loop over passes 0, 1, 2, ... without stopping.
+        dataset: the `ShardDataset` it reads.
+        plan: the share and the order as one value made beforehand (`ReadPlan.of(dataset, seed=..., rank=...,
+            world_size=..., shuffle=..., infinite=..., interleave=...)`, which checks them and says what each means;
+            `AudioLoader` settles its readers' plans before any node is built). The reader only reads it.
         stats: optional `LoaderStats`: seconds under ``read`` (record batch reads and
             column conversion, per batch) and the ``rows_read`` counter; for remote files
             ``remote_requests`` and ``remote_bytes`` (after construction) and the read-ahead's
             figures (`ReadAhead`); ``throttled_requests`` (refused by the store for going too fast, construction
             included) and ``seconds["throttle_wait"]`` (waited because of them: backoffs and the store's rate).
-        interleave: splits read at once (1: one after the other). With ``k > 1`` the
-            reader has ``k`` lanes, each reading one split of this rank's order at a
-            time; rows come one per lane, round robin, the lanes of pass ``p`` in the
-            order ``permutation(k, seed, SALT_INTERLEAVE, p)``; a lane whose split is
-            done takes the next split of the order when its turn comes (an empty lane
-            with nothing left to take is skipped). A pure function of the seed and the
-            order: the same rows in another order, so every row is still read once per
-            pass. Memory: a record batch / row group / stripe per lane.
-        remote_reads: how remote files are read (`RemoteReads`); with remote files and
-            ``readahead_bytes > 0`` the reader fetches its upcoming record batches / row
-            groups ahead (`audioloader.shards.storage.readahead`), in the order it reads them.
-        plan: the share and the order as one value made beforehand (`ReadPlan.of(dataset, seed=..., rank=...,
-            world_size=..., shuffle=..., infinite=..., interleave=...)`, which checks them), with the `ShardDataset`
-            it was made for; the reader then only reads it (`AudioLoader` settles its readers' plans before any node
-            is built). The fields it holds are not given again.
+
+    With remote files and ``dataset.remote_reads.readahead_bytes > 0`` the reader fetches its upcoming record
+    batches / row groups ahead (`audioloader.shards.storage.readahead`), in the order it reads them.
+    `of` takes the fields one by one (a source or a dataset, and the plan's fields) and builds both groups.
 
     Yields ``RawSample(key=Key(index, pass), audio=pyarrow.Buffer | None,
     label=int | None, extras={name: value}, file, row, problem)``; a row with
@@ -176,26 +144,17 @@ class ArrowShardReader(BaseNode[RawSample]):
     PASS_KEY, SPLIT_POS_KEY, ROW_KEY, CARRY_KEY = "pass", "split_pos", "row", "carry"
     LANES_KEY, TURN_KEY = "lanes", "turn"
 
-    def __init__(self, source_or_dataset: Any, *, audio_column: str = "audio", label_column: str | None = "label",
-                 columns: Sequence[str] = (), seed: int = 0, rank: int | None = 0, world_size: int | None = 1,
-                 shuffle: bool = True, infinite: bool = False, split_rows: int = 512, filesystem: Any = None,
-                 stats: LoaderStats | None = None, retry: Retry | None = None, filter: Any = None,
-                 interleave: int = 1, cache_dir: str | None = None, cache_limit: int | None = None,
-                 remote_reads: RemoteReads | None = None, storage: Storage | None = None,
-                 plan: ReadPlan | None = None):
+    def __init__(self, dataset: ShardDataset, plan: ReadPlan | None = None, *, stats: LoaderStats | None = None,
+                 **fields: Any) -> None:
+        if fields or plan is None or not isinstance(dataset, ShardDataset):
+            raise checks.node_fields("ArrowShardReader", "a ShardDataset and its ReadPlan (ReadPlan.of(dataset, ...))",
+                                     fields)
+        if not isinstance(plan, ReadPlan):
+            raise TypeError(f"plan must be a ReadPlan (ReadPlan.of(dataset, ...)), got {type(plan).__name__}")
         super().__init__()
         self.stats = stats
-        if plan is None:
-            rank, world_size = reader_share(checks.instance("storage", storage, Storage), rank, world_size,
-                                            has_files=isinstance(source_or_dataset, ShardDataset))
-            plan_arguments(seed, rank, world_size, interleave)  # before the dataset opens its files: fail at once
-        else:
-            _check_plan_alone(source_or_dataset, seed, rank, world_size, shuffle, infinite, interleave, storage)
-        self.dataset = self._dataset(source_or_dataset, audio_column, label_column, columns, split_rows, filesystem,
-                                     retry, filter, (cache_dir, cache_limit), remote_reads, storage)
-        self.plan = plan if plan is not None else ReadPlan.of(
-            self.dataset, seed=seed, rank=rank, world_size=world_size, shuffle=shuffle, infinite=infinite,
-            interleave=interleave)
+        self.dataset = dataset
+        self.plan = plan
         self._start = self.plan.start  # the plan's start (an elastic resume's), taken by the first reset(None)
         if self._start is not None:
             self.position_of(self._start)  # checked now: a start that does not fit fails here, not at reset
@@ -216,6 +175,48 @@ class ArrowShardReader(BaseNode[RawSample]):
     splits = property(lambda self: self.plan.splits)
 
     # ----------------------------------------------------------------- construction
+
+    @classmethod
+    def of(cls, source_or_dataset: Any, *, audio_column: str = "audio", label_column: str | None = "label",
+           columns: Sequence[str] = (), seed: int = 0, rank: int | None = 0, world_size: int | None = 1,
+           shuffle: bool = True, infinite: bool = False, split_rows: int = 512, filesystem: Any = None,
+           stats: LoaderStats | None = None, retry: Retry | None = None, filter: Any = None,
+           interleave: int = 1, cache_dir: str | None = None, cache_limit: int | None = None,
+           remote_reads: RemoteReads | None = None, storage: Storage | None = None) -> ArrowShardReader:
+        """A reader built from its fields one by one: the `ShardDataset` (``source_or_dataset`` itself, or one
+        opened from a source) and its `ReadPlan`.
+
+        Args:
+            source_or_dataset: a `ShardDataset`, or a source for one (folder, glob, file,
+                URL or a list of them; see `ShardDataset`).
+            storage: how the files are read and this rank's share, as one group (`Storage`; its rank and world
+                size then replace ``rank``/``world_size``). With a `ShardDataset` it gives only the share.
+            audio_column, label_column, columns, split_rows, filesystem, retry, filter, cache_dir, cache_limit,
+                remote_reads: passed to `ShardDataset` (when a dataset is given they must match it or be left at
+                their defaults).
+            seed: seeds the split order of each pass (``shuffle=True``).
+            rank, world_size: this process's share; ``None`` takes them from torch.distributed.
+            shuffle: ``True`` for training order (seeded split permutation per pass),
+                ``False`` for a balanced, fixed evaluation order.
+            infinite: loop over passes 0, 1, 2, ... without stopping.
+            interleave: splits read at once (1: one after the other). With ``k > 1`` the
+                reader has ``k`` lanes, each reading one split of this rank's order at a
+                time; rows come one per lane, round robin, the lanes of pass ``p`` in the
+                order ``permutation(k, seed, SALT_INTERLEAVE, p)``; a lane whose split is
+                done takes the next split of the order when its turn comes (an empty lane
+                with nothing left to take is skipped). A pure function of the seed and the
+                order: the same rows in another order, so every row is still read once per
+                pass. Memory: a record batch / row group / stripe per lane.
+            stats: as the constructor's.
+        """
+        rank, world_size = reader_share(checks.instance("storage", storage, Storage), rank, world_size,
+                                        has_files=isinstance(source_or_dataset, ShardDataset))
+        plan_arguments(seed, rank, world_size, interleave)  # before the dataset opens its files: fail at once
+        dataset = cls._dataset(source_or_dataset, audio_column, label_column, columns, split_rows, filesystem,
+                               retry, filter, (cache_dir, cache_limit), remote_reads, storage)
+        plan = ReadPlan.of(dataset, seed=seed, rank=rank, world_size=world_size, shuffle=shuffle, infinite=infinite,
+                           interleave=interleave)
+        return cls(dataset, plan, stats=stats)
 
     def _report_to(self, stats: LoaderStats) -> None:
         """Count the dataset's cache, requests and throttling (construction's too) and its metadata in ``stats``."""

@@ -67,9 +67,8 @@ class BatchLayout:
             object.__setattr__(self, name, value)
 
 
-#: `BatchLayout`'s fields in order, and the `Batcher` arguments' defaults for them (``batch_size`` None: not given).
+#: `BatchLayout`'s fields in order (a `Batcher` has each as an attribute too).
 _LAYOUT_FIELDS = tuple(field.name for field in dataclasses.fields(BatchLayout))
-_LAYOUT_DEFAULTS = (None, False, None, None, None, None, None, "spectrogram", False, None, False, False)
 
 
 class Batcher(BaseNode[dict]):
@@ -121,8 +120,10 @@ class Batcher(BaseNode[dict]):
         sources: add ``source`` (``Key.source`` of each sample; -1 for padding).
         collate_from: the `BatchArenas` its source's worker processes copied the features into: a batch
             whose features are one arena's rows in order is that arena (no copy); others are stacked.
-        layout: every argument above but ``source``, ``stats`` and ``collate_from`` as one checked group
-            (`BatchLayout`; `AudioLoader` settles its own before the chain is built), instead of one by one.
+
+    The constructor takes ``source``, ``layout`` (every argument above but ``source``, ``stats`` and
+    ``collate_from`` as one checked group: `BatchLayout`; `AudioLoader` settles its own before the chain is
+    built), ``stats`` and ``collate_from``; `of` takes the layout's fields one by one.
 
     Samples with ``batch_params`` (augmentations that run per batch) give the batch
     ``batch_params``: ``{name: tensor [B, ...]}`` (zeros for padding), for `BatchAugment`.
@@ -132,21 +133,24 @@ class Batcher(BaseNode[dict]):
 
     SOURCE_KEY = "source"
 
-    def __init__(self, source: BaseNode, batch_size: int | None = None, drop_last: bool = False, *,
-                 num_batches: int | None = None, spectrogram_shape: tuple[int, int] | None = None,
-                 columns: Sequence[str] | None = None, tensor_columns: Collection[str] | None = None,
-                 has_labels: bool | None = None,
-                 stats: LoaderStats | None = None, features_key: str = "spectrogram",
-                 pin_memory: bool = False, time_axis: int | None = None, follow_markers: bool = False,
-                 sources: bool = False, collate_from: BatchArenas | None = None,
-                 layout: BatchLayout | None = None) -> None:
+    @classmethod
+    def of(cls, source: BaseNode, batch_size: int, drop_last: bool = False, *, num_batches: int | None = None,
+           spectrogram_shape: tuple[int, int] | None = None, columns: Sequence[str] | None = None,
+           tensor_columns: Collection[str] | None = None, has_labels: bool | None = None,
+           stats: LoaderStats | None = None, features_key: str = "spectrogram", pin_memory: bool = False,
+           time_axis: int | None = None, follow_markers: bool = False, sources: bool = False,
+           collate_from: BatchArenas | None = None) -> Batcher:
+        """A batcher built from its settings one by one: all but ``source``, ``stats`` and ``collate_from`` make
+        its `BatchLayout`."""
+        layout = BatchLayout(batch_size, drop_last, num_batches, spectrogram_shape, columns, tensor_columns,
+                             has_labels, features_key, pin_memory, time_axis, follow_markers, sources)
+        return cls(source, layout, stats=stats, collate_from=collate_from)
+
+    def __init__(self, source: BaseNode, layout: BatchLayout | None = None, *, stats: LoaderStats | None = None,
+                 collate_from: BatchArenas | None = None, **fields: Any) -> None:
+        if fields or not isinstance(layout, BatchLayout):
+            raise checks.node_fields("Batcher", "its batches' layout as one BatchLayout(batch_size, ...)", fields)
         super().__init__()
-        one_by_one = (batch_size, drop_last, num_batches, spectrogram_shape, columns, tensor_columns, has_labels,
-                      features_key, pin_memory, time_axis, follow_markers, sources)
-        if layout is None:
-            layout = BatchLayout(*one_by_one)
-        elif one_by_one != _LAYOUT_DEFAULTS:
-            raise ValueError("Batcher(layout=..., batch_size=/drop_last=/...): give each once, in BatchLayout(...)")
         self.source = source
         self.layout = layout
         for name in _LAYOUT_FIELDS:  # the group's fields, as the node's attributes too

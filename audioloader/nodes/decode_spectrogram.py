@@ -18,9 +18,9 @@ from ..dsp import hashing
 from ..dsp.audio import fit, load_clip, probe_seconds, span_seconds
 from ..dsp.augment import Augmentations
 from ..dsp.augment_math import change_speed
-from ..dsp.config import FeatureConfig, LengthPolicy, MelSpectrogramConfig, Segments, check_features
+from ..dsp.config import FeatureConfig, LengthPolicy, Segments
 from ..dsp.features import compute_features, prepare
-from ..errors import ON_ERROR_ACTIONS, DecodeError, ErrorBudgetExceeded, OnError
+from ..errors import DecodeError, ErrorBudgetExceeded, OnError
 from ..samples import BadRow, BatchEnd, Key, RawSample, Sample, held_bytes
 from ..shards.dataset.augment_rows import AugmentRows
 from ..shards.storage.changes import check_local
@@ -28,19 +28,22 @@ from ..stats import MAX_REPORTED_BAD_ROWS, LoaderStats, feature_stage
 from ..workers import Workers, memory
 from ..workers.recycle import BatchArenas
 from ..workers.threads import pin_worker_to_one_thread
+from .decode_config import (
+    DEFAULT_DECODE,
+    DEFAULT_FEATURES,
+    DEFAULT_LENGTH,
+    DEFAULT_WORKERS,
+    DecodeConfig,
+    check_fields,
+    check_node_arguments,
+    decoding_workers,
+    error_policy,
+)
 from .held import RowsHeld
-from .parallel_map import AUTO, BACKENDS, ParallelMap
+from .parallel_map import AUTO, MapPool, ParallelMap
 
 #: ``fetch(keys) -> [RawSample]``: random access to rows by key (see `ArrowShardReader.fetch`).
 Fetch = Callable[[Sequence[Key]], Sequence[RawSample]]
-
-ON_ERROR_CHOICES = ON_ERROR_ACTIONS
-
-#: The default feature configuration (``MelSpectrogramConfig()``; frozen, so safe to share).
-DEFAULT_FEATURES = MelSpectrogramConfig()
-
-#: The default length policy: a fixed crop of the features' ``clip_seconds`` (random in training).
-DEFAULT_LENGTH = LengthPolicy()
 
 
 @dataclass(frozen=True)
@@ -262,60 +265,24 @@ class DecodeSpectrogram(BaseNode[Sample]):
 
     Args:
         source: node of `RawSample`.
-        features: the spectrogram parameters.
-        seed: seeds the crop offsets and the augmentation RNGs.
-        train: random crop + end padding; else centre crop + centred padding.
-        num_workers: decode threads or processes (None: 4); 0 decodes inline in the calling thread; ``"auto"``: as
-            many processes as the consumer needs, sized while running (`audioloader.workers.autotune`; threads: 2
-            a core).
-        augment: optional ``augment(waveform float32 [clip_samples], rng) -> array [clip_samples]``
-            applied to the cropped waveform before the mel; ``rng`` is a
-            ``numpy.random.Generator`` seeded from ``(seed, key)``. Its exceptions
-            reach the caller with their type and attributes (from a thread, with the
-            original traceback; from a process, with its text as ``__cause__``).
-            With ``worker_type="process"`` it must be importable (a module-level function).
-            Or a list of augmentations (`audioloader.dsp.augment`) and such functions;
-            the per-batch ones (`Mixup`, and `SpecAugment` when ``compute_features``
-            is False) are only drawn here, into ``Sample.batch_params``, and applied by `BatchAugment`.
-        on_error: an `OnError` (the action and its error budget, as `AudioLoader` takes it), or its action:
-            ``"skip"``: bad rows are counted, reported in ``stats`` and dropped, within the error
-            budget; ``"raise"``: `DecodeError` at the first.
-        max_error_fraction: with ``"skip"``, raise `ErrorBudgetExceeded` once more
-            than this fraction of the rows seen were bad (None: 0.01, `OnError`'s) ...
-        error_budget_min_rows: ... and at least this many rows have been seen (None: 100). Both only
-            with an action: an `OnError` holds its own.
+        config: what each row becomes (`DecodeConfig`: features, seed, train, augment, on_error, length, ...;
+            `AudioLoader` settles its own before the chain is built).
+        workers: who decodes (`Workers` with ``kind`` ``"thread"`` or ``"process"`` and ``num_workers`` decided:
+            threads or processes, 0 decodes inline in the calling thread, ``"auto"``: as many processes as the
+            consumer needs, sized while running, `audioloader.workers.autotune`); default 4 threads. Threads:
+            libsndfile, soxr and torch release the GIL, no start-up cost; processes: no GIL, scale with cores,
+            leave the training loop's Python alone (rows and results travel through shared memory; the start
+            method defaults to a fork server, see `audioloader.workers.pool`).
         stats: shared counters (a fresh `LoaderStats` if None); receives
             ``samples_decoded``, bad rows, and seconds for "decode", "resample",
             "mel" (and "augment").
-        snapshot_frequency: accepted for compatibility with torchdata's
-            ParallelMapper and ignored: the state is exact at every item and a
-            resume never decodes an item twice.
-        window: decode only the crop window where the format allows (same result,
-            less work); False always decodes whole files (the reference path).
-        worker_type: ``"thread"`` (None: threads; libsndfile, soxr and torch release the GIL;
-            no start-up cost) or ``"process"`` (no GIL: scales with cores, and
-            leaves the training loop's Python alone; rows and results travel
-            through shared memory).
         fetch: ``fetch(keys) -> [RawSample]``, random access to the source's rows;
             with processes, rows travel as keys and workers read them (worth it for
             memory-mapped shards).
-        start_method: process start method (default: a fork server, see `audioloader.workers.pool`).
-        chunk_size: rows per task handed to a worker (default 8 for processes, 4 for threads).
-        compute_features: False yields the cropped waveform instead of the log-mel.
-        guard: ``guard(path)``, run before a row's audio is touched; raises when the
-            shard changed under the reader (memory-mapped rows are checked in any case: `RawSample.mapped`).
-        length: one `LengthPolicy`, or one per source of a mix (indexed by ``Key.source``).
-        segments: `Segments`: each row is the window of its audio named by two of its
-            extra columns (the source must read them), decoded alone (None: whole rows).
-        decoder: the decoder backend, ``"auto"``, ``"sndfile"`` or ``"ffmpeg"`` (`audioloader.dsp.ffmpeg`), or one
-            per source of a mix (indexed by ``Key.source``).
-        max_bytes_in_flight: hand out no further chunk while the rows in flight hold this many bytes
-            (`held_bytes`; at least one chunk is always in flight); None: ``num_workers`` x 2 chunks whatever
-            they weigh. The bytes in flight are reported in ``stats()["memory"]["decode_in_flight"]``.
         collate_into: `BatchArenas` shared with the `Batcher` that reads this node's samples in order (processes
             only): the features are copied out of the workers straight into batch memory.
-        workers: a `Workers` group (as `AudioLoader` takes it, its ``kind`` and ``num_workers`` decided) instead of
-            ``num_workers``, ``worker_type`` and ``start_method``.
+
+    `of` takes the settings one by one (``features``, ``seed=``, ``num_workers=``, ``worker_type=``, ...).
 
     State: ``{"mapper": <ParallelMap state>, "rows_seen": n, "bad_rows": k}``;
     the same for every ``num_workers`` and ``worker_type``.
@@ -325,54 +292,76 @@ class DecodeSpectrogram(BaseNode[Sample]):
     ROWS_SEEN_KEY = "rows_seen"
     BAD_ROWS_KEY = "bad_rows"
 
-    def __init__(self, source: BaseNode[RawSample], features: FeatureConfig = DEFAULT_FEATURES, *,
-                 seed: int = 0, train: bool = True, num_workers: int | str | None = None, augment: Any = None,
-                 on_error: str | OnError = "skip", max_error_fraction: float | None = None,
-                 error_budget_min_rows: int | None = None,
-                 stats: LoaderStats | None = None, snapshot_frequency: int = 1, window: bool = True,
-                 worker_type: str | None = None, fetch: Fetch | None = None, start_method: str | None = None,
-                 chunk_size: int | None = None, compute_features: bool = True,
-                 length: LengthPolicy | Sequence[LengthPolicy] = DEFAULT_LENGTH,
-                 guard: Callable[[str], None] | None = None, segments: Segments | None = None,
-                 max_bytes_in_flight: int | None = None, collate_into: BatchArenas | None = None,
-                 workers: Workers | None = None, decoder: str | Sequence[str] = "auto") -> None:
+    def __init__(self, source: BaseNode[RawSample], config: DecodeConfig = DEFAULT_DECODE,
+                 workers: Workers = DEFAULT_WORKERS, *, stats: LoaderStats | None = None, fetch: Fetch | None = None,
+                 collate_into: BatchArenas | None = None, **fields: Any) -> None:
+        if fields or not isinstance(config, DecodeConfig):
+            raise checks.node_fields("DecodeSpectrogram", "what each row becomes as one DecodeConfig(features, "
+                                     "seed=..., ...) and who decodes as one Workers(num_workers=..., kind=...)", fields)
         super().__init__()
-        num_workers, worker_type, start_method = _who_decodes(workers, num_workers, worker_type, start_method)
-        if segments is not None and not isinstance(segments, Segments):
-            raise TypeError(f"segments must be a Segments or None, got {type(segments).__name__}")
-        _validate(source, features, seed, num_workers, on_error, max_error_fraction,
-                  error_budget_min_rows, stats, snapshot_frequency, worker_type, fetch)
+        workers = decoding_workers(workers)
+        check_node_arguments(source, stats, fetch)
+        c = self.config = config
         self.source = source
-        self.features = features
-        self.seed = int(seed)
-        self.train = bool(train)
-        self.num_workers = num_workers if num_workers == AUTO else int(num_workers)
-        self.worker_type = worker_type
-        self.augment = Augmentations.of(augment, int(seed), features, per_batch_features=not compute_features,
+        self.workers = workers
+        self.features = c.features
+        self.seed = c.seed
+        self.train = c.train
+        self.num_workers = workers.num_workers if workers.num_workers == AUTO else int(workers.num_workers)
+        self.worker_type = workers.kind
+        self.augment = Augmentations.of(c.augment, c.seed, c.features, per_batch_features=not c.compute_features,
                                         open_rows=AugmentRows)
-        policy = _error_policy(on_error, max_error_fraction, error_budget_min_rows)
-        self.on_error = policy.action
-        self.max_error_fraction = float(policy.max_fraction)
-        self.error_budget_min_rows = int(policy.min_rows)
+        self.on_error = c.on_error.action
+        self.max_error_fraction = float(c.on_error.max_fraction)
+        self.error_budget_min_rows = int(c.on_error.min_rows)
         self.stats = stats if stats is not None else LoaderStats()
-        self.window = bool(window)
+        self.window = c.window
         self._user_threads = torch.get_num_threads()
-        policies = [length] if isinstance(length, LengthPolicy) else list(length)
-        if not policies or not all(isinstance(p, LengthPolicy) for p in policies):
-            raise TypeError(f"length must be a LengthPolicy or a list of them (one per source), got {length!r}")
-        self.length = length
-        prepare(features)  # build the cached filterbanks once, here, not in every thread
-        self._decoder = SampleDecoder(features, seed=self.seed, train=self.train, window=self.window,
+        self.length = c.length
+        prepare(c.features)  # build the cached filterbanks once, here, not in every thread
+        self._decoder = SampleDecoder(c.features, seed=self.seed, train=self.train, window=self.window,
                                       augment=self.augment, stats=self.stats, fetch=fetch,
-                                      compute_features=compute_features, length=length, guard=guard,
-                                      segments=segments, decoder=decoder)
-        self._mapper = ParallelMap(source, self._decoder, num_workers=self.num_workers, backend=worker_type,
-                                   chunk_size=chunk_size, start_method=start_method, stats=self.stats,
-                                   thread_initializer=self._pin_thread, what="decode worker", size_fn=held_bytes,
-                                   max_bytes_in_flight=max_bytes_in_flight, collate_into=collate_into)
+                                      compute_features=c.compute_features, length=c.length, guard=c.guard,
+                                      segments=c.segments, decoder=c.decoder)
+        pool = MapPool(self.num_workers, workers.kind, c.chunk_size, start_method=workers.start_method,
+                       thread_initializer=self._pin_thread, what="decode worker",
+                       max_bytes_in_flight=c.max_bytes_in_flight)
+        self._mapper = ParallelMap(source, self._decoder, pool, stats=self.stats, size_fn=held_bytes,
+                                   collate_into=collate_into)
         self._rows_seen = 0
         self._bad_rows = 0
         self._reports: deque[dict[str, Any]] = deque(maxlen=MAX_REPORTED_BAD_ROWS)
+
+    @classmethod
+    def of(cls, source: BaseNode[RawSample], features: FeatureConfig = DEFAULT_FEATURES, *,
+           seed: int = 0, train: bool = True, num_workers: int | str | None = None, augment: Any = None,
+           on_error: str | OnError = "skip", max_error_fraction: float | None = None,
+           error_budget_min_rows: int | None = None,
+           stats: LoaderStats | None = None, snapshot_frequency: int = 1, window: bool = True,
+           worker_type: str | None = None, fetch: Fetch | None = None, start_method: str | None = None,
+           chunk_size: int | None = None, compute_features: bool = True,
+           length: LengthPolicy | Sequence[LengthPolicy] = DEFAULT_LENGTH,
+           guard: Callable[[str], None] | None = None, segments: Segments | None = None,
+           max_bytes_in_flight: int | None = None, collate_into: BatchArenas | None = None,
+           decoder: str | Sequence[str] = "auto") -> DecodeSpectrogram:
+        """A decode node built from its settings one by one: they make its `DecodeConfig` (see there for each)
+        and its `Workers`; ``stats``, ``fetch`` and ``collate_into`` as the constructor's.
+
+        ``num_workers`` (None: 4), ``worker_type`` (``"thread"``, the default, or ``"process"``) and
+        ``start_method`` make the `Workers`. ``on_error`` is an `OnError` or its action; with an action,
+        ``max_error_fraction`` (None: 0.01, `OnError`'s) and ``error_budget_min_rows`` (None: 100) set its
+        budget. ``snapshot_frequency``: accepted for compatibility with torchdata's ParallelMapper and ignored:
+        the state is exact at every item and a resume never decodes an item twice.
+        """
+        num_workers, worker_type = 4 if num_workers is None else num_workers, worker_type or "thread"
+        check_fields(source, features, seed, num_workers, on_error, max_error_fraction, error_budget_min_rows,
+                     stats, snapshot_frequency, worker_type, fetch)
+        config = DecodeConfig(features, seed, train, augment, error_policy(on_error, max_error_fraction,
+                                                                           error_budget_min_rows),
+                              window, compute_features, length, segments, decoder, guard, chunk_size,
+                              max_bytes_in_flight)
+        workers = Workers(num_workers=num_workers, kind=worker_type, start_method=start_method)
+        return cls(source, config, workers, stats=stats, fetch=fetch, collate_into=collate_into)
 
     def _pin_thread(self) -> None:
         pin_worker_to_one_thread(self._user_threads)
@@ -475,7 +464,8 @@ class DecodeSpectrogram(BaseNode[Sample]):
             f"{bad} of {seen} rows ({bad / seen:.2%}) could not be decoded, more than "
             f"max_error_fraction={self.max_error_fraction}. Latest: {reasons}. If this much bad audio is "
             "expected, raise the budget: AudioLoader(..., on_error=al.OnError(max_fraction=..., min_rows=...)) "
-            "(on a hand-built DecodeSpectrogram: max_error_fraction=..., error_budget_min_rows=...); "
+            "(on a hand-built DecodeSpectrogram: DecodeConfig(on_error=al.OnError(...)), or DecodeSpectrogram.of(..., "
+            "max_error_fraction=..., error_budget_min_rows=...)); "
             "loader.stats()['bad_rows'] lists every reason.",
             report=list(self._reports))
 
@@ -499,64 +489,3 @@ def _non_finite_reason(clip: np.ndarray) -> str | None:
     first = int(np.argmax(bad))
     return (f"audio has {count} non-finite samples (NaN or inf) of {len(clip)} in the clip, the first at sample "
             f"{first}: a float WAV/FLAC written from bad data")
-
-
-def _validate(source: Any, features: Any, seed: Any, num_workers: Any, on_error: Any,
-              max_error_fraction: Any, error_budget_min_rows: Any, stats: Any, snapshot_frequency: Any,
-              worker_type: Any, fetch: Any) -> None:
-    """Argument checks; each error names the argument."""
-    if not isinstance(source, BaseNode):
-        raise TypeError(f"DecodeSpectrogram source must be a torchdata BaseNode, got {type(source).__name__}")
-    check_features(features)
-    if not checks.is_integer(seed):
-        raise TypeError(f"seed must be an integer, got {seed!r}")
-    if num_workers != AUTO:
-        if isinstance(num_workers, str):
-            raise ValueError(f"num_workers={num_workers!r}: must be an integer >= 0 (0 decodes inline) or "
-                             f"{AUTO!r} (processes that size themselves)")
-        checks.count("num_workers", num_workers, minimum=0, hint=" (0 decodes inline)")
-    if isinstance(on_error, OnError):
-        if max_error_fraction is not None or error_budget_min_rows is not None:
-            raise ValueError("on_error=OnError(...) holds the error budget: give max_fraction= and min_rows= there, "
-                             "not max_error_fraction= / error_budget_min_rows= beside it")
-    elif on_error not in ON_ERROR_CHOICES:
-        raise ValueError(f"on_error={on_error!r}: must be one of {ON_ERROR_CHOICES} or an OnError")
-    if max_error_fraction is not None and (
-            isinstance(max_error_fraction, bool) or not isinstance(max_error_fraction, (int, float))
-            or not 0.0 <= max_error_fraction <= 1.0):
-        raise ValueError(f"max_error_fraction={max_error_fraction!r}: must be a number in [0, 1]")
-    if error_budget_min_rows is not None:
-        checks.count("error_budget_min_rows", error_budget_min_rows)
-    if stats is not None and not isinstance(stats, LoaderStats):
-        raise TypeError(f"stats must be a LoaderStats or None, got {type(stats).__name__}")
-    checks.count("snapshot_frequency", snapshot_frequency, minimum=0)
-    if worker_type not in BACKENDS:
-        raise ValueError(f"worker_type={worker_type!r}: must be one of {BACKENDS}")
-    if fetch is not None and not callable(fetch):
-        raise TypeError(f"fetch must be callable(keys) -> rows, or None, got {type(fetch).__name__}")
-
-
-def _error_policy(on_error: str | OnError, max_error_fraction: float | None,
-                  error_budget_min_rows: int | None) -> OnError:
-    """``on_error`` as an `OnError`: the group as given, or the action with the budget given beside it (checked by
-    `_validate`; a field left None takes `OnError`'s default)."""
-    if isinstance(on_error, OnError):
-        return on_error
-    budget = {"max_fraction": max_error_fraction, "min_rows": error_budget_min_rows}
-    return OnError(on_error, **{name: value for name, value in budget.items() if value is not None})
-
-
-def _who_decodes(workers: Workers | None, num_workers: Any, worker_type: Any,
-                 start_method: Any) -> tuple[Any, Any, Any]:
-    """``(num_workers, worker_type, start_method)``: the `Workers` group's, or the keywords (None: 4 threads)."""
-    if workers is None:
-        return 4 if num_workers is None else num_workers, worker_type or "thread", start_method
-    if not isinstance(workers, Workers):
-        raise TypeError(f"workers must be an audioloader.Workers or None, got {type(workers).__name__}")
-    if (num_workers, worker_type, start_method) != (None, None, None):
-        raise ValueError("workers=Workers(...) says who decodes: give num_workers=, kind= and start_method= there, "
-                         "not num_workers= / worker_type= / start_method= beside it")
-    if workers.kind == "auto" or workers.num_workers is None:
-        raise ValueError(f"{workers}: a DecodeSpectrogram needs kind='thread' or 'process' and a num_workers "
-                         "(AudioLoader decides 'auto' and None for the machine)")
-    return workers.num_workers, workers.kind, workers.start_method

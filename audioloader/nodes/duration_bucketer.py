@@ -8,9 +8,9 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from .. import checks
 from ..dsp.audio import probe_seconds, span_seconds
 from ..dsp.config import Segments
-from ..dsp.hashing import item_checksum
 from ..errors import DecodeError
 from ..samples import BatchEnd, Key, RawSample, held_bytes, item_key
 from ..stats import HeldBytes, LoaderStats
@@ -21,7 +21,7 @@ from .bucket_rules import (  # noqa: F401  (the rules' names, re-exported where 
     fit_bucket_count,
     plan,
 )
-from .held import RowsHeld, as_keys
+from .held import ROW_ITEMS, ItemFns, RowsHeld, as_keys
 from .shuffle_buffer import verify_checksums
 
 #: Rebuilds held rows from their keys, in the same order (a random-access read).
@@ -125,40 +125,32 @@ class DurationBucketer(BaseNode):
 
     Args:
         source: node of rows (``RawSample`` before decoding, or anything ``duration_fn`` measures).
-        max_duration: seconds of audio per batch (the sum of the rows' durations).
-        boundaries: bucket edges in seconds, ascending.
-        max_batch_size: most rows per batch (None: no limit).
-        duration_fn: ``item -> seconds`` (default: `row_seconds`).
+        limits: the budgets, edges, batch sizes, schedule and probe as one checked group (`BucketLimits`;
+            `AudioLoader` settles its own before the chain is built).
         restore: ``keys -> items`` for resuming (and for ``probe``); required to resume.
         drop_last: drop the partly filled batches at the end of the source.
-        key_fn: ``item -> Key`` (default ``item.key``).
         stats: optional `LoaderStats`: counts ``bucketed_batches``; what is held goes to
-            ``stats.memory`` (holder ``"bucketer"``) unless ``held`` is given.
-        max_bytes: most bytes of rows held in buckets (None: no byte bound; see above).
-        distinct: close a bucket before it would hold an index twice (see above).
-        size_fn: ``item -> bytes`` it keeps alive (default `held_bytes`).
-        held: the `HeldBytes` to record into (shared with a `ShuffleBuffer` before this node).
-        limits: every setting above (``max_duration`` to ``distinct``) and the newer ones (costs, tokens, 2-D
-            edges, batch sizes, schedule, probe) as one checked group (`BucketLimits`; `AudioLoader` settles its
-            own before the chain is built), instead of one by one.
+            ``stats.memory`` (holder ``"bucketer"``, shared with a `ShuffleBuffer` before this node given the same
+            stats).
+        duration_fn: ``item -> seconds`` (default: `row_seconds`).
+        items: how the rows are read (`ItemFns`): ``key`` (default ``item.key``), ``checksum`` (default
+            `item_checksum`) and ``size``, the bytes a row keeps alive (default `held_bytes`).
+
+    `of` takes the first limits one by one (``max_duration``, ``boundaries``, ``max_batch_size``, ``max_bytes``,
+    ``distinct``) and the item functions as ``key_fn`` and ``size_fn``.
     """
 
     HOLDER = "bucketer"
 
     SOURCE_KEY = "source"
 
-    def __init__(self, source: BaseNode, *, max_duration: float | None = None, boundaries: Sequence[float] = (),
-                 max_batch_size: int | None = None, duration_fn: Callable[[Any], float] = row_seconds,
-                 restore: RestoreFn | None = None, drop_last: bool = False,
-                 key_fn: Callable[[Any], Key] = item_key, stats: LoaderStats | None = None,
-                 max_bytes: int | None = None, distinct: bool = False, size_fn: Callable[[Any], int] = held_bytes,
-                 held: HeldBytes | None = None, limits: BucketLimits | None = None) -> None:
+    def __init__(self, source: BaseNode, limits: BucketLimits | None = None, *, restore: RestoreFn | None = None,
+                 drop_last: bool = False, stats: LoaderStats | None = None,
+                 duration_fn: Callable[[Any], float] = row_seconds, items: ItemFns = ROW_ITEMS,
+                 **fields: Any) -> None:
+        if fields or not isinstance(limits, BucketLimits):
+            raise checks.node_fields("DurationBucketer", "its settings as one BucketLimits(max_duration, ...)", fields)
         super().__init__()
-        if limits is None:
-            limits = BucketLimits(max_duration, tuple(boundaries), max_batch_size, max_bytes, distinct)
-        elif (max_duration, tuple(boundaries), max_batch_size, max_bytes, distinct) != (None, (), None, None, False):
-            raise ValueError("DurationBucketer(limits=..., max_duration=/boundaries=/max_batch_size=/max_bytes=/"
-                             "distinct=...): give each once, in BucketLimits(...)")
         if limits.probe and restore is None:
             raise ValueError("BucketLimits(probe=...) reads its rows by key: build the bucketer with restore= "
                              "(e.g. reader.fetch)")
@@ -170,17 +162,30 @@ class DurationBucketer(BaseNode):
         self.duration_fn = duration_fn
         self.restore = restore
         self.drop_last = bool(drop_last)
-        self.key_fn = key_fn
+        self.items = items
+        self.key_fn, self.size_fn, self.checksum_fn = items.key, items.size, items.checksum
         self.stats = stats
-        self.size_fn = size_fn
-        if held is None:
-            held = stats.memory if stats is not None else HeldBytes()
+        held = stats.memory if stats is not None else HeldBytes()
         self._holding = held.holding(self.HOLDER)
         # The limits in the report (``stats()["memory"]["bucketer"]``), fixed for the node's life.
         self._holding.info.update(early_batches=0, max_bytes=self.max_bytes, distinct=self.distinct)
         if self.schedule is not None:
             self._holding.info.update(off_schedule=0, steps_per_round=self.schedule.steps_per_round)
         self._clear()
+
+    @classmethod
+    def of(cls, source: BaseNode, *, max_duration: float | None = None, boundaries: Sequence[float] = (),
+           max_batch_size: int | None = None, duration_fn: Callable[[Any], float] = row_seconds,
+           restore: RestoreFn | None = None, drop_last: bool = False,
+           key_fn: Callable[[Any], Key] = item_key, stats: LoaderStats | None = None,
+           max_bytes: int | None = None, distinct: bool = False,
+           size_fn: Callable[[Any], int] = held_bytes) -> DurationBucketer:
+        """A bucketer built from its settings one by one: ``max_duration``, ``boundaries``, ``max_batch_size``,
+        ``max_bytes`` and ``distinct`` make its `BucketLimits` (the newer settings are only in the group),
+        ``key_fn`` and ``size_fn`` its `ItemFns`; the rest as the constructor's."""
+        limits = BucketLimits(max_duration, tuple(boundaries), max_batch_size, max_bytes, distinct)
+        return cls(source, limits, restore=restore, drop_last=drop_last, stats=stats, duration_fn=duration_fn,
+                   items=ItemFns(key=key_fn, size=size_fn))
 
     def _clear(self) -> None:
         self._holding.clear()
@@ -246,8 +251,8 @@ class DurationBucketer(BaseNode):
             "seconds": seconds,
             "ready": [None if k is None else [k.index, k.pass_index] for k in ready],
             # Each row's checksum was taken when it was read (`item_checksum` only fetches it).
-            "checksums": [item_checksum(item) for item in held]
-                         + [item_checksum(item) for item in self._ready if not isinstance(item, BatchEnd)],
+            "checksums": [self.checksum_fn(item) for item in held]
+                         + [self.checksum_fn(item) for item in self._ready if not isinstance(item, BatchEnd)],
             "batches": self._batches, "exhausted": self._exhausted,
         }
         # Newer fields only where used: a state of 0.3's options is as 0.3 wrote it.
@@ -395,7 +400,7 @@ class DurationBucketer(BaseNode):
         if [self.key_fn(item) for item in items] != wanted:
             raise RuntimeError("DurationBucketer restore returned rows whose keys differ from the checkpoint's; "
                                "the data changed since the checkpoint was taken")
-        verify_checksums(items, state.get("checksums"), item_checksum, "duration bucketer")
+        verify_checksums(items, state.get("checksums"), self.checksum_fn, "duration bucketer")
         rows = iter(items)
         seconds = iter(state["seconds"])
         tokens = iter(state.get("tokens") or [0.0] * len(held))

@@ -16,14 +16,15 @@ with `nested`; one that passes its source's state through unchanged with `passed
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from ..dsp.hashing import item_checksum
 from ..errors import CheckpointMismatchError
-from ..samples import Key
+from ..samples import Key, held_bytes, item_key
 
 
 @dataclass
@@ -42,6 +43,22 @@ class RowsHeld:
     source_state: dict[str, Any] | None
     held: list[Key] = field(default_factory=list)
     emitted: list[Key] | None = None
+
+
+@dataclass(frozen=True)
+class ItemFns:
+    """How a node that holds items (`ShuffleBuffer`, `DurationBucketer`) reads them, as one group: ``key``
+    (item -> its `Key`, what a keys-only state records), ``checksum`` (item -> a 32-bit int identifying its
+    content, checked when the items are read back on resume) and ``size`` (item -> the bytes it keeps alive,
+    counted against the byte budgets). The defaults fit `RawSample` and `Sample`."""
+
+    key: Callable[[Any], Key] = item_key
+    checksum: Callable[[Any], int] = item_checksum
+    size: Callable[[Any], int] = held_bytes
+
+
+#: The item functions of rows and samples (`ItemFns`' defaults).
+ROW_ITEMS = ItemFns()
 
 
 def nested(node: BaseNode, state: dict[str, Any], key: str) -> RowsHeld:

@@ -11,6 +11,7 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from .. import checks
 from ..errors import CheckpointMismatchError
 from ..samples import Failure
 from ..stats import HeldBytes, LoaderStats
@@ -27,6 +28,36 @@ AUTO = "auto"
 
 #: Key of the state (the name torchdata's ParallelMapper uses, so its checkpoints load here).
 STATE_KEY = "it_state"
+
+
+@dataclass(frozen=True)
+class MapPool:
+    """Who runs a `ParallelMap`'s job and how work reaches them, as one group (checked when made).
+
+    ``num_workers``: threads or processes; 0 maps in the calling thread; ``"auto"``: one process per core
+    started, and how many get work sized while running by `audioloader.workers.autotune.Autotuner` (with
+    threads: 2 a core, at most 8). The count never changes a result or the state. ``backend``: ``"thread"`` or
+    ``"process"``. ``chunk_size``: items per task (None: 8 for processes, 4 for threads, 1 inline). ``depth``:
+    chunks in flight per worker. ``start_method``: process start method (see
+    `audioloader.workers.pool.DEFAULT_START_METHOD`). ``thread_initializer``: run once in each worker thread.
+    ``what``: the workers' name in errors and thread names. ``max_bytes_in_flight``: submit no further chunk
+    while the chunks in flight hold this many bytes (at least one chunk is always in flight). Only when work is
+    handed out depends on it, never the results or the state. None: ``num_workers * depth`` chunks, whatever
+    they weigh.
+    """
+
+    num_workers: int | str
+    backend: str = "thread"
+    chunk_size: int | None = None
+    depth: int = 2
+    start_method: str | None = None
+    thread_initializer: Callable[[], None] | None = None
+    what: str = "worker"
+    max_bytes_in_flight: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r}: must be one of {BACKENDS}")
 
 
 @dataclass
@@ -97,14 +128,8 @@ class ParallelMap(BaseNode):
         source: the upstream node, pulled in the thread that calls ``next()``.
         job: ``job(item) -> result``; for ``backend="process"`` it must pickle
             (see `audioloader.workers.pool` for its optional ``encode``/``prepare`` hooks).
-        num_workers: threads or processes; 0 maps in the calling thread; ``"auto"``: one process per core
-            started, and how many get work sized while running by `audioloader.workers.autotune.Autotuner`
-            (with threads: 2 a core, at most 8). The count never changes a result or the state.
-        backend: ``"thread"`` or ``"process"``.
-        chunk_size: items per task (None: 8 for processes, 4 for threads, 1 inline).
-        depth: chunks in flight per worker.
-        start_method: process start method (see `audioloader.workers.pool.DEFAULT_START_METHOD`).
-        thread_initializer: run once in each worker thread.
+        pool: who runs it and how work reaches them (`MapPool`: ``num_workers``, ``backend``, ``chunk_size``,
+            ``depth``, ``start_method``, ``thread_initializer``, ``what``, ``max_bytes_in_flight``).
         stats: `LoaderStats` that receives the counters worker processes report; with ``size_fn``, the
             bytes of the items in flight go to ``stats.memory`` (holder ``"decode_in_flight"``, reported
             beside the budgeted total: when results come back depends on timing).
@@ -112,20 +137,19 @@ class ParallelMap(BaseNode):
         collate_into: `BatchArenas` that a process pool's workers write the stream's results into (or the pool
             copies them into), so that a `Batcher` reading this node's items in order (and nothing else)
             collates them without a copy.
-        max_bytes_in_flight: submit no further chunk while the chunks in flight hold this many bytes (at
-            least one chunk is always in flight). Only when work is handed out depends on it, never the
-            results or the state. None: ``num_workers * depth`` chunks, whatever they weigh.
+
+    `of` takes the pool's fields one by one (``num_workers=``, ``backend=``, ...).
     """
 
-    def __init__(self, source: BaseNode, job: Callable[[Any], Any], *, num_workers: int | str,
-                 backend: str = "thread",
-                 chunk_size: int | None = None, depth: int = 2, start_method: str | None = None,
-                 thread_initializer: Callable[[], None] | None = None, stats: LoaderStats | None = None,
-                 what: str = "worker", size_fn: Callable[[Any], int] | None = None,
-                 max_bytes_in_flight: int | None = None, collate_into: BatchArenas | None = None) -> None:
+    def __init__(self, source: BaseNode, job: Callable[[Any], Any], pool: MapPool | None = None, *,
+                 stats: LoaderStats | None = None, size_fn: Callable[[Any], int] | None = None,
+                 collate_into: BatchArenas | None = None, **fields: Any) -> None:
+        if fields or not isinstance(pool, MapPool):
+            raise checks.node_fields("ParallelMap", "its workers as one MapPool(num_workers, backend=...)", fields)
         super().__init__()
-        if backend not in BACKENDS:
-            raise ValueError(f"backend={backend!r}: must be one of {BACKENDS}")
+        self.pool = pool
+        num_workers, backend, chunk_size, depth = pool.num_workers, pool.backend, pool.chunk_size, pool.depth
+        max_bytes_in_flight, what = pool.max_bytes_in_flight, pool.what
         self.source = source
         self.job = job
         self._tuner: Autotuner | None = None
@@ -142,9 +166,9 @@ class ParallelMap(BaseNode):
         if num_workers == 0:
             self._pool: Any = _InlinePool(job)
         elif backend == "thread":
-            self._pool = ThreadPool(job, num_workers, initializer=thread_initializer, name=f"audioloader-{what}")
+            self._pool = ThreadPool(job, num_workers, initializer=pool.thread_initializer, name=f"audioloader-{what}")
         else:
-            self._pool = ProcessPool(job, num_workers, depth=depth, start_method=start_method, what=what,
+            self._pool = ProcessPool(job, num_workers, depth=depth, start_method=pool.start_method, what=what,
                                      arenas=collate_into)
         self._capacity = max(1, num_workers) * depth
         if self._tuner is not None:
@@ -162,6 +186,18 @@ class ParallelMap(BaseNode):
         self._chunks: deque[_Chunk] = deque()
         self._in_flight: deque[_Chunk] = deque()  # submitted, result not read yet (a subset of _chunks)
         self._clear(None, 0)
+
+    @classmethod
+    def of(cls, source: BaseNode, job: Callable[[Any], Any], *, num_workers: int | str, backend: str = "thread",
+           chunk_size: int | None = None, depth: int = 2, start_method: str | None = None,
+           thread_initializer: Callable[[], None] | None = None, stats: LoaderStats | None = None,
+           what: str = "worker", size_fn: Callable[[Any], int] | None = None,
+           max_bytes_in_flight: int | None = None, collate_into: BatchArenas | None = None) -> ParallelMap:
+        """A map built from its settings one by one: the pool's fields make its `MapPool`; ``stats``,
+        ``size_fn`` and ``collate_into`` as the constructor's."""
+        pool = MapPool(num_workers, backend, chunk_size, depth, start_method, thread_initializer, what,
+                       max_bytes_in_flight)
+        return cls(source, job, pool, stats=stats, size_fn=size_fn, collate_into=collate_into)
 
     @property
     def count(self) -> int:

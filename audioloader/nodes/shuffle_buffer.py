@@ -13,7 +13,7 @@ from ..dsp.hashing import SALT_SHUFFLE, item_checksum, uniform_int
 from ..errors import CheckpointMismatchError
 from ..samples import Key, held_bytes, item_key
 from ..stats import HeldBytes, LoaderStats
-from .held import RowsHeld
+from .held import ROW_ITEMS, ItemFns, RowsHeld
 
 T = TypeVar("T")
 
@@ -69,14 +69,14 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
     """Holds up to ``capacity`` items (and ``max_bytes`` bytes) and emits them in a seeded random order.
 
     Works over anything with a ``.key`` (``RawSample`` or ``Sample``); pass
-    ``key_fn`` for other items.
+    ``items=ItemFns(key=...)`` for other items.
 
     Rules (none depends on timing, so the output order is a pure function of the
     seed, the rank and the source's order; item sizes are a function of the items):
 
     * The buffer takes an item from the source only while it has room: fewer than
       ``capacity`` items, and fewer than ``max_bytes`` bytes held (the items'
-      ``size_fn``, plus whatever the other holders of ``held`` hold, e.g. a
+      ``items.size``, plus whatever the other holders of ``stats.memory`` hold, e.g. a
       `DurationBucketer` after it). So it holds at most ``max_bytes`` plus one item.
     * Nothing is emitted until ``min_size`` items or ``min_bytes`` bytes are held
       (whichever comes first), or the buffer has no room, or the source is exhausted
@@ -108,59 +108,61 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
 
     Args:
         source: upstream node.
-        capacity: most items held (>= 1).
-        min_size: items held before the first emit; 0 = emit at once; <= capacity.
+        limits: ``capacity``, ``min_size``, ``max_bytes``, ``min_bytes`` and ``one_pass`` as one checked group
+            (`BufferLimits`; `AudioLoader` settles its own before the chain is built): see the rules.
         seed: shuffle seed; combined with ``rank`` so ranks shuffle independently.
         rank: this process's rank (only seeds the picks).
         restore: see above.
-        key_fn: item -> ``Key``; default ``item.key``.
-        checksum_fn: item -> 32-bit int identifying its content; default `item_checksum`.
         stats: optional `LoaderStats`; the fill level goes to gauge ``shuffle_buffer_fill``, what is held
-            to ``stats.memory`` (holder ``"shuffle_buffer"``) unless ``held`` is given.
-        max_bytes: the byte budget (None: rows only): see the rules.
-        min_bytes: bytes held that end the first fill early (None: rows only).
-        size_fn: item -> bytes it keeps alive; default `held_bytes` (a raw row's own audio copy, a
-            decoded sample's features, plus its Python objects).
-        one_pass: see the rules (off by default; `AudioLoader` turns it on for one source).
-        held: the `HeldBytes` this buffer records into and whose total ``max_bytes`` bounds.
-        limits: ``capacity``, ``min_size``, ``max_bytes``, ``min_bytes`` and ``one_pass`` as one checked group
-            (`BufferLimits`; `AudioLoader` settles its own before the chain is built), instead of one by one.
+            to ``stats.memory`` (holder ``"shuffle_buffer"``; the nodes given one `LoaderStats` share it, and
+            ``max_bytes`` bounds their total).
+        items: how the items are read (`ItemFns`): ``key`` (default ``item.key``), ``checksum`` (default
+            `item_checksum`) and ``size``, the bytes an item keeps alive (default `held_bytes`: a raw row's own
+            audio copy, a decoded sample's features, plus its Python objects).
+
+    `of` takes the limits one by one (``capacity``, ``min_size``, ...) and the item functions as ``key_fn``,
+    ``checksum_fn`` and ``size_fn``.
     """
 
     SOURCE_KEY = "source"
     HOLDER = "shuffle_buffer"
 
-    def __init__(self, source: BaseNode, capacity: int | None = None, min_size: int = 0, *, seed: int = 0,
-                 rank: int = 0, restore: RestoreFn | None = None, key_fn: Callable[[Any], Key] = item_key,
-                 checksum_fn: Callable[[Any], int] = item_checksum, stats: LoaderStats | None = None,
-                 max_bytes: int | None = None, min_bytes: int | None = None,
-                 size_fn: Callable[[Any], int] = held_bytes, one_pass: bool = False,
-                 held: HeldBytes | None = None, limits: BufferLimits | None = None) -> None:
+    def __init__(self, source: BaseNode, limits: BufferLimits | None = None, *, seed: int = 0, rank: int = 0,
+                 restore: RestoreFn | None = None, stats: LoaderStats | None = None, items: ItemFns = ROW_ITEMS,
+                 **fields: Any) -> None:
+        if fields or not isinstance(limits, BufferLimits):
+            raise checks.node_fields("ShuffleBuffer", "its limits as one BufferLimits(capacity, min_size, ...)",
+                                     fields)
         super().__init__()
-        if limits is None:
-            limits = BufferLimits(capacity, min_size, max_bytes, min_bytes, one_pass)
-        elif (capacity, min_size, max_bytes, min_bytes, one_pass) != (None, 0, None, None, False):
-            raise ValueError("ShuffleBuffer(limits=..., capacity=/min_size=/max_bytes=/min_bytes=/one_pass=...): "
-                             "give each limit once, in BufferLimits(...)")
         self.source = source
         self.limits = limits
         self.capacity, self.min_size, self.one_pass = limits.capacity, limits.min_size, limits.one_pass
         self.max_bytes, self.min_bytes = limits.max_bytes, limits.min_bytes
-        self.size_fn = size_fn
+        self.items = items
+        self.size_fn, self.key_fn, self.checksum_fn = items.size, items.key, items.checksum
         self.seed = seed
         self.rank = rank
         self.restore = restore
-        self.key_fn = key_fn
-        self.checksum_fn = checksum_fn
         self.stats = stats
-        if held is None:
-            held = stats.memory if stats is not None else HeldBytes()
+        held = stats.memory if stats is not None else HeldBytes()
         self._holding = held.holding(self.HOLDER)
         # The limits in the report (``stats()["memory"]["shuffle_buffer"]``), fixed for the node's life.
         self._holding.owner.limit = self.max_bytes
         self._holding.info.update(limited_by=None, one_pass_caps=0, max_rows=self.capacity, max_bytes=self.max_bytes,
                                   min_rows=self.min_size, min_bytes=self.min_bytes, one_pass=self.one_pass)
         self._clear()
+
+    @classmethod
+    def of(cls, source: BaseNode, capacity: int, min_size: int = 0, *, seed: int = 0, rank: int = 0,
+           restore: RestoreFn | None = None, key_fn: Callable[[Any], Key] = item_key,
+           checksum_fn: Callable[[Any], int] = item_checksum, stats: LoaderStats | None = None,
+           max_bytes: int | None = None, min_bytes: int | None = None,
+           size_fn: Callable[[Any], int] = held_bytes, one_pass: bool = False) -> ShuffleBuffer:
+        """A buffer built from its settings one by one: ``capacity`` to ``one_pass`` make its `BufferLimits`,
+        ``key_fn``, ``checksum_fn`` and ``size_fn`` its `ItemFns`; the rest as the constructor's."""
+        limits = BufferLimits(capacity, min_size, max_bytes, min_bytes, one_pass)
+        return cls(source, limits, seed=seed, rank=rank, restore=restore, stats=stats,
+                   items=ItemFns(key_fn, checksum_fn, size_fn))
 
     def _clear(self) -> None:
         self._items: list[Any] = []

@@ -138,9 +138,9 @@ def measure_in_process(source: str, features: Any, *, rows: int, train: bool, se
 
     torch.set_num_threads(1)
     stats = LoaderStats()
-    reader = ArrowShardReader(source, seed=seed, shuffle=True, infinite=True, stats=stats)
+    reader = ArrowShardReader.of(source, seed=seed, shuffle=True, infinite=True, stats=stats)
     reader.reset()
-    node = DecodeSpectrogram(reader, features, seed=seed, train=train, num_workers=0, stats=stats,
+    node = DecodeSpectrogram.of(reader, features, seed=seed, train=train, num_workers=0, stats=stats,
                              compute_features=compute_features)
     opened = stats.snapshot()  # the requests of the reads from here on (construction's footer reads left out)
     for _ in range(min(4, rows)):  # warm-up: filterbanks, FFT plans, first page faults

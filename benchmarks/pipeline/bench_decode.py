@@ -86,7 +86,7 @@ def per_stage(clips: list[bytes], cfg: MelSpectrogramConfig, repeats: int) -> di
 def node_rate(clips: list[bytes], cfg: MelSpectrogramConfig, workers: int, items: int, window: bool) -> float:
     """Samples/s through DecodeSpectrogram over ``items`` rows (the clips repeated)."""
     raws = [RawSample(Key(i, 0), clips[i % len(clips)], 0, {}, "bench", i) for i in range(items)]
-    node = DecodeSpectrogram(IterableWrapper(raws), cfg, num_workers=workers, window=window)
+    node = DecodeSpectrogram.of(IterableWrapper(raws), cfg, num_workers=workers, window=window)
     start = time.perf_counter()
     n = sum(1 for _ in node)
     elapsed = time.perf_counter() - start

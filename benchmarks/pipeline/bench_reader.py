@@ -61,7 +61,7 @@ def write_shards(folder: Path, fmt: str, files: int, rows_per_file: int, batch_r
 
 def full_pass(ds: ShardDataset, shuffle: bool) -> tuple[float, int, int]:
     """Seconds, rows and audio bytes of one pass (touching each sample's fields as a consumer would)."""
-    reader = ArrowShardReader(ds, shuffle=shuffle, seed=0)
+    reader = ArrowShardReader.of(ds, shuffle=shuffle, seed=0)
     rows = nbytes = 0
     start = time.perf_counter()
     for sample in reader:
@@ -71,7 +71,7 @@ def full_pass(ds: ShardDataset, shuffle: bool) -> tuple[float, int, int]:
 
 
 def state_cost_us(ds: ShardDataset, calls: int = 100_000) -> float:
-    reader = ArrowShardReader(ds)
+    reader = ArrowShardReader.of(ds)
     next(reader)
     start = time.perf_counter()
     for _ in range(calls):
@@ -80,7 +80,7 @@ def state_cost_us(ds: ShardDataset, calls: int = 100_000) -> float:
 
 
 def fetch_rate(ds: ShardDataset, rows: int) -> float:
-    reader = ArrowShardReader(ds)
+    reader = ArrowShardReader.of(ds)
     indices = np.random.default_rng(1).permutation(ds.num_rows)[:rows].tolist()
     start = time.perf_counter()
     for i in range(0, len(indices), 256):

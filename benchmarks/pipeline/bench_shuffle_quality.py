@@ -69,7 +69,7 @@ def sequential_positions(reader: ArrowShardReader, passes: int) -> dict[int, np.
 
 def figures(folder: Path, buffer: int, interleave: int, split_rows: int, batch_size: int, rows: int) -> dict:
     stats, reader, sequential = _start(folder, interleave, split_rows, batch_size)
-    node = ShuffleBuffer(reader, buffer, buffer, seed=0, stats=stats)
+    node = ShuffleBuffer.of(reader, buffer, buffer, seed=0, stats=stats)
     items = iter(node)
     batches = ([item.key for item in itertools.islice(items, batch_size)] for _ in range(2 * rows // batch_size))
     return _tally(stats, batches, sequential)
@@ -85,9 +85,9 @@ def bucketed_figures(folder: Path, max_bytes: int, interleave: int, split_rows: 
     def size_of(item) -> int:
         return int(sizes[item.key.index])
 
-    node = ShuffleBuffer(reader, 10**9, 10**9, seed=0, stats=stats, max_bytes=max_bytes, min_bytes=max_bytes,
+    node = ShuffleBuffer.of(reader, 10**9, 10**9, seed=0, stats=stats, max_bytes=max_bytes, min_bytes=max_bytes,
                          size_fn=size_of, one_pass=True)
-    bucketer = DurationBucketer(node, max_duration=200.0, boundaries=estimate_boundaries(seconds, 16),
+    bucketer = DurationBucketer.of(node, max_duration=200.0, boundaries=estimate_boundaries(seconds, 16),
                                 duration_fn=lambda item: float(seconds[item.key.index]), size_fn=size_of,
                                 max_bytes=max_bytes // 2, distinct=True, stats=stats)
     out = _tally(stats, _bucketed(iter(bucketer), 2 * len(seconds)), sequential)
@@ -100,7 +100,7 @@ def bucketed_figures(folder: Path, max_bytes: int, interleave: int, split_rows: 
 
 def _start(folder: Path, interleave: int, split_rows: int, batch_size: int):
     stats = LoaderStats()
-    reader = ArrowShardReader(folder, label_column=None, seed=0, split_rows=split_rows, infinite=True,
+    reader = ArrowShardReader.of(folder, label_column=None, seed=0, split_rows=split_rows, infinite=True,
                               interleave=interleave)
     splits = reader.splits_for_pass(0)
     stats.shuffle.configure([[(s.start, s.num_rows) for s in splits]], [1.0], batch_size)

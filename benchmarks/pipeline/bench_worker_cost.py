@@ -62,9 +62,9 @@ def bare(source: Path, samples: int) -> dict:
     from audioloader.nodes.decode_spectrogram import DecodeSpectrogram
 
     torch.set_num_threads(1)
-    reader = ArrowShardReader(str(source), seed=0, shuffle=True, infinite=True)
+    reader = ArrowShardReader.of(str(source), seed=0, shuffle=True, infinite=True)
     reader.reset()
-    node = DecodeSpectrogram(reader, _features(), seed=0, train=True, num_workers=0)
+    node = DecodeSpectrogram.of(reader, _features(), seed=0, train=True, num_workers=0)
     for _ in range(8):
         node.decode(next(reader))
     raws = [next(reader) for _ in range(samples)]

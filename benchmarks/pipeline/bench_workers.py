@@ -5,7 +5,7 @@ wire, memory, threads) replaces torchdata 0.11's ``torchdata.nodes.ParallelMappe
 which has worker processes (``method="process"``) and chunking (``prebatch=``) of its
 own. Here both run the same per-sample function over the same rows:
 
-- source: ``ArrowShardReader(shards, seed=0, shuffle=True, infinite=True)``, read in
+- source: ``ArrowShardReader.of(shards, seed=0, shuffle=True, infinite=True)``, read in
   the consuming process (as in the loader);
 - function: `SampleDecoder`, what `DecodeSpectrogram` runs per row: decode, mono,
   soxr to 32 kHz, a random 5 s crop seeded by the row's key, log-mel (n_fft 1024,
@@ -15,7 +15,7 @@ own. Here both run the same per-sample function over the same rows:
 
 Contenders (each in a fresh process, measured from outside by `audioloader.tools.bench.runner`):
 
-- ``al-process``: ``ParallelMap(backend="process")`` as `DecodeSpectrogram` builds it for
+- ``al-process``: ``ParallelMap.of(backend="process")`` as `DecodeSpectrogram` builds it for
   memory-mapped shards: rows travel as keys and the worker reads them (``fetch``), results
   come back through reusable shared-memory slots; chunks of 8, fork while the process has
   one thread (the library's default start);
@@ -23,7 +23,7 @@ Contenders (each in a fresh process, measured from outside by `audioloader.tools
   the transport alone, as torchdata gets the rows;
 - ``al-process-forkserver``: ``al-process`` started by a fork server (what it uses when other
   threads run);
-- ``al-thread``: ``ParallelMap(backend="thread")``, one torch thread per worker, chunks of 4;
+- ``al-thread``: ``ParallelMap.of(backend="thread")``, one torch thread per worker, chunks of 4;
 - ``td-process``: ``ParallelMapper(method="process", in_order=True)`` with its default
   ``multiprocessing_context`` (None: fork on Linux), the map function pickled as documented;
 - ``td-process-prebatch``: the same with ``prebatch=8`` (audioloader's chunk size);
@@ -122,13 +122,13 @@ def build(spec: dict[str, Any]) -> Any:
     how = CONTENDERS[spec["contender"]]
     features = MelSpectrogramConfig(**FEATURES, log=True, log_offset=1e-6)
     prepare(features)  # the filterbank, built once before workers start (as DecodeSpectrogram does)
-    reader = ArrowShardReader(spec["source"], seed=0, shuffle=True, infinite=True)
+    reader = ArrowShardReader.of(spec["source"], seed=0, shuffle=True, infinite=True)
     decoder = SampleDecoder(features, seed=0, train=True, window=True, augment=None, stats=LoaderStats(),
                             fetch=reader.fetcher if how.fetch else None)
     workers = spec["workers"]
     if how.library == "audioloader":
         pin = functools.partial(pin_worker_to_one_thread, torch.get_num_threads()) if how.method == "thread" else None
-        return ParallelMap(reader, decoder, num_workers=workers, backend=how.method, start_method=how.context,
+        return ParallelMap.of(reader, decoder, num_workers=workers, backend=how.method, start_method=how.context,
                            thread_initializer=pin, stats=decoder.stats, what="decode worker")
     # torchdata's documented use: a picklable map function, results in the source's order. Its workers set
     # torch to one thread themselves (_apply_udf).

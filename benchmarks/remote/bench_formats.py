@@ -136,7 +136,7 @@ def reader_pass(rows: int, rounds: int = 7) -> dict[str, float]:
         for _ in range(rounds):
             for layout, folder in folders.items():
                 start = time.perf_counter()
-                count = sum(1 for _ in ArrowShardReader(str(folder), shuffle=True, seed=0))
+                count = sum(1 for _ in ArrowShardReader.of(str(folder), shuffle=True, seed=0))
                 best[layout] = min(best[layout], time.perf_counter() - start)
     return {layout: count / seconds for layout, seconds in best.items()}
 

@@ -87,7 +87,7 @@ def _scanner(fs: Any, paths: list[str], fmt: str) -> int:
 def _audioloader(url: str, train: bool) -> int:
     from audioloader.nodes import ArrowShardReader
 
-    reader = ArrowShardReader(url, label_column=None, shuffle=train, seed=0, interleave=4 if train else 1)
+    reader = ArrowShardReader.of(url, label_column=None, shuffle=train, seed=0, interleave=4 if train else 1)
     reader.reset()
     return sum(1 for _ in reader)
 

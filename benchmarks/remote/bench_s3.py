@@ -65,7 +65,7 @@ def child(args: argparse.Namespace) -> dict:
                    shuffle=al.Shuffle(buffer_size=1000, min_size=500, before_decode=args.before_decode))
     out: dict = {}
     if args.variant == "reader":
-        reader = al.nodes.ArrowShardReader(args.source, shuffle=True)
+        reader = al.nodes.ArrowShardReader.of(args.source, shuffle=True)
         start = time.perf_counter()
         rows = nbytes = 0
         for sample in reader:

@@ -11,7 +11,7 @@ The measuring window and the result line are shared with remote_peers.py
 
 Kinds (``spec["kind"]``):
 
-- ``reader``: ``ArrowShardReader(source, shuffle=False)``, one pass: rows/s and MB/s
+- ``reader``: ``ArrowShardReader.of(source, shuffle=False)``, one pass: rows/s and MB/s
   after the first row, construction and first-row seconds.
 - ``loader``: ``AudioLoader(source, batch_size, train, features, ...)`` with the
   library's defaults for everything else (workers, prefetch), except the train
@@ -82,7 +82,7 @@ def run_reader(spec: dict[str, Any]) -> dict[str, Any]:
     from audioloader.nodes import ArrowShardReader
 
     started = time.perf_counter()
-    reader = ArrowShardReader(spec["source"], shuffle=False)
+    reader = ArrowShardReader.of(spec["source"], shuffle=False)
     construct_s = time.perf_counter() - started
     started += mark(spec, "constructed")
     first = None

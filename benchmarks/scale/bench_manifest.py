@@ -69,7 +69,7 @@ def reader_cost(dataset: ShardDataset, ranks: int, shuffle: bool) -> dict:
     of pass 0: training (a seeded order) or evaluation (the splits balanced over the ranks)."""
     gc.collect()
     before, started, cpu_started = _rss(), time.perf_counter(), time.process_time()
-    reader = ArrowShardReader(dataset, rank=min(1, ranks - 1), world_size=ranks, shuffle=shuffle)
+    reader = ArrowShardReader.of(dataset, rank=min(1, ranks - 1), world_size=ranks, shuffle=shuffle)
     mine = reader.splits_for_pass(0)
     mode = "train" if shuffle else "eval"
     return {f"reader_{mode}_s": round(time.perf_counter() - started, 2),

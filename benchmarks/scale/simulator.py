@@ -270,7 +270,7 @@ def open_rank(source: str, fs: Any, rank: int, world_size: int, *, split_rows: i
     counted are the rank's own, in order); the real 32-process run (`bench_scale_real.py`) uses it too."""
     dataset = ShardDataset(source, filesystem=fs, split_rows=split_rows, cache_dir=cache_dir,
                            remote_reads=RemoteReads(readahead_bytes=0, max_requests=max_requests, index="auto"))
-    reader = ArrowShardReader(dataset, rank=rank, world_size=world_size, shuffle=not eval_pass, seed=0,
+    reader = ArrowShardReader.of(dataset, rank=rank, world_size=world_size, shuffle=not eval_pass, seed=0,
                               split_rows=split_rows)
     return dataset, reader
 

@@ -278,9 +278,9 @@ def run_ceiling(spec: dict[str, Any]) -> dict[str, Any]:
     from audioloader.nodes.decode_spectrogram import DecodeSpectrogram
 
     torch.set_num_threads(1)
-    reader = ArrowShardReader(spec["source"], seed=0, shuffle=True, infinite=True)
+    reader = ArrowShardReader.of(spec["source"], seed=0, shuffle=True, infinite=True)
     reader.reset()
-    node = DecodeSpectrogram(reader, _features(), seed=0, train=True, num_workers=0)
+    node = DecodeSpectrogram.of(reader, _features(), seed=0, train=True, num_workers=0)
     warmup = max(1, spec["warmup_samples"])
     for _ in range(warmup):
         node.decode(next(reader))
@@ -323,9 +323,9 @@ def run_decode_threads(spec: dict[str, Any]) -> dict[str, Any]:
     from audioloader.nodes.decode_spectrogram import DecodeSpectrogram
     from audioloader.workers.threads import pin_worker_to_one_thread
 
-    reader = ArrowShardReader(spec["source"], seed=0, shuffle=True, infinite=True)
+    reader = ArrowShardReader.of(spec["source"], seed=0, shuffle=True, infinite=True)
     reader.reset()
-    node = DecodeSpectrogram(reader, _features(), seed=0, train=True, num_workers=0)
+    node = DecodeSpectrogram.of(reader, _features(), seed=0, train=True, num_workers=0)
     raws = [next(reader) for _ in range(spec["max_samples"])]
     n, user = spec["workers"], torch.get_num_threads()
     go, stop = threading.Event(), threading.Event()
