@@ -60,12 +60,12 @@ _LAZY_NAMES: dict[str, str] = {
     "WaveformConfig": ".dsp.config",
     "Workers": ".options",
     "mixup_targets": ".dsp.augment_math",
-    "tune_batch_sizes": ".budget",
+    "tune_batch_sizes": ".audio_loader",
 }
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time the names come from __getattr__
-    from .audio_loader import AudioLoader
-    from .budget import Shuffle, tune_batch_sizes
+    from .audio_loader import AudioLoader, tune_batch_sizes
+    from .budget import Shuffle
     from .dsp.augment import AddNoise, Gain, Mixup, Reverb, SpecAugment, SpeedPerturb
     from .dsp.augment_math import mixup_targets
     from .dsp.config import FbankConfig, LengthPolicy, MelSpectrogramConfig, Segments, WaveformConfig

@@ -24,7 +24,6 @@ with the settings it was taken with (`ShuffleSettings.legacy`): the row-count bu
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -235,9 +234,10 @@ def resolve(shuffle: Shuffle, *, train: bool, bucketing: bool, mixed: bool) -> S
 
 # -- the device's memory: a batch size per bucket, found by an out-of-memory search -----------------------------
 
-def _out_of_memory_errors() -> tuple[type[BaseException], ...]:
-    """What `tune_batch_sizes` takes for "does not fit": PyTorch's out-of-memory error (``torch.OutOfMemoryError``,
-    also ``torch.cuda.OutOfMemoryError``) and ``MemoryError`` (a CPU allocation, or a step checking a budget)."""
+def out_of_memory_errors() -> tuple[type[BaseException], ...]:
+    """What `audio_loader.tune_batch_sizes` takes for "does not fit": PyTorch's out-of-memory error
+    (``torch.OutOfMemoryError``, also ``torch.cuda.OutOfMemoryError``) and ``MemoryError`` (a CPU allocation, or a
+    step checking a budget)."""
     import torch
 
     found = [MemoryError]
@@ -248,89 +248,7 @@ def _out_of_memory_errors() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
-def tune_batch_sizes(source: Any, bucketing: Any, step: Any, *, columns: Sequence[str] = (), margin: float = 0.05,
-                     max_size: int = 4096, **loader_options: Any) -> Any:
-    """A `Bucketing` with a batch size per bucket: the largest batch of each bucket ``step`` runs without running
-    out of memory, less ``margin``.
-
-    The buckets are those a loader with ``bucketing`` settles on (``source`` and ``loader_options``: the
-    `AudioLoader` arguments of the training run: ``features=``, ``length=``, ``storage=``, ...). For each bucket,
-    probe batches of ``n`` rows are made from that bucket's longest row, its longest transcript, then its other
-    rows most expensive first (cycled when it has fewer than ``n``: a batch's memory follows its longest row and
-    transcript; every row is looked at when the shards have a duration column, else the ``estimate_rows``
-    sample) through the loader's own decode and
-    batcher, so they hold the same keys as real batches, the ``columns`` included. ``step(batch)`` is the user's
-    training step (forward, backward, optimizer step, gradients zeroed); a run that raises an out-of-memory error
-    (``torch.OutOfMemoryError`` / ``torch.cuda.OutOfMemoryError`` or ``MemoryError``) does not fit. Sizes double
-    from 1 until one does not fit (or ``max_size``), then a binary search finds the largest that fits; memory is
-    freed between probes (``gc.collect()``, ``torch.cuda.empty_cache()``). Any other exception propagates.
-
-    Returns ``bucketing`` with the edges settled (``boundaries``, ``token_boundaries``), ``batch_sizes`` of
-    ``largest - floor(largest × margin)`` (at least 1) and no duration or token budget (the sizes bound the batches):
-    pass it to `AudioLoader` as ``batching=``, and keep it with ``Bucketing.save(path)`` /
-    ``Bucketing.load(path)``; a checkpoint records the sizes (its fingerprint), so a resumed run batches as the
-    run did instead of searching again. Raises ``ValueError`` naming the bucket when one row does not fit.
-    """
-    import gc
-
-    import torch
-
-    from .audio_loader import AudioLoader
-    from .nodes.bucket_rules import bucket_sample
-    from .options import Bucketing
-    from .samples import Key, Sample
-    from .workers import Workers
-
-    if not isinstance(bucketing, Bucketing):
-        raise TypeError(f"bucketing must be an audioloader.Bucketing, got {type(bucketing).__name__}")
-    if not (isinstance(margin, (int, float)) and 0 <= margin < 1):
-        raise ValueError(f"margin={margin!r}: must be a fraction in [0, 1), e.g. 0.05")
-    max_size = checks.count("max_size", max_size)
-    errors = _out_of_memory_errors()
-    wanted = dataclasses.replace(bucketing, sync_buckets=False, first=None, batch_sizes=None)
-    options = {"workers": Workers(num_workers=0), "train": True, **loader_options}
-    with AudioLoader(source, batching=wanted, columns=columns, **options) as loader:
-        settings, sources = loader.settings, loader.sources
-        limits, fetch = settings.bucket_limits, sources.fetch()
-        if settings.duration_column is not None:  # a column to read: every row, so each bucket's worst is found
-            every = dataclasses.replace(settings.batching, estimate_rows=len(sources.datasets[0].kept_indices()))
-            settings = dataclasses.replace(settings, batching=every)
-        indices, seconds, tokens = bucket_sample(settings, sources)
-        by_bucket: list[list[int]] = [[] for _ in range(limits.count)]
-        for k in sorted(range(len(indices)), key=lambda k: (-limits.cost(seconds[k]), -tokens[k], indices[k])):
-            by_bucket[limits.bucket_of(seconds[k], tokens[k])].append(k)
-        # Each bucket's probe rows: its longest, its densest transcript, then the rest most expensive first.
-        by_bucket = [[indices[k] for k in dict.fromkeys([*rows[:1], *sorted(rows, key=lambda k: -tokens[k])[:1],
-                                                          *rows])] for rows in by_bucket]
-
-        def fits(rows: list[int], n: int) -> bool:
-            decoded = loader.decoder.decode_many(fetch([Key(rows[i % len(rows)], 0) for i in range(n)]))
-            samples = [s for s in decoded if isinstance(s, Sample)]  # a bad row is left out, as in a real batch
-            batch = loader.batcher.collate(samples)  # the loader's own batcher: the keys of its batches
-            try:
-                step(batch)
-                return True
-            except errors:
-                return False
-            finally:
-                del batch, samples, decoded
-                gc.collect()
-                if torch.cuda.is_available() and torch.cuda.is_initialized():
-                    torch.cuda.empty_cache()
-
-        largest = [_largest_fitting(rows, fits, max_size, b) if rows else None for b, rows in enumerate(by_bucket)]
-    found = [n for n in largest if n is not None]
-    if not found:
-        raise ValueError("tune_batch_sizes: no sampled row fell in any bucket (an empty source?)")
-    # A bucket no sampled row fell in gets the smallest size found: its rows are few, and rarely the longest.
-    # The margin in whole rows, rounded down: a batch of 8 that fits stays 8 (7 would be 12 % below it).
-    sizes = tuple(max(1, n - math.floor(n * margin)) for n in (min(found) if n is None else n for n in largest))
-    return dataclasses.replace(bucketing, boundaries=tuple(settings.buckets.boundaries),
-                               token_boundaries=settings.buckets.token_boundaries, batch_sizes=sizes,
-                               num_buckets=None, max_duration=None, quadratic_duration=None, max_tokens=None)
-
-
-def _largest_fitting(rows: list[int], fits: Any, max_size: int, bucket: int) -> int:
+def largest_fitting(rows: list[int], fits: Any, max_size: int, bucket: int) -> int:
     """The largest ``n <= max_size`` with ``fits(rows, n)``: doubling from 1, then a binary search."""
     if not fits(rows, 1):
         raise ValueError(f"tune_batch_sizes: bucket {bucket}: a batch of one of its rows (index {rows[0]}) runs out "
