@@ -143,7 +143,7 @@ def reader_share(storage: Storage | None, rank: int | None, world_size: int | No
         raise ValueError("storage= with a ShardDataset gives only this rank's share (Storage(rank=..., "
                          "world_size=...)): the dataset already has its files (build it with the storage)")
     if (rank, world_size) != (0, 1):
-        raise ValueError("ArrowShardReader(storage=..., rank=/world_size=...): give this rank's share once, in the "
+        raise ValueError("ArrowShardReader.of(storage=..., rank=/world_size=...): give this rank's share once, in the "
                          "group: Storage(rank=..., world_size=...)")
     return storage.rank, storage.world_size
 
