@@ -311,19 +311,29 @@ def _worker_kind(kind: str, num_workers: int, augment: Any) -> str:
     An ``augment`` that cannot be sent to processes (a lambda, a closure) keeps
     "auto" on threads, with a warning saying how to get processes.
     """
+    if kind == "process" and num_workers > 0 and augment is not None and not _picklable(augment):
+        # Refused here, with the other options, not when the chain is built on first use.
+        raise TypeError("augment cannot be sent to worker processes (workers=al.Workers(kind='process')): define it "
+                        "at the top level of a module (not inside a function, not a lambda), or use threads "
+                        "(workers=al.Workers(kind='thread'))")
     if kind != "auto":
         return kind
     if (os.cpu_count() or 1) < AUTO_PROCESS_MIN_CORES or num_workers == 0:
         return "thread"
-    if augment is not None:
-        try:
-            pickle.dumps(augment)
-        except (pickle.PicklingError, TypeError, AttributeError):
-            warnings.warn("augment cannot be sent to worker processes (define it at the top level of a module, "
-                          "not as a lambda or inside a function), so decoding runs in threads; on many cores "
-                          "processes are faster (workers=al.Workers(kind='process'))", stacklevel=5)
-            return "thread"
+    if augment is not None and not _picklable(augment):
+        warnings.warn("augment cannot be sent to worker processes (define it at the top level of a module, "
+                      "not as a lambda or inside a function), so decoding runs in threads; on many cores "
+                      "processes are faster (workers=al.Workers(kind='process'))", stacklevel=5)
+        return "thread"
     return "process"
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return False
+    return True
 
 
 def resolve_storage(storage: Storage) -> Storage:
