@@ -179,7 +179,8 @@ def plug_identity(store: SimStore) -> None:
     a Python file cannot carry): where audioloader reads it (`identity.object_identity`), ask the store first."""
     modules = [shards_module(*paths) for paths in (("storage.cache", "cache"), ("formats.scan", "formats"),
                                                    ("storage.remote", "remote"))]
-    for paths in (("catalog.manifest_source", "manifest_source"), ("dataset.shard_dataset", "dataset")):
+    for paths in (("catalog.manifest_source", "manifest_source"), ("dataset.shard_dataset", "dataset"),
+                  ("dataset.unit_reads", "unit_reads")):
         with contextlib.suppress(ImportError):  # where this version reads identities too (0.3: not there)
             modules.append(shards_module(*paths))
     for module in modules:
