@@ -26,6 +26,7 @@ rank computes the same parts from the same list of states.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -40,9 +41,12 @@ from .nodes._torchdata_compat import rows_held as torchdata_rows_held
 from .nodes.arrow_shard_reader import ArrowShardReader
 from .nodes.bucket_rules import bucket_limits
 from .nodes.bucket_rules import plan as plan_buckets
+from .nodes.duration_bucketer import DurationBucketer, row_seconds
 from .nodes.held import RowsHeld
 from .nodes.read_order import ReaderPosition, ReadPlan, Segment, order_at
-from .samples import Key
+from .nodes.shuffle_buffer import ShuffleBuffer
+from .samples import BatchEnd, Key
+from .stats import LoaderStats
 
 #: Rows per piece that buffered rows are grouped into before the parts are cut (they mix with the splits).
 HELD_PIECE_ROWS = 512
@@ -245,13 +249,6 @@ def steps_in_step(settings: Any, sources: Any, start: Plan | None = None) -> int
     builds them (from the pass's start or, after an elastic resume, ``start``'s carry) and run on the raw rows (no
     decoding). Every rank yields that many (those that run out, one-entry batches whose ``valid`` is False), so a
     pass ends on the same step everywhere: a DDP collective never waits for a rank that has stopped."""
-    import functools
-
-    from .nodes.duration_bucketer import DurationBucketer, row_seconds
-    from .nodes.shuffle_buffer import ShuffleBuffer
-    from .samples import BatchEnd
-    from .stats import LoaderStats
-
     s, fetch, counts = settings, sources.fetch(), []
     seconds = functools.partial(row_seconds, duration_column=s.duration_column, segments=sources.segments)
     for rank in range(s.storage.world_size):

@@ -122,15 +122,21 @@ def test_a_back_edge_is_caught(tmp_path):
     assert back_edges(package) == []
 
 
-def test_a_back_edge_inside_shards_is_caught(tmp_path):
-    """The check itself, between shards/'s sub-packages: a format importing the catalog fails it, the catalog
-    importing a format does not."""
+def shards_skeleton(tmp_path):
+    """An ``audioloader`` package under ``tmp_path`` with empty ``shards/formats`` and ``shards/catalog``."""
     package = tmp_path / "audioloader"
     for folder in ("shards/formats", "shards/catalog"):
         (package / folder).mkdir(parents=True)
         (package / folder / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
     (package / "shards" / "__init__.py").write_text("")
+    return package
+
+
+def test_a_back_edge_inside_shards_is_caught(tmp_path):
+    """The check itself, between shards/'s sub-packages: a format importing the catalog fails it, the catalog
+    importing a format does not."""
+    package = shards_skeleton(tmp_path)
     (package / "shards" / "catalog" / "manifest.py").write_text("from ..formats.scan import FileMeta\n")
     (package / "shards" / "formats" / "scan.py").write_text("FileMeta = object\n")
     assert back_edges(package) == []
@@ -204,12 +210,7 @@ def test_no_private_name_is_imported_from_another_package_of_shards():
 def test_a_private_import_across_sub_packages_is_caught(tmp_path):
     """The check itself: a private name from another sub-package is caught, one from the same sub-package and a
     public one are not."""
-    package = tmp_path / "audioloader"
-    for folder in ("shards/formats", "shards/catalog"):
-        (package / folder).mkdir(parents=True)
-        (package / folder / "__init__.py").write_text("")
-    (package / "__init__.py").write_text("")
-    (package / "shards" / "__init__.py").write_text("")
+    package = shards_skeleton(tmp_path)
     (package / "shards" / "formats" / "scan.py").write_text("_FileMeta = FileMeta = object\n")
     (package / "shards" / "formats" / "readers.py").write_text("from .scan import _FileMeta\n")
     (package / "shards" / "catalog" / "manifest.py").write_text("from ..formats.scan import FileMeta, _FileMeta\n")
