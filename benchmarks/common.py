@@ -8,6 +8,7 @@ Lhotse's) import this module without the library. The process-tree sampler itsel
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import statistics
@@ -18,6 +19,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 #: The repository's root: every benchmark runs from here as ``python -m benchmarks.<folder>.<script>``.
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,3 +222,32 @@ def _is_number(cell: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def av_encode(signal: np.ndarray, rate: int, container: str, codec: str, bit_rate: int | None = None) -> bytes:
+    """Encode float32 ``[n]`` or ``[n, channels]`` with FFmpeg (PyAV), bit-exact flags set (no version strings in
+    the MP4/FLAC bytes): a benchmark's and a test's clips in codecs libsndfile does not write."""
+    import av
+
+    x = signal[:, None] if signal.ndim == 1 else signal
+    layout = "mono" if x.shape[1] == 1 else "stereo"
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=container, options={"fflags": "+bitexact"}) as out:
+        stream = out.add_stream(codec, rate=rate, layout=layout)
+        stream.codec_context.options = {"flags": "+bitexact"}
+        if bit_rate:
+            stream.bit_rate = bit_rate
+        names = [f.name for f in stream.codec_context.codec.audio_formats]
+        fmt = next(f for f in ("fltp", "flt", "s16", "s16p") if f in names)
+        data = (x.T.astype(np.float32) if fmt.startswith("flt")
+                else np.round(np.clip(x.T, -1, 1) * 32767).astype(np.int16))
+        for i in range(0, data.shape[1], 960):
+            part = data[:, i:i + 960]
+            part = np.ascontiguousarray(part if fmt.endswith("p") else part.T.reshape(1, -1))
+            frame = av.AudioFrame.from_ndarray(part, format=fmt, layout=layout)
+            frame.sample_rate, frame.pts = rate, i
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    return buf.getvalue()

@@ -9,7 +9,6 @@ The audio is made here: test signals encoded with PyAV itself (and soundfile for
 from __future__ import annotations
 
 import hashlib
-import io
 import shutil
 import subprocess
 
@@ -21,38 +20,11 @@ import audioloader as al
 from audioloader.dsp import ffmpeg
 from audioloader.dsp.audio import load_clip, mixdown, probe_seconds, resample
 from audioloader.errors import DecodeError
+from benchmarks.common import av_encode  # PyAV's encoder, shared with bench_codecs
 from tests.helpers import encode, tone, truncated_flac, write_ipc_file
 
 av = pytest.importorskip("av")
 
-# -- encoding with PyAV --------------------------------------------------------------------------------------------
-
-
-def av_encode(signal: np.ndarray, rate: int, container: str, codec: str, bit_rate: int | None = None) -> bytes:
-    """Encode float32 ``[n]`` or ``[n, channels]`` with FFmpeg (PyAV), bit-exact flags set (no version strings in
-    the MP4/FLAC bytes)."""
-    x = signal[:, None] if signal.ndim == 1 else signal
-    layout = "mono" if x.shape[1] == 1 else "stereo"
-    buf = io.BytesIO()
-    with av.open(buf, "w", format=container, options={"fflags": "+bitexact"}) as out:
-        stream = out.add_stream(codec, rate=rate, layout=layout)
-        stream.codec_context.options = {"flags": "+bitexact"}
-        if bit_rate:
-            stream.bit_rate = bit_rate
-        names = [f.name for f in stream.codec_context.codec.audio_formats]
-        fmt = next(f for f in ("fltp", "flt", "s16", "s16p") if f in names)
-        data = (x.T.astype(np.float32) if fmt.startswith("flt")
-                else np.round(np.clip(x.T, -1, 1) * 32767).astype(np.int16))
-        for i in range(0, data.shape[1], 960):
-            part = data[:, i:i + 960]
-            part = np.ascontiguousarray(part if fmt.endswith("p") else part.T.reshape(1, -1))
-            frame = av.AudioFrame.from_ndarray(part, format=fmt, layout=layout)
-            frame.sample_rate, frame.pts = rate, i
-            for packet in stream.encode(frame):
-                out.mux(packet)
-        for packet in stream.encode(None):
-            out.mux(packet)
-    return buf.getvalue()
 
 
 #: name -> (container, codec, sample rate): what each test clip is.

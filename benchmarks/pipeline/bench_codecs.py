@@ -33,6 +33,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from benchmarks.common import av_encode
+
 #: name -> (container, encoder, bit rate); the decoder backends that read it.
 CODECS = {
     "WAV": ("wav", "pcm_s16le", None),
@@ -45,31 +47,6 @@ BACKENDS = {"AAC": ("ffmpeg",)}
 SETTINGS = [(16000, 1), (44100, 2)]
 
 
-def encode(signal: np.ndarray, rate: int, container: str, codec: str, bit_rate: int | None) -> bytes:
-    import av
-
-    layout = "mono" if signal.shape[1] == 1 else "stereo"
-    buf = io.BytesIO()
-    with av.open(buf, "w", format=container) as out:
-        stream = out.add_stream(codec, rate=rate, layout=layout)
-        if bit_rate:
-            stream.bit_rate = bit_rate
-        names = [f.name for f in stream.codec_context.codec.audio_formats]
-        fmt = next(f for f in ("fltp", "flt", "s16", "s16p") if f in names)
-        data = (signal.T.astype(np.float32) if fmt.startswith("flt")
-                else np.round(np.clip(signal.T, -1, 1) * 32767).astype(np.int16))
-        for i in range(0, data.shape[1], 960):
-            part = data[:, i:i + 960]
-            part = np.ascontiguousarray(part if fmt.endswith("p") else part.T.reshape(1, -1))
-            frame = av.AudioFrame.from_ndarray(part, format=fmt, layout=layout)
-            frame.sample_rate, frame.pts = rate, i
-            for packet in stream.encode(frame):
-                out.mux(packet)
-        for packet in stream.encode(None):
-            out.mux(packet)
-    return buf.getvalue()
-
-
 def make_clips(n: int, seconds: float, rate: int, channels: int, codec: str) -> tuple[list[bytes], int]:
     container, encoder, bit_rate = CODECS[codec]
     if codec == "Opus" and rate == 44100:
@@ -80,7 +57,7 @@ def make_clips(n: int, seconds: float, rate: int, channels: int, codec: str) -> 
     for i in range(n):
         tone = 0.3 * np.sin(2 * np.pi * (220 + 50 * i) * t) * (1 + 0.5 * np.sin(2 * np.pi * 0.5 * t))
         signal = np.stack([tone + 0.05 * rng.standard_normal(len(t)) for _ in range(channels)], axis=1)
-        clips.append(encode(signal.astype(np.float32), rate, container, encoder, bit_rate))
+        clips.append(av_encode(signal.astype(np.float32), rate, container, encoder, bit_rate))
     return clips, rate
 
 
