@@ -27,6 +27,7 @@ from .budget import Shuffle, largest_fitting, out_of_memory_errors
 from .chain import (
     Chain,
     build_chain,
+    chain_layers,
     open_sources,
     pinned_source,
     settle,
@@ -363,10 +364,10 @@ class AudioLoader:
         state = None if resume.elastic else resume.states[0]["loader"]
         if resume.elastic:
             # The rows the old ranks left of their pass, spread over the new ranks (`elastic.plan`, which reads the
-            # old states through a chain of these settings), become this rank's reader's start and batch count.
-            built = self._built_chain if settings is self.settings else None
-            chain = built or build_chain(settings, self.sources, self.stats_counters)
-            start = elastic.plan(chain.root, chain.reader, [old["loader"]["root"] for old in resume.states])
+            # old states by the node types of a chain of these settings: no chain is built for it), become this
+            # rank's reader's start and batch count.
+            start = elastic.plan(chain_layers(settings), self.sources.datasets[0], settings.reads[0],
+                                 [old["loader"]["root"] for old in resume.states])
             settings = elastic.resumed(settings, self.sources, start)
         self._start_at(settings, state)
 

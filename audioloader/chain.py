@@ -297,12 +297,32 @@ def build_chain(settings: Settings, sources: Sources, stats: LoaderStats) -> Cha
     batcher = Batcher(samples, layout=s.batch_layout, stats=stats, collate_from=arenas)
     if s.device is None:  # features per sample, made by the decoder
         root: BaseNode = Prefetcher(CatchFailures(augmented(batcher)), prefetch_factor=s.workers.prefetch_batches)
-        if s.workers.pin_memory and _has_cuda():
+        if _pins(s, warn=True):
             root = PinMemory(root)
     else:  # features per batch on the device, after the prefetcher
         root = Prefetcher(CatchFailures(batcher), prefetch_factor=s.workers.prefetch_batches)
         root = augmented(BatchFeatures(root, s.features, s.device))
     return Chain(root, decode, batcher, readers, source_rows, held[0] if held else None, bucketer)
+
+
+def chain_layers(settings: Settings) -> tuple[type[BaseNode], ...]:
+    """The types of the nodes `build_chain` wires for ``settings`` (one source), root first, each pulling from the
+    next, down to the reader: what an elastic resume reads the old ranks' states through (`elastic.plan`), with
+    no chain built. A node's inner helpers (the decoder's `ParallelMap`, the prefetcher's thread wrapper) are
+    not layers: the node answers for them. tests/test_node_conformance.py checks these against built chains."""
+    s = settings
+    if s.batching is not None:
+        samples = (DecodeSpectrogram, DurationBucketer, *((ShuffleBuffer,) if s.train else ()))
+    elif s.shuffle.before_decode:
+        samples = (DecodeSpectrogram, ShuffleBuffer)
+    else:
+        samples = (ShuffleBuffer, DecodeSpectrogram)
+    per_batch = (BatchAugment,) if s.augmentations is not None and s.augmentations.per_batch else ()
+    if s.device is None:
+        top = (*((PinMemory,) if _pins(s, warn=False) else ()), Prefetcher, CatchFailures, *per_batch)
+    else:
+        top = (*per_batch, BatchFeatures, Prefetcher, CatchFailures)
+    return (*top, Batcher, *samples, ArrowShardReader)
 
 
 def _readers(settings: Settings, sources: Sources, stats: LoaderStats) -> tuple[list[ArrowShardReader], BaseNode]:
@@ -334,12 +354,15 @@ def _decoder(settings: Settings, sources: Sources, stats: LoaderStats, rows: Bas
     return DecodeSpectrogram(rows, config, s.workers, stats=stats, fetch=fetch, collate_into=collate_into)
 
 
-def _has_cuda() -> bool:
+def _pins(settings: Settings, warn: bool) -> bool:
+    """Whether the chain ends with ``PinMemory``: ``pin_memory=True`` on a machine with CUDA (else, with ``warn``,
+    a warning that batches are not pinned)."""
     import torch
 
-    if torch.cuda.is_available():
-        return True
-    warnings.warn("pin_memory=True but CUDA is not available; batches are not pinned", stacklevel=4)
+    if not settings.workers.pin_memory or torch.cuda.is_available():
+        return settings.workers.pin_memory
+    if warn:
+        warnings.warn("pin_memory=True but CUDA is not available; batches are not pinned", stacklevel=4)
     return False
 
 

@@ -4,8 +4,9 @@ The rank layout (docs/design.md, "Order"): a pass is a set of splits, and what a
 is a set of rows, so the states of all ranks say exactly which rows of the pass
 are left; a resume with another world size redistributes those rows, nothing else.
 
-What one old rank has left, read from its state node by node (`_left_of`; each node says what its
-state holds, `audioloader.nodes.held`):
+What one old rank has left, read from its state layer by layer (`_left_of`; each node type says what a
+state of its own holds, `audioloader.nodes.held`, and `chain.chain_layers` names the types of the chain's
+nodes, root first: no chain is built to read the old states):
 
 - its reader's position: the rest of the split it was in, the splits after it
   in its order of that pass, and its whole share of any later pass another rank
@@ -46,6 +47,7 @@ from .nodes.held import RowsHeld
 from .nodes.read_order import ReaderPosition, ReadPlan, Segment, order_at
 from .nodes.shuffle_buffer import ShuffleBuffer
 from .samples import BatchEnd, Key
+from .shards import ShardDataset
 from .stats import LoaderStats
 
 #: Rows per piece that buffered rows are grouped into before the parts are cut (they mix with the splits).
@@ -61,13 +63,14 @@ class _Left:
     delivered: list[Key] = field(default_factory=list)  # read after the reader state was taken, and passed on
 
 
-def _left_of(node: BaseNode, state: dict[str, Any]) -> _Left:
-    """`_Left` of the chain under ``node``, given ``node``'s state: each node says what its state holds
+def _left_of(layers: Sequence[type[BaseNode]], state: dict[str, Any]) -> _Left:
+    """`_Left` of a chain whose nodes are of the types ``layers`` (root first, each pulling from the next, down to
+    the reader: `chain.chain_layers`), given its root's state: each type says what a state of its own holds
     (`audioloader.nodes.held`), down to the reader, whose state is where it was."""
-    if isinstance(node, ArrowShardReader):
+    if issubclass(layers[0], ArrowShardReader):
         return _Left(dict(state))
-    below = _rows_held(node, state)
-    left = _left_of(below.source, below.source_state)
+    below = _rows_held(layers[0], state)
+    left = _left_of(layers[1:], below.source_state)
     if below.emitted is not None:
         # The items it passed on after its snapshot of the source: held below it then, or read after.
         emitted = set(below.emitted)
@@ -78,11 +81,11 @@ def _left_of(node: BaseNode, state: dict[str, Any]) -> _Left:
     return left
 
 
-def _rows_held(node: BaseNode, state: dict[str, Any]) -> RowsHeld:
-    own = getattr(node, "rows_held", None)
-    held = own(state) if own is not None else torchdata_rows_held(node, state)
+def _rows_held(layer: type[BaseNode], state: dict[str, Any]) -> RowsHeld:
+    own = getattr(layer, "rows_held", None)
+    held = own(state) if own is not None else torchdata_rows_held(layer, state)
     if held is None:
-        name = type(node).__name__
+        name = layer.__name__
         raise CheckpointMismatchError(f"cannot resume a chain holding a {name} on another world size: audioloader "
                                       "does not know which rows it holds", {"node": (name, None)})
     return held
@@ -192,14 +195,17 @@ class _Pieces:
         return out
 
 
-def plan(root: BaseNode, reader: ArrowShardReader, states: Sequence[dict[str, Any]]) -> Plan:
+def plan(layers: Sequence[type[BaseNode]], dataset: ShardDataset, read_plan: ReadPlan,
+         states: Sequence[dict[str, Any]]) -> Plan:
     """Every new rank's start after a resume of ``states`` (the chain states of old ranks 0..W-1, in rank order).
 
-    ``root``: this loader's chain (the same nodes as the old ranks', built with the same
-    arguments); ``reader``: its reader (the new layout).
+    ``layers``: the types of the old ranks' chain nodes, root first, down to the reader (the chain this loader's
+    settings make: `chain.chain_layers`); ``dataset`` and ``read_plan``: the source's and this rank's plan in the
+    new layout. Readers of both layouts place the old positions and cut the parts; none reads a row.
     """
+    reader = ArrowShardReader(dataset, plan=read_plan)
     old_world = len(states)
-    lefts = [_left_of(root, state) for state in states]
+    lefts = [_left_of(layers, state) for state in states]
     olds = [reader.for_rank(r, old_world) for r in range(old_world)]
     positions = [old.position_of(left.reader_state) for old, left in zip(olds, lefts, strict=True)]
     # The last pass anything was read from: a snapshot of a reader can be behind the rows read after it.

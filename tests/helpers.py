@@ -17,6 +17,7 @@ import torch
 from torchdata.nodes import BaseNode
 
 import audioloader as al
+from audioloader.nodes import ArrowShardReader, Prefetcher
 from audioloader.samples import Key
 
 #: Small log-mel features (8 kHz, 0.25 s crops, 16 mels): cheap to compute, every code path the same.
@@ -418,3 +419,13 @@ class CountingSource(BaseNode):
 
     def get_state(self):
         return {"pos": self.pos}
+
+
+def layers_of(node: BaseNode) -> list[type[BaseNode]]:
+    """The types of a built chain's nodes, ``node`` first, each pulling from the next, down to the reader (its
+    prefetcher's one-thread wrapper is the prefetcher's own, not a layer)."""
+    layers = [type(node)]
+    while not isinstance(node, ArrowShardReader):
+        node = node.source.source if isinstance(node, Prefetcher) else node.source
+        layers.append(type(node))
+    return layers

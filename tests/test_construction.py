@@ -10,8 +10,9 @@ import pytest
 
 import audioloader as al
 from audioloader import audio_loader
+from audioloader.chain import chain_layers
 
-from .helpers import assert_same_batches, loader_for, make_shards, mix_of, roundtrip, take
+from .helpers import assert_same_batches, layers_of, loader_for, make_shards, mix_of, roundtrip, take
 
 ROWS = [7, 13, 5, 9]
 
@@ -79,10 +80,10 @@ def test_a_checkpoint_taken_with_other_settings_builds_its_chain_once(folder, bu
         assert len(builds) == 1 and builds[0].buffer.max_bytes is None  # the legacy buffer: rows only
 
 
-def test_an_elastic_resume_reads_the_old_states_through_one_chain_and_builds_the_resumed_one(folder, builds):
-    """The old ranks' states are read through a chain of this loader's settings (`elastic.plan` asks each node
-    what its state holds), then the resumed chain is built with this rank's start in its reader's plan and
-    batcher's layout: two chains, the second never changed after it was built."""
+def test_an_elastic_resume_reads_the_old_states_without_a_chain_and_builds_the_resumed_one_once(folder, builds):
+    """The old ranks' states are read by the node types of a chain of this loader's settings (`chain.chain_layers`:
+    each type says what a state of its own holds), with no chain built; the resumed chain is built once, on first
+    use, with this rank's start in its reader's plan and its batcher's layout, never changed after."""
     states = []
     for rank in range(2):
         with loader_for(folder, train=False, storage=al.Storage(rank=rank, world_size=2)) as old:
@@ -91,12 +92,38 @@ def test_an_elastic_resume_reads_the_old_states_through_one_chain_and_builds_the
     builds.clear()
     with loader_for(folder, train=False, storage=al.Storage(rank=0, world_size=3)) as resumed:
         resumed.load_state_dict(states)
-        assert len(builds) == 1
+        assert builds == []
         batches = list(resumed)
-        assert len(builds) == 2
-        chain = builds[-1]
+        assert len(builds) == 1
+        chain = builds[0]
         assert chain.reader.plan.start is not None and chain.reader.plan is resumed.settings.reads[0]
         assert chain.batcher.layout.first_pass_batches == len(batches)
+
+
+#: Loaders whose chains differ in shape: where the buffer sits, bucketing in training and evaluation, features on
+#: a device, per-batch augmentations on either side of it, pinned memory (without CUDA: not pinned).
+SHAPES = {
+    "train": {},
+    "eval": {"train": False},
+    "buffer after decode": {"shuffle": al.Shuffle(before_decode=False)},
+    "bucketing train": {"batching": al.Bucketing(max_duration=2.0), "length": al.LengthPolicy(crop=None)},
+    "bucketing eval": {"batching": al.Bucketing(max_duration=2.0), "length": al.LengthPolicy(crop=None),
+                       "train": False},
+    "device": {"device": "cpu"},
+    "mixup": {"augment": [al.Mixup()]},
+    "mixup on device": {"augment": [al.SpecAugment(), al.Mixup()], "device": "cpu"},
+    "pin memory": {"workers": al.Workers(pin_memory=True)},
+}
+
+
+@pytest.mark.filterwarnings("ignore:pin_memory=True but CUDA is not available")
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_layers_an_elastic_resume_reads_are_those_of_the_chain_built(folder, builds, shape):
+    """`chain.chain_layers` (what an elastic resume reads the old states through) names the types of the nodes
+    `build_chain` wires, root to reader, for every shape of chain."""
+    with loader_for(folder, **SHAPES[shape]) as loader:
+        loader.state_dict()  # builds the chain
+        assert chain_layers(loader.settings) == tuple(layers_of(builds[0].root))
 
 
 def test_option_errors_come_at_construction_before_any_file_is_opened(tmp_path, builds):

@@ -16,8 +16,9 @@ processes, train and eval order); one set of checks runs over all of them:
   Started nodes do not pickle (open readers, threads); what travels between
   processes is the loader, which pickles as its arguments and position
   (test_workers, test_mixing);
-- what a state holds: every node but the reader and the mix answers ``rows_held(state)``, and
-  following it from a real state reaches the reader at a position it accepts (the walk of `audioloader.elastic`).
+- what a state holds: every node type but the reader and the mix answers the classmethod ``rows_held(state)``,
+  and following it, type by type, from a real state reaches the reader at a position it accepts (the walk of
+  `audioloader.elastic`, which builds no node).
 
 A new node in ``__all__`` without a case here fails `test_every_node_has_a_case`.
 """
@@ -61,7 +62,7 @@ from audioloader.nodes import (
 )
 from audioloader.nodes.held import RowsHeld
 from audioloader.shards import ShardDataset
-from tests.helpers import SMALL, encode, roundtrip, tone, write_ipc_file
+from tests.helpers import SMALL, encode, layers_of, roundtrip, tone, write_ipc_file
 
 #: Durations of the rows (s), cycled: shorter and longer than SMALL's 0.25 s crop, for the bucketer's buckets.
 SECONDS = [0.2, 0.35, 0.5, 0.8, 0.3]
@@ -311,8 +312,9 @@ def test_every_node_says_what_its_state_holds():
 
 @pytest.mark.parametrize("name", CASES)
 def test_the_walk_of_a_state_reaches_the_reader(name, fresh):
-    """`elastic`'s walk over a real state: each node names its source and the source's state, down to the reader
-    (whose state is a position it accepts); the keys held are `Key` s. A mix refuses, naming itself."""
+    """`elastic`'s walk over a real state, by the node types alone (no node is asked): each type names the state
+    of its source in its own, down to the reader (whose state is a position it accepts); the keys held are
+    `Key` s. A mix refuses, naming itself."""
     node = fresh(CASES[name])
     node.reset()
     take(node, 5)
@@ -320,14 +322,18 @@ def test_the_walk_of_a_state_reaches_the_reader(name, fresh):
     stop(node)
     if name.split("-")[0] in NOT_WALKED - {"ArrowShardReader"}:
         with pytest.raises(al.CheckpointMismatchError, match=type(node).__name__):
-            elastic._left_of(node, state)
+            elastic._left_of([type(node), ArrowShardReader], state)
         return
-    current, current_state = node, state
-    while not isinstance(current, ArrowShardReader):
-        held = current.rows_held(current_state)
-        assert isinstance(held, RowsHeld) and isinstance(held.source, BaseNode), name
+    layers = layers_of(node)
+    current_state = state
+    for layer in layers[:-1]:
+        held = layer.rows_held(current_state)
+        assert isinstance(held, RowsHeld), name
         assert all(isinstance(key, al.Key) for key in [*held.held, *(held.emitted or ())]), name
-        current, current_state = held.source, held.source_state
-    current.position_of(current_state)  # raises unless the state fits the reader
-    left = elastic._left_of(node, state)
+        current_state = held.source_state
+    reader = node
+    while not isinstance(reader, ArrowShardReader):
+        reader = reader.source
+    reader.position_of(current_state)  # raises unless the state fits the reader
+    left = elastic._left_of(layers, state)
     assert left.reader_state == dict(current_state)

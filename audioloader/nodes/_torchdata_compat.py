@@ -80,11 +80,11 @@ def stop_threads_of(node: BaseNode) -> bool:
     return stop_parallel_mapper(node) or stop_single_threaded(node)
 
 
-def rows_held(node: BaseNode, state: dict[str, Any]) -> RowsHeld | None:
+def rows_held(node_type: type[BaseNode], state: dict[str, Any]) -> RowsHeld | None:
     """`audioloader.nodes.held.RowsHeld` for torchdata's own ``Prefetcher`` and ``PinMemory`` (their state is
     their thread's: ``{"snapshot", "steps_since_snapshot"}``); None for a node torchdata's threads do not run."""
-    if isinstance(node, (PinMemory, TorchdataPrefetcher)):
-        return at_snapshot(node, state)
+    if issubclass(node_type, (PinMemory, TorchdataPrefetcher)):
+        return at_snapshot(state)
     return None
 
 

@@ -60,6 +60,7 @@ class BatchAugment(BaseNode[dict]):
     def get_state(self) -> dict[str, Any]:
         return self.source.state_dict()
 
-    def rows_held(self, state: dict[str, Any]) -> RowsHeld:
+    @classmethod
+    def rows_held(cls, state: dict[str, Any]) -> RowsHeld:
         """Holds no rows; its state is its source's (see `audioloader.nodes.held`)."""
-        return passed_through(self, state)
+        return passed_through(state)

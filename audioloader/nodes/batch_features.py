@@ -93,9 +93,10 @@ class BatchFeatures(BaseNode[dict]):
     def get_state(self) -> dict[str, Any]:
         return self._state
 
-    def rows_held(self, state: dict[str, Any]) -> RowsHeld:
+    @classmethod
+    def rows_held(cls, state: dict[str, Any]) -> RowsHeld:
         """Holds no rows: the batch it computes ahead is not in its state (see `audioloader.nodes.held`)."""
-        return passed_through(self, state)
+        return passed_through(state)
 
     # ------------------------------------------------------------------ the work
 

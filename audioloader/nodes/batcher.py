@@ -301,9 +301,10 @@ class Batcher(BaseNode[dict]):
             state["num_batches"] = self._pass_batches
         return state
 
-    def rows_held(self, state: dict[str, Any]) -> RowsHeld:
+    @classmethod
+    def rows_held(cls, state: dict[str, Any]) -> RowsHeld:
         """Holds no rows between batches (see `audioloader.nodes.held`)."""
-        return nested(self, state, self.SOURCE_KEY)
+        return nested(state, cls.SOURCE_KEY)
 
 
 def _stack_params(params: list[dict[str, np.ndarray]], pad: int) -> dict[str, torch.Tensor]:

@@ -47,9 +47,10 @@ class CatchFailures(BaseNode):
     def get_state(self) -> dict[str, Any]:
         return {self.SOURCE_KEY: self.source.state_dict()}
 
-    def rows_held(self, state: dict[str, Any]) -> RowsHeld:
+    @classmethod
+    def rows_held(cls, state: dict[str, Any]) -> RowsHeld:
         """Holds no rows (see `audioloader.nodes.held`)."""
-        return nested(self, state, self.SOURCE_KEY)
+        return nested(state, cls.SOURCE_KEY)
 
 
 def raise_failure(item: Any) -> Any:

@@ -423,9 +423,11 @@ class DecodeSpectrogram(BaseNode[Sample]):
         return {self.MAPPER_KEY: self._mapper.get_state(), self.ROWS_SEEN_KEY: self._rows_seen,
                 self.BAD_ROWS_KEY: self._bad_rows}
 
-    def rows_held(self, state: dict[str, Any]) -> RowsHeld:
-        """What its `ParallelMap` holds (see `audioloader.nodes.held`)."""
-        return RowsHeld(self._mapper, state[self.MAPPER_KEY])
+    @classmethod
+    def rows_held(cls, state: dict[str, Any]) -> RowsHeld:
+        """What its `ParallelMap` holds, whose state it keeps under ``MAPPER_KEY`` (the map pulls from this node's
+        source; see `audioloader.nodes.held`)."""
+        return ParallelMap.rows_held(state[cls.MAPPER_KEY])
 
     def shutdown(self) -> None:
         """Stop the decode workers now (they start again on the next reset)."""

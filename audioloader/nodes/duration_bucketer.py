@@ -264,13 +264,14 @@ class DurationBucketer(BaseNode):
             state["probe_left"] = self._probe_left
         return state
 
-    def rows_held(self, state: dict[str, Any]) -> RowsHeld:
+    @classmethod
+    def rows_held(cls, state: dict[str, Any]) -> RowsHeld:
         """The rows in its buckets, then those of the batch it is handing out, less the probe batch's (a copy of
         rows read for it, not rows of the pass: see `audioloader.nodes.held`)."""
         held = as_keys(zip(state["indices"], state["passes"], strict=True))
         ready = [k for k in state["ready"] if k is not None]
         held += as_keys(ready[state.get("probe_left", 0):])
-        return RowsHeld(self.source, state[self.SOURCE_KEY], held)
+        return RowsHeld(state[cls.SOURCE_KEY], held)
 
     # ------------------------------------------------------------------ batching
 

@@ -1,14 +1,16 @@
 """What a node's state says about the rows under it: the protocol that lets `audioloader.elastic` walk a chain.
 
 An elastic resume (a run's checkpoints resumed on another number of ranks) must know
-which rows every old rank had read and not yet delivered. Each node answers for its
-own state with ``rows_held(state) -> RowsHeld``: the node it pulls from and that node's
-state as recorded in its own, the keys of the rows it holds (read, not passed on),
-and, for a stage that records its source's state only now and then, the keys it passed
-on since. `audioloader.elastic` follows ``source`` down to the `ArrowShardReader`
-(whose state is a position in its read order) and adds up the keys; it never needs
-to know another node's type or its state's keys. torchdata's own nodes answer through
-`audioloader.nodes._torchdata_compat.rows_held`.
+which rows every old rank had read and not yet delivered. Each node type answers for a
+state of its own with the classmethod ``rows_held(state) -> RowsHeld``: the state of the
+node it pulls from, as recorded in its own, the keys of the rows it holds (read, not
+passed on), and, for a stage that records its source's state only now and then, the keys
+it passed on since. It needs no node: an elastic resume reads the old ranks' states
+before any chain exists (`audioloader.chain.chain_layers` gives the node types of a
+chain, root first, as `build_chain` wires them). `audioloader.elastic` goes down the
+layers to the `ArrowShardReader` (whose state is a position in its read order) and adds
+up the keys; it never needs to know another node's state's keys. torchdata's own nodes
+answer through `audioloader.nodes._torchdata_compat.rows_held`.
 
 A node whose state holds no rows and nests its source's state under a key says so
 with `nested`; one that passes its source's state through unchanged with `passed_through`.
@@ -20,8 +22,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchdata.nodes import BaseNode
-
 from ..dsp.hashing import item_checksum
 from ..errors import CheckpointMismatchError
 from ..samples import Key, held_bytes, item_key
@@ -32,14 +32,12 @@ class RowsHeld:
     """What one node's state says about the rows under it.
 
     Attributes:
-        source: the node it pulls from.
-        source_state: ``source``'s state as this node's state recorded it (its snapshot).
-        held: keys of the rows it read from ``source`` (after ``source_state`` was taken) and has not passed on.
+        source_state: the state of the node it pulls from, as this node's state recorded it (its snapshot).
+        held: keys of the rows it read from its source (after ``source_state`` was taken) and has not passed on.
         emitted: keys of the rows it passed on after ``source_state`` was taken (None: it records its
             source's state with every item, so none).
     """
 
-    source: BaseNode
     source_state: dict[str, Any] | None
     held: list[Key] = field(default_factory=list)
     emitted: list[Key] | None = None
@@ -61,23 +59,23 @@ class ItemFns:
 ROW_ITEMS = ItemFns()
 
 
-def nested(node: BaseNode, state: dict[str, Any], key: str) -> RowsHeld:
+def nested(state: dict[str, Any], key: str) -> RowsHeld:
     """A node that holds no rows and keeps its source's state under ``key`` of its own."""
-    return RowsHeld(node.source, state[key])
+    return RowsHeld(state[key])
 
 
-def passed_through(node: BaseNode, state: dict[str, Any]) -> RowsHeld:
+def passed_through(state: dict[str, Any]) -> RowsHeld:
     """A node that holds no rows and whose state is its source's (a batch-level transform)."""
-    return RowsHeld(node.source, state)
+    return RowsHeld(state)
 
 
-def at_snapshot(node: BaseNode, state: dict[str, Any]) -> RowsHeld:
+def at_snapshot(state: dict[str, Any]) -> RowsHeld:
     """A node that runs its source in a background thread and records ``{"snapshot", "steps_since_snapshot"}``
     (torchdata's ``Prefetcher`` and ``PinMemory``): only a state taken at a snapshot says what it holds."""
     if int(state.get("steps_since_snapshot", 0)):
         raise CheckpointMismatchError("the prefetcher's state is not at a snapshot; cannot redistribute it",
                                       {"prefetcher": (state.get("steps_since_snapshot"), 0)})
-    return RowsHeld(node.source, state["snapshot"])
+    return RowsHeld(state["snapshot"])
 
 
 def as_keys(pairs: Iterable[Sequence[int]]) -> list[Key]:

@@ -270,19 +270,20 @@ class ParallelMap(BaseNode):
         emitted = [[int(key[0]), int(key[1])] for key in (*self._skipped, *self._labels[:self._pos]) if key is not None]
         return {STATE_KEY: {"snapshot": self._snapshot, "steps_since_snapshot": self._steps, "emitted": emitted}}
 
-    def rows_held(self, state: dict[str, Any]) -> RowsHeld:
+    @classmethod
+    def rows_held(cls, state: dict[str, Any]) -> RowsHeld:
         """The items in flight: its source's snapshot, less the items it passed on since (their keys are its
         state's ``emitted``; see `audioloader.nodes.held`)."""
         inner = state[STATE_KEY]
         if "source" in inner:  # torchdata's inline form: nothing in flight
-            return RowsHeld(self.source, inner["source"])
+            return RowsHeld(inner["source"])
         steps = int(inner["steps_since_snapshot"])
         if steps and "emitted" not in inner:
             raise CheckpointMismatchError(
                 "this checkpoint does not say which rows its decode stage delivered after its last snapshot (it was "
                 "saved by an audioloader without elastic resume), so it cannot be resumed exactly on another world "
                 "size; resume it with the world size it was saved with", {"decode_in_flight": (steps, None)})
-        return RowsHeld(self.source, inner["snapshot"], emitted=as_keys(inner.get("emitted", ())))
+        return RowsHeld(inner["snapshot"], emitted=as_keys(inner.get("emitted", ())))
 
     def _workers_report(self) -> dict[str, Any]:
         """``stats()["workers"]``: the kind and number of workers, and how processes were started and why."""

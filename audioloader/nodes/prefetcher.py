@@ -10,7 +10,7 @@ from torchdata.nodes import Prefetcher as _TorchdataPrefetcher
 
 from ..workers.threads import pin_worker_to_one_thread
 from ._torchdata_compat import forget_single_threaded, stop_single_threaded
-from .held import RowsHeld, at_snapshot, passed_through
+from .held import RowsHeld, at_snapshot
 
 
 class _OneTorchThread(BaseNode):
@@ -38,9 +38,6 @@ class _OneTorchThread(BaseNode):
     def get_state(self) -> dict[str, Any]:
         return self.source.state_dict()
 
-    def rows_held(self, state: dict[str, Any]) -> RowsHeld:
-        return passed_through(self, state)
-
 
 class Prefetcher(_TorchdataPrefetcher):
     """Runs the source in a background thread, ``prefetch_factor`` items ahead.
@@ -60,9 +57,11 @@ class Prefetcher(_TorchdataPrefetcher):
         forget_single_threaded(self)  # a failed reset must leave a node that shutdown() can stop (see there)
         super().reset(initial_state)
 
-    def rows_held(self, state: dict[str, Any]) -> RowsHeld:
-        """The batches it fetched ahead are not in its state, which is at a snapshot (see `audioloader.nodes.held`)."""
-        return at_snapshot(self, state)
+    @classmethod
+    def rows_held(cls, state: dict[str, Any]) -> RowsHeld:
+        """The batches it fetched ahead are not in its state, which is at a snapshot: its source's state (the
+        one-thread wrapper in between passes it through; see `audioloader.nodes.held`)."""
+        return at_snapshot(state)
 
     def shutdown(self) -> None:
         """Stop the background thread and wait for it (idempotent, in every state; ``get_state()`` still works)."""

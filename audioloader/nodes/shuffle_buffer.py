@@ -371,14 +371,17 @@ class ShuffleBuffer(BaseNode[T], Generic[T]):
                 state["fenced_item"] = fenced
         return state
 
-    def rows_held(self, state: dict[str, Any]) -> RowsHeld:
-        """The rows it holds, and the one set aside for the next pass (one_pass); see `audioloader.nodes.held`."""
-        if "items" in state:  # a state with the items themselves (no ``restore``)
+    @classmethod
+    def rows_held(cls, state: dict[str, Any]) -> RowsHeld:
+        """The rows it holds, and the one set aside for the next pass (one_pass); see `audioloader.nodes.held`.
+        A state with the items themselves (a buffer without ``restore``) names them by the rows' and samples' key
+        (`ROW_ITEMS`): the items `AudioLoader`'s chain holds, whose buffers always restore (keys-only states)."""
+        if "items" in state:
             fenced = [state["fenced_item"]] if state.get("fenced_item") is not None else []
-            held = [self.key_fn(item) for item in (*state["items"], *fenced)]
+            keys = [ROW_ITEMS.key(item) for item in (*state["items"], *fenced)]
         else:
-            held = [Key(k.index, k.pass_index) for k in self.keys_of(state)]
-        return RowsHeld(self.source, state[self.SOURCE_KEY], held)
+            keys = cls.keys_of(state)
+        return RowsHeld(state[cls.SOURCE_KEY], [Key(k.index, k.pass_index) for k in keys])
 
     def __len__(self) -> int:
         """Items held now."""
