@@ -114,6 +114,18 @@ def test_refusals_by_type_and_status_attribute(error, refused):
     assert is_access_refused(error) is refused
 
 
+@pytest.mark.filterwarnings("error::DeprecationWarning")
+def test_aiohttp_statuses_are_read_without_its_deprecated_code_attribute():
+    aiohttp = pytest.importorskip("aiohttp")  # fsspec's http filesystem raises its ClientResponseError
+    url = aiohttp.client.URL("https://data.example/speech/part-00001.arrow")
+    multidict = pytest.importorskip("multidict")  # aiohttp's own dependency
+    request = aiohttp.RequestInfo(url, "GET", multidict.CIMultiDictProxy(multidict.CIMultiDict()), url)
+    refused = aiohttp.ClientResponseError(request, (), status=403, message="Forbidden")
+    slow = aiohttp.ClientResponseError(request, (), status=429, message="Too Many Requests")
+    assert is_access_refused(refused) and not is_transient(refused)
+    assert not is_access_refused(slow) and is_transient(slow)
+
+
 @pytest.mark.parametrize("text", REFUSED[:3])
 def test_a_refused_read_is_tried_once_and_says_what_to_check_without_secrets(text):
     read, calls = flaky(10, OSError(text))

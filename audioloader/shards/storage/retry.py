@@ -112,11 +112,8 @@ def is_access_refused(error: BaseException) -> bool:
     By type (``PermissionError``: s3fs, gcsfs, local files; a ``code`` or ``status`` attribute of 401 / 403:
     HTTP clients) or by the error codes and statuses the storage clients write into their messages.
     """
-    if isinstance(error, PermissionError):
+    if isinstance(error, PermissionError) or _http_status(error) in (401, 403):
         return True
-    for attribute in ("code", "status", "status_code"):
-        if getattr(error, attribute, None) in (401, 403):
-            return True
     text = str(error)
     return bool(_REFUSED_CODES.search(text) or _REFUSED_STATUS.search(text) or _EXPIRED_TOKEN.search(text))
 
@@ -130,11 +127,18 @@ _THROTTLED = re.compile(r"\b(?:SlowDown|SLOW_DOWN|TooManyRequests|Too Many Reque
                         re.IGNORECASE)
 
 
+def _http_status(error: BaseException) -> Any:
+    """The HTTP status an error carries as an attribute, or None: aiohttp's ``status`` first (reading its
+    deprecated ``code`` warns), then requests' ``status_code`` and urllib's ``code``."""
+    for attribute in ("status", "status_code", "code"):
+        status = getattr(error, attribute, None)
+        if status is not None:
+            return status
+    return None
+
+
 def _says_throttled(error: BaseException) -> bool:
-    status = getattr(error, "status", None)  # aiohttp's (its ``code`` is deprecated), then the others'
-    for attribute in ("status_code", "code"):
-        status = getattr(error, attribute, None) if status is None else status
-    return status in (429, 503) or bool(_THROTTLED.search(str(error)))
+    return _http_status(error) in (429, 503) or bool(_THROTTLED.search(str(error)))
 
 
 def throttling(error: BaseException) -> BaseException | None:
