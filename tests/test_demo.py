@@ -142,7 +142,7 @@ def test_synthetic_manifest_marks_complete_datasets(tmp_path):
                                                    max_seconds=2.0)
     assert synthetic.is_complete(folder, clips_per_class=2, seed=0, num_classes=3)
     assert not synthetic.is_complete(folder, clips_per_class=3)
-    assert synthetic.read_manifest(folder)["rows"] == 6
+    assert synthetic.read_description(folder)["rows"] == 6
     with pytest.raises(ValueError, match="already holds a dataset"):
         synthetic.make_classification_dataset(folder, 2, seed=0)
     shard = folder / "shard-00001.arrow"

@@ -155,9 +155,9 @@ def _plan(args: argparse.Namespace) -> DemoPlan:
     print(f"data: synthetic dataset in {root}", flush=True)
     train_dir, eval_dir, reused = prepare_synthetic_data(root, args.seed, args.quick)
     made = "reused (complete)" if reused else f"made in {time.perf_counter() - start:.1f} s"
-    rows = [synthetic.read_manifest(d)["rows"] for d in (train_dir, eval_dir)]
+    rows = [synthetic.read_description(d)["rows"] for d in (train_dir, eval_dir)]
     how = f"synthetic, {rows[0]} train + {rows[1]} eval clips, {made}"
-    return DemoPlan(train_dir, eval_dir, list(synthetic.read_manifest(train_dir)["label_names"]), features,
+    return DemoPlan(train_dir, eval_dir, list(synthetic.read_description(train_dir)["label_names"]), features,
                     steps, batch_size, how)
 
 

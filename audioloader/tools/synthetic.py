@@ -69,7 +69,7 @@ __all__ = [
     "is_complete",
     "make_classification_dataset",
     "make_clip",
-    "read_manifest",
+    "read_description",
     "remove_dataset",
 ]
 
@@ -78,7 +78,7 @@ DEFAULT_SAMPLE_RATES = (16000, 22050, 32000, 44100, 48000)
 #: Codecs a clip is encoded with, chosen per clip: 16-bit PCM WAV and 16-bit FLAC.
 DEFAULT_CODECS = ("wav", "flac")
 #: Name of the completion marker written last into the output folder.
-MANIFEST = "dataset.json"
+DESCRIPTION = "dataset.json"
 #: Bumped whenever the generated audio changes, so stale caches are rebuilt.
 GENERATOR_VERSION = 1
 
@@ -315,10 +315,10 @@ def _parameters(**kwargs: Any) -> dict[str, Any]:
     return params
 
 
-def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
+def read_description(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The ``dataset.json`` of a generated folder (parameters, rows, shards), or None if absent/unreadable."""
     try:
-        return json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
+        return json.loads((Path(folder) / DESCRIPTION).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 
@@ -326,16 +326,16 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
 def is_complete(folder: str | os.PathLike[str], **parameters: Any) -> bool:
     """Whether ``folder`` holds a finished dataset made with these `make_classification_dataset` arguments.
 
-    Checks the manifest (written last) and that each shard it lists exists with its recorded size.
+    Checks its description, dataset.json (written last), and that each shard it lists exists with its recorded size.
     Arguments left out are not compared.
     """
-    manifest = read_manifest(folder)
-    if manifest is None:
+    description = read_description(folder)
+    if description is None:
         return False
     wanted = _parameters(**parameters)
-    if any(manifest["parameters"].get(k) != v for k, v in wanted.items()):
+    if any(description["parameters"].get(k) != v for k, v in wanted.items()):
         return False
-    for shard in manifest["shards"]:
+    for shard in description["shards"]:
         path = Path(folder) / shard["name"]
         if not path.is_file() or path.stat().st_size != shard["bytes"]:
             return False
@@ -379,7 +379,7 @@ def make_classification_dataset(
         workers: threads that synthesize and encode (numpy and libsndfile release the GIL);
             default ``min(4, os.cpu_count())``. The output does not depend on it.
         overwrite: replace an existing dataset in ``out_dir``; otherwise a folder that already
-            holds shards or a manifest is an error.
+            holds shards or a dataset.json is an error.
 
     Returns:
         ``Path(out_dir)``.
@@ -408,10 +408,10 @@ def make_classification_dataset(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     existing = sorted(out.glob("shard-*.arrow"))
-    if (existing or (out / MANIFEST).exists()) and not overwrite:
+    if (existing or (out / DESCRIPTION).exists()) and not overwrite:
         raise ValueError(f"out_dir={str(out)!r} already holds a dataset; pass overwrite=True to replace it")
-    # The manifest goes first, so an interrupted rewrite never looks complete.
-    (out / MANIFEST).unlink(missing_ok=True)
+    # The description (dataset.json) goes first, so an interrupted rewrite never looks complete.
+    (out / DESCRIPTION).unlink(missing_ok=True)
     for path in existing:
         path.unlink()
 
@@ -437,7 +437,7 @@ def make_classification_dataset(
 
     with open(out / "labels.json", "w", encoding="utf-8") as f:
         json.dump({name: i for i, name in enumerate(names)}, f, indent=1)
-    manifest = {
+    description = {
         "parameters": _parameters(clips_per_class=clips_per_class, seed=seed, num_shards=num_shards,
                                   min_seconds=min_seconds, max_seconds=max_seconds, sample_rates=tuple(sample_rates),
                                   codecs=tuple(codecs), stereo_fraction=stereo_fraction, num_classes=num_classes,
@@ -446,16 +446,16 @@ def make_classification_dataset(
         "rows": len(jobs),
         "shards": shards,
     }
-    tmp = out / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-    os.replace(tmp, out / MANIFEST)
+    tmp = out / f".{DESCRIPTION}.tmp"
+    tmp.write_text(json.dumps(description, indent=1), encoding="utf-8")
+    os.replace(tmp, out / DESCRIPTION)
     return out
 
 
 def remove_dataset(folder: str | os.PathLike[str]) -> None:
     """Delete what `make_classification_dataset` wrote in ``folder`` (and the folder, if then empty)."""
     out = Path(folder)
-    for path in [out / MANIFEST, out / "labels.json", *out.glob("shard-*.arrow")]:
+    for path in [out / DESCRIPTION, out / "labels.json", *out.glob("shard-*.arrow")]:
         path.unlink(missing_ok=True)
     if out.is_dir() and not any(out.iterdir()):
         shutil.rmtree(out)
