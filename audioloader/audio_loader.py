@@ -213,6 +213,16 @@ class AudioLoader:
         return self._stream.iterator(self._next_batch)
 
     def _next_batch(self, iterator: StreamIterator[dict[str, Any]]) -> dict[str, Any]:
+        try:
+            return self._take_batch(iterator)
+        except KeyboardInterrupt:
+            # Wherever in this call Ctrl-C lands, the loader stops every thread and worker before the interrupt
+            # goes on. Often it lands right after the wait for a batch: when another thread took the signal, the
+            # interpreter raises it at the next call this thread makes once the wait is over.
+            self.shutdown()
+            raise
+
+    def _take_batch(self, iterator: StreamIterator[dict[str, Any]]) -> dict[str, Any]:
         self._check_process()
         start = time.perf_counter()
         try:
@@ -224,11 +234,6 @@ class AudioLoader:
             # reference cycle and the loader's threads would wait for gc to stop.
             end.__traceback__ = None
             raise StopIteration from None
-        except KeyboardInterrupt:
-            # Wherever in this call Ctrl-C lands, the loader stops every thread and worker
-            # before the interrupt goes on.
-            self.shutdown()
-            raise
         self.stats_counters.add_seconds("wait", time.perf_counter() - start)
         self._warn_bad_rows()
         self._batches_out += 1
@@ -238,7 +243,8 @@ class AudioLoader:
 
     def _warn_bad_rows(self) -> None:
         """Bad rows skipped under ``on_error="skip"`` are never silent: a warning at the first, then one at the end
-        of each pass that had some, with the count (the rows themselves: ``stats()["bad_rows"]``)."""
+        of each pass that had some, with the count (the rows themselves: ``stats()["bad_rows"]``). Called from
+        `_take_batch`: ``stacklevel=5`` names the line of the program that asked for the batch."""
         counters = self.stats_counters
         if not self._warned_bad_rows and counters.counters["bad_rows"]:
             self._warned_bad_rows = True
@@ -248,12 +254,12 @@ class AudioLoader:
                 f"{first.get('row')} of {first.get('file')!r}: {first.get('reason')}. Such rows are skipped and "
                 "counted: loader.stats()['counters']['bad_rows'] counts them, loader.stats()['bad_rows'] names "
                 "them. This warning is shown once; a count follows at the end of each pass that has bad rows. "
-                "on_error='raise' stops at the first instead", UserWarning, stacklevel=4)
+                "on_error='raise' stops at the first instead", UserWarning, stacklevel=5)
         for note in counters.take_pass_notes():
             warnings.warn(
                 f"audioloader: pass {note['pass']} ended with {note['bad_rows']} row(s) skipped because their "
                 f"audio could not be decoded ({counters.counters['bad_rows']} in all so far); "
-                "loader.stats()['bad_rows'] names them", UserWarning, stacklevel=4)
+                "loader.stats()['bad_rows'] names them", UserWarning, stacklevel=5)
 
     def report_bottleneck(self, every: int = 100, to: Callable[[str], None] | None = None) -> None:
         """Every ``every`` batches, hand one line saying what bounds the run now (``stats()["bottleneck"]``) to

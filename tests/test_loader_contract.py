@@ -123,6 +123,8 @@ def test_bad_rows_skipped_in_evaluation_are_reported_without_asking(with_bad_row
     with pytest.warns(UserWarning) as record:
         assert sum(int(b["valid"].sum()) for b in loader) == 33
     first, summary = _bad_row_warnings(record)
+    # Both point at the line that asked for the batch, not into audioloader.
+    assert {w.filename for w in record if "could not be decoded" in str(w.message)} == {__file__}
     assert "row 7 of " in first and "stats()['bad_rows']" in first and "shown once" in first
     assert "pass 0 ended with 2 row(s) skipped" in summary and "(2 in all so far)" in summary
     with pytest.warns(UserWarning) as record:  # the next pass: the count again, not the first warning
