@@ -252,6 +252,33 @@ def test_ctrl_c_with_worker_processes(ipc_shards, phase):
     assert "Traceback" not in err, err  # workers ignore SIGINT: no traceback per worker
 
 
+@pytest.mark.skipif(not hasattr(os, "register_at_fork"), reason="fork's hooks")
+def test_ctrl_c_in_a_workers_fork_hook_is_not_lost(ipc_shards):
+    """An interrupt raised inside a fork's at-fork hook is printed as "Exception ignored" and dropped by Python:
+    it used to be lost there (an infinite loader ran on). It is held over the start and raised after it, and
+    the loader stops every worker, the one being started too."""
+    script = textwrap.dedent(f"""
+        import multiprocessing, os, signal
+        import audioloader as al
+        from tests.helpers import loader_for
+        forks = []
+        def interrupt_once():  # Ctrl-C landing in the hooks the parent runs after its first worker's fork
+            if not forks:
+                forks.append(1)
+                os.kill(os.getpid(), signal.SIGINT)
+        os.register_at_fork(after_in_parent=interrupt_once)
+        loader = loader_for({str(ipc_shards)!r}, workers=al.Workers(kind="process", start_method="fork"))
+        try:
+            next(iter(loader))
+            print("not interrupted")
+        except KeyboardInterrupt:
+            print("interrupted", len(multiprocessing.active_children()))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parent.parent, capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.split() == ["interrupted", "0"], done.stdout + done.stderr
+
+
 # ---------------------------------------------------------------------------------------- pickling, misuse
 
 
