@@ -46,8 +46,9 @@ def content_hash(rows: list[dict]) -> str:
     return digest.hexdigest()
 
 
-def run_pack(src, out, *args, kill: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def run_pack(src, out, *args, kill: str | None = None, check: bool = True, tmpdir: Path | None = None
+             ) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **({"TMPDIR": str(tmpdir)} if tmpdir is not None else {}))
     env.pop("AUDIOLOADER_PACK_TEST_KILL", None)
     if kill is not None:
         env["AUDIOLOADER_PACK_TEST_KILL"] = kill

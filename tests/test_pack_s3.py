@@ -113,10 +113,15 @@ def test_killed_mid_upload_no_shard_appears_under_its_name_and_the_rerun_finishe
 
     s3.filesystem().create_dir("killed")
     args = ("--shard-size", "4", "--rows-per-batch", "2", "-q")
-    proc = run_pack(src, s3.url("killed/out"), *args, kill="upload:2", check=False)  # the 2nd shard's upload
+    temp = tmp_path / "temp"  # the machine's temp folder, where a remote pack stages its shard
+    temp.mkdir()
+    proc = run_pack(src, s3.url("killed/out"), *args, kill="upload:2", check=False, tmpdir=temp)  # 2nd shard
     assert proc.returncode == -9, proc.stderr
     assert remote_names(s3, "killed/out") == ["_audioloader_pack.json", "shard-00000.arrow"]
-    run_pack(src, s3.url("killed/out"), *args)
+    left = [p.name for p in temp.iterdir()]
+    assert len(left) == 1 and left[0].startswith("audioloader-pack-")  # SIGKILL cleaned nothing up
+    run_pack(src, s3.url("killed/out"), *args, tmpdir=temp)
+    assert list(temp.iterdir()) == [], "the killed pack's staging folder was left behind on the machine"
     rows, _ = remote_rows(s3, "killed/out")
     pack_dataset(src, tmp_path / "local", shard_rows=4, rows_per_batch=2, progress=False)
     assert content_hash(rows) == content_hash(rows_of(tmp_path / "local"))
@@ -134,12 +139,14 @@ def test_a_multipart_upload_killed_half_way_leaves_nothing_and_the_rerun_uploads
                                                             44100))
     s3.filesystem().create_dir("multipart")
     s3.proxy.clear()
-    proc = run_pack(src, s3.url("multipart/out"), "-q", kill="upload:1", check=False)
+    temp = tmp_path / "temp"  # the staging folders, here rather than in the machine's temp folder
+    temp.mkdir()
+    proc = run_pack(src, s3.url("multipart/out"), "-q", kill="upload:1", check=False, tmpdir=temp)
     assert proc.returncode == -9, proc.stderr
     assert s3.proxy.log("POST", "multipart/out/shard-00000.arrow")  # CreateMultipartUpload was sent
     # The parts sent are not an object; the journal, written first, says the pack is not finished.
     assert remote_names(s3, "multipart/out") == ["_audioloader_pack.json"]
-    run_pack(src, s3.url("multipart/out"), "-q")
+    run_pack(src, s3.url("multipart/out"), "-q", tmpdir=temp)
     rows, names = remote_rows(s3, "multipart/out")
     assert names == ["shard-00000.arrow"] and len(rows) == 14
     assert [r["audio"] for r in rows] == [(src / "loud" / f"{i:02d}.wav").read_bytes() for i in range(14)]

@@ -6,7 +6,8 @@ under its final name:
 - Local OUT: `ShardWriter` writes a hidden temporary file in OUT, fsyncs it and renames it onto
   the shard's name. A pack killed mid-shard leaves only the temporary file, which the rerun deletes.
 - Remote OUT (``s3://bucket/prefix``, ``gs://...``): the shard is written to a local staging
-  folder (a temporary folder; one shard at a time, so its disk use is one shard), then uploaded
+  folder (a temporary folder; one shard at a time, so its disk use is one shard; a killed pack's is
+  removed by the next remote pack on the machine, `new_staging_folder`), then uploaded
   under its final key in one stream: pyarrow sends a single PUT for a small shard and a multipart
   upload for a large one, and S3 makes a multipart object visible only when the upload completes.
   A process killed mid-upload leaves no object (the parts already sent are kept by S3 until an
@@ -144,7 +145,7 @@ class RemoteOut:
         self.fs, path = open_url(url)
         self.root = path.rstrip("/")
         self.display = redacted(url).rstrip("/")
-        self.staging = Path(tempfile.mkdtemp(prefix="audioloader-pack-"))
+        self.staging = new_staging_folder()
 
     def create(self) -> None:
         info = self.fs.get_file_info(self.root)
@@ -205,6 +206,31 @@ class RemoteOut:
 
     def close(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
+
+
+#: A remote pack's staging folders: ``<temp>/audioloader-pack-<pid>-<random>``.
+STAGING_PREFIX = "audioloader-pack-"
+
+
+def new_staging_folder() -> Path:
+    """A new local staging folder for this process's remote pack, after removing those of packs that were killed
+    (their process is gone). A SIGKILL (the out-of-memory killer, a preempted job) runs no clean-up, and each
+    such pack left up to a shard's size of disk in the temp folder for good."""
+    for old in Path(tempfile.gettempdir()).glob(f"{STAGING_PREFIX}*-*"):
+        pid = old.name[len(STAGING_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _process_exists(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-"))
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def open_out(out: str | os.PathLike[str]) -> LocalOut | RemoteOut:
