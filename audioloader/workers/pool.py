@@ -337,7 +337,7 @@ class ProcessPool:
                                   name=f"audioloader-{self.what.replace(' ', '-')}-{index}", daemon=True)
         try:
             with _main_module_hidden(context.get_start_method() != "fork" and b"__main__" not in self._job_bytes), \
-                    _interrupt_held() as interrupted:
+                    forks.interrupt_held() as interrupted:
                 process.start()
         except RuntimeError as error:
             raise WorkerError(_start_failed_message(self.what, error)) from error
@@ -534,29 +534,6 @@ class ProcessPool:
                 if worker.process.exitcode is not None:
                     raise WorkerError(f"{doing}: the process (pid {worker.process.pid}) "
                                       f"{_describe_exit(worker.process.exitcode)}")
-
-
-@contextlib.contextmanager
-def _interrupt_held():
-    """Hold back a Ctrl-C that arrives while a worker process starts; yields a list that is non-empty afterwards
-    if one did (the caller raises ``KeyboardInterrupt`` where it can stop the process it started).
-
-    A fork runs Python's at-fork hooks (logging's lock release, `forks`'); a ``KeyboardInterrupt`` raised
-    inside one is printed as "Exception ignored" and lost, and an infinite loader then runs on as if Ctrl-C
-    had not been pressed (1 in 60 interrupts at random times in the first 1.5 s, measured); one raised inside
-    ``Process.start()`` after the fork leaves a started process in no list. Python's default handler is
-    replaced for the start by one that only records the signal; a handler of the program's own is left alone,
-    as is any thread but the main one (signal handlers run only there)."""
-    held: list[int] = []
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield held
-        return
-    signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
-    try:
-        yield held
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @contextlib.contextmanager
