@@ -309,7 +309,7 @@ def chain_layers(settings: Settings) -> tuple[type[BaseNode], ...]:
     """The types of the nodes `build_chain` wires for ``settings`` (one source), root first, each pulling from the
     next, down to the reader: what an elastic resume reads the old ranks' states through (`elastic.plan`), with
     no chain built. A node's inner helpers (the decoder's `ParallelMap`, the prefetcher's thread wrapper) are
-    not layers: the node answers for them. tests/test_node_conformance.py checks these against built chains."""
+    not layers: the node answers for them. tests/test_construction.py checks these against built chains."""
     s = settings
     if s.batching is not None:
         samples = (DecodeSpectrogram, DurationBucketer, *((ShuffleBuffer,) if s.train else ()))
@@ -359,8 +359,10 @@ def _pins(settings: Settings, warn: bool) -> bool:
     a warning that batches are not pinned)."""
     import torch
 
-    if not settings.workers.pin_memory or torch.cuda.is_available():
-        return settings.workers.pin_memory
+    if not settings.workers.pin_memory:
+        return False
+    if torch.cuda.is_available():
+        return True
     if warn:
         warnings.warn("pin_memory=True but CUDA is not available; batches are not pinned", stacklevel=4)
     return False

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import audioloader as al
+from audioloader.workers.forks import process_identity
 from tests.helpers import IPC_ROWS as ROWS
 from tests.helpers import assert_resumes_exactly, assert_same_batches, loader_for, make_shards, roundtrip, take
 
@@ -189,20 +190,6 @@ def test_processes_stop_with_the_loader(ipc_shards):
     assert children() == before
 
 
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-
-
 @pytest.mark.skipif(os.name != "posix", reason="SIGINT delivery to a child process")
 @pytest.mark.parametrize("phase", ["steady", "buffer fill"])
 def test_ctrl_c_with_worker_processes(ipc_shards, phase):
@@ -247,7 +234,7 @@ def test_ctrl_c_with_worker_processes(ipc_shards, phase):
     alive = [int(pid) for pid in line[3:]]
     if line[2] == "inside":
         assert alive == [], "worker processes still alive after an interrupt inside the loader's next()"
-    assert not [pid for pid in alive if _running(pid)], "worker processes outlived the program"
+    assert not [pid for pid in alive if process_identity(pid) is not None], "worker processes outlived the program"
     assert child.returncode == 3, out + err
     assert "Traceback" not in err, err  # workers ignore SIGINT: no traceback per worker
 

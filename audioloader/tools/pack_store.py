@@ -35,6 +35,7 @@ import pyarrow.fs as pafs
 from audioloader.errors import redacted
 from audioloader.shards.sources.pack_folders import PACK_JOURNAL, check_pack_folders
 from audioloader.shards.storage.locations import is_url
+from audioloader.workers.forks import process_identity
 
 from .remote_files import open_url
 
@@ -218,19 +219,9 @@ def new_staging_folder() -> Path:
     such pack left up to a shard's size of disk in the temp folder for good."""
     for old in Path(tempfile.gettempdir()).glob(f"{STAGING_PREFIX}*-*"):
         pid = old.name[len(STAGING_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not _process_exists(int(pid)):
+        if pid.isdigit() and process_identity(int(pid)) is None:
             shutil.rmtree(old, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-"))
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def open_out(out: str | os.PathLike[str]) -> LocalOut | RemoteOut:

@@ -10,7 +10,8 @@ The child's copy of a pool already knows it is not the owner (`ProcessPool.shutd
 pid) and never touches the workers.
 
 A Ctrl-C that lands while a worker process starts is held over the start (`interrupt_held`): a
-``KeyboardInterrupt`` raised inside an at-fork hook is dropped by Python.
+``KeyboardInterrupt`` raised inside an at-fork hook is dropped by Python. `process_identity` tells whether a
+process (the consumer, a killed pack) still runs.
 """
 
 from __future__ import annotations
@@ -66,3 +67,26 @@ def interrupt_held() -> Iterator[list[int]]:
         yield held
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def process_identity(pid: int) -> Any:
+    """Something that stays the same while process ``pid`` runs, or None once it has exited (a worker watches
+    its consumer with it; a remote pack finds the staging folders of killed packs).
+
+    On Linux its start time (so a reused pid is not taken for it) unless it is a
+    zombie; elsewhere whether a signal can be sent to it.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return None if fields[0] in ("Z", "X") else fields[19]
+    except FileNotFoundError:
+        return None
+    except OSError:  # no /proc
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return True

@@ -24,7 +24,7 @@ from typing import Any
 import tblib
 
 from ..samples import Failure
-from . import cuda, memory, wire
+from . import cuda, forks, memory, wire
 
 #: Seconds between a worker's checks that its consumer process is still alive.
 PARENT_CHECK_SECONDS = 1.0
@@ -121,28 +121,6 @@ def run_chunk(job: Callable[[Any], Any], items: list[Any], cancelled: Callable[[
     return results
 
 
-def _process_identity(pid: int) -> Any:
-    """Something that stays the same while process ``pid`` runs, or None once it has exited.
-
-    On Linux its start time (so a reused pid is not taken for it) unless it is a
-    zombie; elsewhere whether a signal can be sent to it.
-    """
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return None if fields[0] in ("Z", "X") else fields[19]
-    except FileNotFoundError:
-        return None
-    except OSError:  # no /proc
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return True
-
-
 def _exit_with_consumer(consumer: int) -> None:
     """Exit this worker once the consumer process (the one that uses its results) is gone.
 
@@ -152,10 +130,10 @@ def _exit_with_consumer(consumer: int) -> None:
     the fork server alive. The check runs in a thread of its own; torch and the
     decoders release the GIL while they work, so it runs even then.
     """
-    identity = _process_identity(consumer)
+    identity = forks.process_identity(consumer)
 
     def watch() -> None:
-        while _process_identity(consumer) == identity:
+        while forks.process_identity(consumer) == identity:
             time.sleep(PARENT_CHECK_SECONDS)
         os._exit(1)
 
